@@ -1,0 +1,1 @@
+"""fastmm's SGEMM kernels: CUDA sources (one file per family, in teaching order) and their configurations."""

@@ -1,0 +1,29 @@
+// Shared by every fastmm SGEMM kernel (prepended to each family's source by fastmm/kernels/build.py).
+//
+// Every kernel computes, for each batch index z in [0, batch):
+//     C[z] (M x N) = A[z] (M x K) @ B[z] (K x N)
+// with element strides (not bytes) for each axis, so transposed and sliced views need no copy.
+// A batch index is split into two broadcastable batch axes, z = z0 * batch_inner + z1, each with its own
+// stride per operand (0 for a broadcast axis): NumPy batch shapes collapse to at most two such axes in
+// nearly every real case (fastmm/_dispatch.py loops over any further ones).
+//
+// One block computes one tile of one batch item: blockIdx.x walks tiles along n, blockIdx.y along m and
+// blockIdx.z batch items from z0. Where a problem needs more than the hardware's 65535 blocks along y or z,
+// the host launches again with offset pointers (m) or a larger z0 (batch): a grid-stride loop here would
+// keep pointers live across tiles and cost the register-tiled kernel its spill-free register budget.
+
+#define FASTMM_GEMM_PARAMS                                                              \
+    const int M, const int N, const int K,                                             \
+    const float* __restrict__ A, const long long a_sm, const long long a_sk,           \
+    const float* __restrict__ B, const long long b_sk, const long long b_sn,           \
+    float* __restrict__ C, const long long c_sm, const long long c_sn,                 \
+    const int z0, const int batch_inner,                                            \
+    const long long a_sb0, const long long a_sb1,                                      \
+    const long long b_sb0, const long long b_sb1,                                      \
+    const long long c_sb0, const long long c_sb1
+
+// Element offset of batch item z for one operand.
+__device__ __forceinline__ long long fastmm_batch_offset(int z, int inner, long long s0, long long s1)
+{
+    return (long long)(z / inner) * s0 + (long long)(z % inner) * s1;
+}

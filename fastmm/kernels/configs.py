@@ -1,0 +1,246 @@
+"""Kernel configurations as data.
+
+Each configuration is a small frozen object whose name is derived from its fields (``regtile_128x128x8_8x8``)
+and used everywhere a kernel is named: ``kernel=`` arguments, ``explain``, logs, cache keys and benchmark
+ids. A configuration knows its CUDA source file, its ``-D`` macros, its launch geometry and the resources
+it needs; `validate` checks those against a device and says which number failed.
+
+Layout variants are not configurations: they are chosen per call by the plan (``a_t``, ``b_t``, ``vec``)
+and enter the same source as extra macros, each compiled once on first use.
+
+This module is pure Python (no CUDA imports): the planner and the CPU tests use it on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+__all__ = [
+    "Naive",
+    "Smem",
+    "RegTile",
+    "Variant",
+    "CONFIGS",
+    "FAMILIES",
+    "get_config",
+    "validate",
+]
+
+# Hardware limits that hold for every GPU fastmm supports (compute capability >= 7.0).
+MAX_GRID_Y = 65535
+MAX_GRID_Z = 65535
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """Per-call layout of a product, as the kernels see it.
+
+    a_t: A has unit stride along m (a transposed view) instead of along k.
+    b_t: B has unit stride along k (a transposed view) instead of along n.
+    vec: 4 when every row start is 16-byte aligned, so 128-bit loads and stores are legal; else 1.
+    """
+
+    a_t: bool = False
+    b_t: bool = False
+    vec: int = 4
+
+    @property
+    def suffix(self) -> str:
+        return f"{'t' if self.a_t else 'n'}{'t' if self.b_t else 'n'}_v{self.vec}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    family: ClassVar[str]
+    source: ClassVar[str]
+    # Whether the kernel reads its layout from macros (one binary per Variant) or from the strides at
+    # run time (one binary for every layout).
+    layout_macros: ClassVar[bool] = False
+
+    # Subclasses define: name, block, tile, smem_bytes, _tile_macros(), _check().
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def macros(self, variant: Variant) -> dict[str, int]:
+        return dict(self._tile_macros(), **(self._layout_macros(variant) if self.layout_macros else {}))
+
+    @staticmethod
+    def _layout_macros(variant: Variant) -> dict[str, int]:
+        return {"A_T": int(variant.a_t), "B_T": int(variant.b_t), "VEC": variant.vec}
+
+    def binary_name(self, variant: Variant) -> str:
+        """Name of one compiled binary: the config, plus the layout when the layout is compiled in."""
+        return f"{self.name}_{variant.suffix}" if self.layout_macros else self.name
+
+    def grid(self, m: int, n: int, batch: int) -> tuple[int, int, int]:
+        """Launch grid; y and z are clamped to the hardware limits (the kernels loop over the rest)."""
+        bm, bn = self.tile
+        return (
+            max(1, -(-n // bn)),
+            max(1, min(-(-m // bm), MAX_GRID_Y)),
+            max(1, min(batch, MAX_GRID_Z)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Naive(_Config):
+    """One thread per element of C."""
+
+    block_x: int = 32
+    block_y: int = 8
+    family: ClassVar[str] = "naive"
+    source: ClassVar[str] = "naive.cu"
+
+    @property
+    def name(self) -> str:
+        return f"naive_{self.block_x}x{self.block_y}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.block_x, self.block_y, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.block_y, self.block_x)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BLOCK_X": self.block_x, "BLOCK_Y": self.block_y}
+
+    def _check(self) -> list[str]:
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Smem(_Config):
+    """Shared-memory tiling over K with TILE x TILE tiles, one thread per element of C."""
+
+    tile_size: int = 32
+    family: ClassVar[str] = "smem"
+    source: ClassVar[str] = "smem.cu"
+
+    @property
+    def name(self) -> str:
+        return f"smem_{self.tile_size}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.tile_size, self.tile_size, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.tile_size, self.tile_size)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * self.tile_size * (self.tile_size + 1) * 4
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"TILE": self.tile_size}
+
+    def _check(self) -> list[str]:
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class RegTile(_Config):
+    """Register tiling: a BM x BN x BK block tile, a TM x TN thread tile, two shared-memory stages."""
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 8
+    tm: int = 8
+    tn: int = 8
+    min_blocks: int = 2  # blocks per SM the register budget is planned for (__launch_bounds__)
+    family: ClassVar[str] = "regtile"
+    source: ClassVar[str] = "regtile.cu"
+    layout_macros: ClassVar[bool] = True
+
+    @property
+    def name(self) -> str:
+        return f"regtile_{self.bm}x{self.bn}x{self.bk}_{self.tm}x{self.tn}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return ((self.bm // self.tm) * (self.bn // self.tn), 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * self.bk * (self.bm + self.bn) * 4
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "TM": self.tm, "TN": self.tn,
+                "MIN_BLOCKS": self.min_blocks}
+
+    def _check(self) -> list[str]:
+        errors = []
+        if self.tm % 4 or self.tn % 4 or self.bk % 4:
+            errors.append(f"TM, TN and BK must be multiples of 4 (got {self.tm}, {self.tn}, {self.bk})")
+        if self.bm % self.tm or self.bn % self.tn:
+            errors.append(f"the thread tile {self.tm}x{self.tn} must divide the block tile {self.bm}x{self.bn}")
+        elif (self.bm * self.bk // 4) % self.threads or (self.bn * self.bk // 4) % self.threads:
+            errors.append(
+                f"{self.threads} threads cannot share the {self.bm}x{self.bk} and {self.bk}x{self.bn} tiles "
+                "evenly in 4-vectors"
+            )
+        return errors
+
+
+# Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
+CONFIGS: tuple[_Config, ...] = (
+    Naive(32, 8),
+    Smem(16),
+    Smem(32),
+    RegTile(128, 128, 8, 8, 8, 2),  # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
+    RegTile(128, 64, 8, 8, 8, 3),   # 128 threads: twice the tiles of the above, for mid-size problems
+    RegTile(64, 64, 8, 8, 8, 6),    # 64 threads: four times the tiles, for problems that leave SMs idle
+)
+
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
+
+_BY_NAME = {c.name: c for c in CONFIGS}
+
+
+def get_config(name: str) -> _Config:
+    """Look a configuration up by its derived name; the KeyError lists the valid names."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown kernel configuration {name!r}; valid names: {', '.join(_BY_NAME)}") from None
+
+
+def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1024,
+             max_regs_per_block: int = 65536, regs_per_thread: int | None = None) -> None:
+    """Check a configuration against device limits; raise ValueError giving the numbers that failed.
+
+    ``regs_per_thread`` is the compiled kernel's count (from ptxas or the loaded function), when known.
+    """
+    errors = list(config._check())
+    if config.threads > max_threads:
+        errors.append(f"needs {config.threads} threads per block; the device allows {max_threads}")
+    if config.smem_bytes > max_smem:
+        errors.append(
+            f"needs {config.smem_bytes / 1024:.1f} KiB of shared memory per block; the device allows "
+            f"{max_smem / 1024:.1f} KiB per block without opt-in"
+        )
+    if regs_per_thread is not None and regs_per_thread * config.threads > max_regs_per_block:
+        errors.append(
+            f"needs {regs_per_thread} registers x {config.threads} threads = {regs_per_thread * config.threads} "
+            f"registers per block; the device has {max_regs_per_block}"
+        )
+    if errors:
+        raise ValueError(f"kernel configuration {config.name}: " + "; ".join(errors))
+
+
+for _c in CONFIGS:
+    validate(_c)  # a shipped configuration that breaks its own rules is a bug: fail at import
