@@ -1,0 +1,125 @@
+"""Command line: ``python -m fastmm {info,compile,explain,bench}``."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+
+def _all_binaries():
+    """Every (configuration, layout variant) fastmm can compile: what `compile` and the CPU tests cover."""
+    from .kernels.configs import CONFIGS, Variant
+
+    variants = [Variant(a_t, b_t, vec) for a_t in (False, True) for b_t in (False, True) for vec in (4, 1)]
+    return [(c, v) for c in CONFIGS for v in (variants if c.layout_macros else [Variant()])]
+
+
+def cmd_compile(args) -> int:
+    from .kernels import build
+
+    jobs = _all_binaries()
+    failed = spilled = 0
+    print(f"{'binary':36s} {'arch':6s} {'regs':>5s} {'smem B':>7s} {'spill st/ld B':>14s} {'stack B':>8s}")
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [(c, v, pool.submit(build.compile_cubin, c, v, args.arch, use_cache=not args.no_cache))
+                   for c, v in jobs]
+        for config, variant, fut in futures:
+            name = config.binary_name(variant)
+            try:
+                r = fut.result()
+            except build.CompileError as e:
+                failed += 1
+                print(f"{name:36s} COMPILE ERROR\n{e}", file=sys.stderr)
+                continue
+            spill = r.spill_stores + r.spill_loads
+            spilled += bool(spill)
+            flag = "  <- SPILLS" if spill else ""
+            print(f"{name:36s} {r.arch:6s} {r.registers:5d} {r.smem_bytes:7d} "
+                  f"{f'{r.spill_stores}/{r.spill_loads}':>14s} {r.stack_bytes:8d}{flag}")
+    print(f"{len(jobs)} binaries: {failed} failed to compile, {spilled} spill registers")
+    return 1 if failed or spilled else 0
+
+
+def cmd_explain(args) -> int:
+    from . import explain
+
+    m, n, k = args.m, args.n, args.k
+    a = (args.batch, m, k) if args.batch > 1 else (m, k)
+    print(explain(a, (k, n), kernel=args.kernel))
+    return 0
+
+
+def cmd_info(args) -> int:
+    import numpy
+
+    from .kernels.configs import CONFIGS
+
+    print(f"fastmm      {__import__('fastmm').__version__}")
+    print(f"python      {platform.python_version()}")
+    print(f"numpy       {numpy.__version__}")
+    try:
+        import cupy
+
+        print(f"cupy        {cupy.__version__}")
+    except ImportError:
+        cupy = None
+        print("cupy        not installed")
+    try:
+        import pycuda
+
+        print(f"pycuda      {pycuda.VERSION_TEXT}")
+    except ImportError:
+        print("pycuda      not installed")
+    try:
+        from .kernels.build import find_nvcc
+
+        print(f"nvcc        {find_nvcc()}")
+    except RuntimeError as e:
+        print(f"nvcc        not found ({e})")
+    if cupy is not None and cupy.cuda.is_available():
+        from . import _cuda
+
+        rt = cupy.cuda.runtime
+        dev = _cuda.device(cupy.cuda.Device().id)
+        print(f"gpu         {dev.name}, compute capability {dev.compute_capability[0]}.{dev.compute_capability[1]}, "
+              f"{dev.sm_count} SMs")
+        print(f"driver      CUDA {rt.driverGetVersion() // 1000}.{rt.driverGetVersion() % 1000 // 10}, "
+              f"runtime {rt.runtimeGetVersion() // 1000}.{rt.runtimeGetVersion() % 1000 // 10}")
+    else:
+        print("gpu         none available")
+    print("kernels     " + ", ".join(c.name for c in CONFIGS))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from . import _bench
+
+    return _bench.main(args)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastmm", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="GPU, driver, library versions, kernels")
+    c = sub.add_parser("compile", help="compile every kernel binary with nvcc and report ptxas resources")
+    c.add_argument("--arch", default="sm_90")
+    c.add_argument("--jobs", type=int, default=2)
+    c.add_argument("--no-cache", action="store_true", help="recompile even when a cached cubin exists")
+    e = sub.add_parser("explain", help="which kernel runs for an M x N x K product, and why")
+    e.add_argument("m", type=int)
+    e.add_argument("n", type=int)
+    e.add_argument("k", type=int)
+    e.add_argument("--batch", type=int, default=1)
+    e.add_argument("--kernel", default=None)
+    b = sub.add_parser("bench", help="TFLOP/s of every kernel, auto and cuBLAS over a table of shapes")
+    from . import _bench
+
+    _bench.add_arguments(b)
+    args = p.parse_args(argv)
+    return {"info": cmd_info, "compile": cmd_compile, "explain": cmd_explain, "bench": cmd_bench}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""fastmm.ndarray: a CuPy array whose matrix products run on fastmm's kernels.
+
+Why a subclass of ``cupy.ndarray`` rather than a wrapper: every CuPy function, method, indexing operation
+and protocol (``__cuda_array_interface__``, ``__dlpack__``) keeps working on it with no forwarding code,
+and NumPy's dispatch tries a subclass before its base class, so in a product of a fastmm array with a plain
+CuPy array fastmm still decides. A wrapper would have to re-expose CuPy's whole surface.
+
+How NumPy reaches us:
+* ``np.matmul`` (and ``np.matvec``, ``np.vecmat``, ``np.vecdot``) are ufuncs -> ``__array_ufunc__``;
+* ``np.dot``, ``np.inner``, ``np.vdot``, ``np.tensordot``, ``np.einsum``, ``np.linalg.matmul`` are functions
+  -> ``__array_function__``;
+* ``a @ b``, ``b @ a``, ``a @= b`` -> ``__matmul__``, ``__rmatmul__``, ``__imatmul__``.
+Everything else is handed to CuPy with host (NumPy) operands uploaded, and CuPy results come back as
+fastmm arrays, so a chain of NumPy calls stays on the GPU and on fastmm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import cupy as _cp
+except ImportError as e:  # pragma: no cover - depends on the machine
+    raise ImportError("fastmm arrays need CuPy: pip install 'fastmm[cuda13]' (or [cuda12])") from e
+
+from . import _dispatch
+
+__all__ = ["ndarray", "asarray", "asnumpy"]
+
+
+def _wrap(x):
+    """CuPy results (arrays, tuples, lists of them) as fastmm arrays; anything else untouched."""
+    if isinstance(x, _cp.ndarray):
+        return x if isinstance(x, ndarray) else x.view(ndarray)
+    if isinstance(x, tuple):
+        return tuple(_wrap(v) for v in x)
+    if isinstance(x, list):
+        return [_wrap(v) for v in x]
+    return x
+
+
+def _upload(x):
+    """Host arrays among a call's arguments become device arrays (CuPy refuses mixed host/device input)."""
+    if isinstance(x, np.ndarray):
+        return _cp.asarray(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_upload(v) for v in x)
+    return x
+
+
+def _one_out(kwargs):
+    out = kwargs.pop("out", None)
+    if isinstance(out, tuple):
+        if len(out) != 1:
+            raise ValueError(f"matmul takes 1 output, got {len(out)}")
+        out = out[0]
+    return out
+
+
+_GEMM_UFUNCS = {"matmul": _dispatch.matmul}
+for _name in ("matvec", "vecmat", "vecdot"):
+    if hasattr(np, _name):
+        _GEMM_UFUNCS[_name] = getattr(_dispatch, _name)
+
+_GEMM_FUNCTIONS = {
+    np.dot: _dispatch.dot,
+    np.inner: _dispatch.inner,
+    np.vdot: _dispatch.vdot,
+    np.tensordot: _dispatch.tensordot,
+    np.einsum: _dispatch.einsum,
+    np.matmul: _dispatch.matmul,
+}
+if hasattr(np, "linalg") and hasattr(np.linalg, "matmul"):
+    _GEMM_FUNCTIONS[np.linalg.matmul] = lambda a, b: _dispatch.matmul(a, b)
+for _name in ("matvec", "vecmat", "vecdot"):
+    if hasattr(np.linalg, _name) and getattr(np.linalg, _name) is not getattr(np, _name, None):
+        _GEMM_FUNCTIONS[getattr(np.linalg, _name)] = getattr(_dispatch, _name)
+
+
+class ndarray(_cp.ndarray):
+    """A CuPy array on which NumPy's matrix products run fastmm's SGEMM kernels.
+
+    Create one with `fastmm.asarray`. It is a ``cupy.ndarray`` in every other respect.
+    """
+
+    __array_priority__ = 200.0  # above CuPy's 100: binary operators with plain CuPy arrays come to us
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        impl = _GEMM_UFUNCS.get(ufunc.__name__) if method == "__call__" else None
+        if impl is not None:
+            out = _one_out(kwargs)
+            for key in ("order", "subok", "signature", "axes", "axis", "keepdims"):
+                if key in kwargs:
+                    raise TypeError(f"fastmm's {ufunc.__name__} does not take {key}=; use cupy.{ufunc.__name__}")
+            return _wrap(impl(*inputs, out=out, **kwargs))
+        inputs = _upload(inputs)
+        if "out" in kwargs:
+            kwargs["out"] = _upload(kwargs["out"])
+        return _wrap(_cp.ndarray.__array_ufunc__(self, ufunc, method, *inputs, **kwargs))
+
+    def __array_function__(self, func, types, args, kwargs):
+        impl = _GEMM_FUNCTIONS.get(func)
+        if impl is not None:
+            return _wrap(impl(*args, **kwargs))
+        return _wrap(_cp.ndarray.__array_function__(self, func, types, _upload(args), _upload(kwargs)))
+
+    def __matmul__(self, other):
+        return _wrap(_dispatch.matmul(self, other))
+
+    def __rmatmul__(self, other):
+        return _wrap(_dispatch.matmul(other, self))
+
+    def __imatmul__(self, other):
+        # NumPy semantics: in place, so the result must have a's shape (and a must be writable).
+        _dispatch.matmul(self, other, out=self)
+        return self
+
+    def dot(self, b, out=None):
+        return _wrap(_dispatch.dot(self, b, out=out))
+
+    def __array__(self, dtype=None, copy=None):
+        if copy is False:
+            raise ValueError("a fastmm array lives on the GPU: converting it to NumPy always copies")
+        host = self.get()
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+    def __repr__(self):
+        return "fastmm." + repr(self.get())
+
+
+def asarray(obj, dtype=None) -> ndarray:
+    """Convert `obj` to a fastmm array on the current CuPy device.
+
+    NumPy arrays, nested sequences and scalars are copied to the GPU; CuPy arrays and any object with
+    ``__cuda_array_interface__`` or a CUDA ``__dlpack__`` are used in place (no copy) when `dtype` allows.
+
+    .. seealso:: :func:`numpy.asarray`, :func:`cupy.asarray`
+    """
+    return _wrap(_dispatch.to_device(obj, dtype))
+
+
+def asnumpy(a, out=None) -> np.ndarray:
+    """Copy a fastmm (or CuPy) array to a NumPy array on the host.
+
+    .. seealso:: :func:`cupy.asnumpy`
+    """
+    return _cp.asnumpy(a, out=out)

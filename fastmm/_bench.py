@@ -1,0 +1,280 @@
+"""``python -m fastmm bench``: TFLOP/s of every kernel, ``auto``, cuBLAS and NumPy over a table of shapes.
+
+Method (../shared/PERF.md): fresh random inputs; every row's result checked against a float64 product
+(relative Frobenius error), with the output poisoned with NaN first so an unwritten element cannot pass;
+CUDA events on the stream the work runs on, after warm-up; the median of several timed runs; cuBLAS
+(``cupy.matmul``) timed in the same run, and ratios reported against it. Inputs that fit in L2 are rotated
+among several sets, so that a kernel is not timed re-reading a warm cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["Shape", "SHAPES", "add_arguments", "main", "time_per_call", "rel_error"]
+
+L2_BYTES = 50 * 2**20  # H100: 50 MB, H200: 60 MB; the smaller is the safer bound for rotation
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    label: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    a_t: bool = False  # A passed as the transpose of a C-ordered (k, m) array
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    def make(self, rng, xp):
+        """Fresh random operands (uniform in [-1, 1)), float32, laid out as the shape says."""
+        a_shape = (self.k, self.m) if self.a_t else (self.m, self.k)
+        if self.batch > 1:
+            a_shape = (self.batch,) + a_shape
+        b_shape = ((self.batch,) if self.batch > 1 else ()) + (self.k, self.n)
+        a = xp.asarray(rng.uniform(-1, 1, a_shape).astype(np.float32))
+        b = xp.asarray(rng.uniform(-1, 1, b_shape).astype(np.float32))
+        return (a.swapaxes(-1, -2) if self.a_t else a), b
+
+
+SHAPES = (
+    Shape("256^3", 256, 256, 256),
+    Shape("1000^3", 1000, 1000, 1000),
+    Shape("1024^3", 1024, 1024, 1024),
+    Shape("2048^3", 2048, 2048, 2048),
+    Shape("4096^3", 4096, 4096, 4096),
+    Shape("4097^3", 4097, 4097, 4097),
+    Shape("8192^3", 8192, 8192, 8192),
+    Shape("batch 64x256^3", 256, 256, 256, batch=64),
+    Shape("A^T.B 4096^3", 4096, 4096, 4096, a_t=True),
+)
+
+# NumPy on the CPU only up to this many flops per call (about a second at most on a server CPU).
+CPU_MAX_FLOPS = 2 * 1024**3
+# Skip a slow kernel on a row when one call would take longer than this at its expected rate.
+SLOW_SECONDS = 0.25
+_EXPECTED_TFLOPS = {"naive": 5.0, "smem": 8.0}
+
+
+def rel_error(c, ref) -> float:
+    """‖c − ref‖ / ‖ref‖ (Frobenius), computed in float64; inf when c holds a NaN (an unwritten element)."""
+    import cupy as cp
+
+    c64 = cp.asarray(c).astype(cp.float64)
+    if not bool(cp.isfinite(c64).all()):
+        return math.inf
+    denom = float(cp.linalg.norm(ref))
+    return float(cp.linalg.norm(c64 - ref)) / (denom or 1.0)
+
+
+def time_per_call(fn, n_sets: int, *, warmup: int = 2, runs: int = 7, min_seconds: float = 0.02) -> float:
+    """Median seconds per call of fn(i) over `runs` timed batches, with CUDA events on the current stream."""
+    import cupy as cp
+
+    for i in range(warmup):
+        fn(i % n_sets)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    # Size a batch of calls so that one timed batch lasts about min_seconds.
+    start.record()
+    fn(0)
+    end.record()
+    end.synchronize()
+    one = max(cp.cuda.get_elapsed_time(start, end) * 1e-3, 1e-6)
+    inner = max(1, min(1000, int(min_seconds / one)))
+    times = []
+    for _ in range(runs):
+        start.record()
+        for i in range(inner):
+            fn(i % n_sets)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 / inner)
+    return statistics.median(times)
+
+
+def _progress(total: int, enabled: bool):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, disable=not enabled, file=sys.stderr, leave=False, dynamic_ncols=True)
+    except ImportError:  # pragma: no cover - tqdm is optional
+        class _Bar:
+            def __init__(self):
+                self.n = 0
+
+            def update(self, k=1):
+                self.n += k
+                if enabled:
+                    print(f"\r{self.n}/{total}", end="", file=sys.stderr, flush=True)
+
+            def set_description(self, s):
+                pass
+
+            def close(self):
+                if enabled:
+                    print(file=sys.stderr)
+
+        return _Bar()
+
+
+def _per_call_overhead(rng, size: int, calls: int = 2000) -> dict:
+    """Host-side cost of np.matmul on small fastmm arrays vs cupy.matmul: a loop of calls, synced at the end."""
+    import cupy as cp
+
+    import fastmm
+
+    a_np = rng.uniform(-1, 1, (size, size)).astype(np.float32)
+    fa, fb = fastmm.asarray(a_np), fastmm.asarray(a_np.T.copy())
+    ca, cb = cp.asarray(a_np), cp.asarray(a_np.T.copy())
+    result = {}
+    for name, fn in (("fastmm np.matmul", lambda: np.matmul(fa, fb)), ("cupy.matmul", lambda: cp.matmul(ca, cb))):
+        for _ in range(50):
+            fn()
+        cp.cuda.Device().synchronize()
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            cp.cuda.Device().synchronize()
+            samples.append((time.perf_counter() - t0) / calls)
+        result[name] = statistics.median(samples)
+    return result
+
+
+def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
+    import cupy as cp
+
+    import fastmm
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    bar = _progress(len(shapes) * (len(kernels) + 2 + cpu), progress)
+    for shape in shapes:
+        set_bytes = 4 * shape.batch * (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n)
+        n_sets = max(1, min(8, math.ceil(2 * L2_BYTES / set_bytes)))
+        sets = [shape.make(rng, cp) for _ in range(n_sets)]
+        outs = [cp.empty(((shape.batch,) if shape.batch > 1 else ()) + (shape.m, shape.n), cp.float32)
+                for _ in range(n_sets)]
+        a0, b0 = sets[0]
+        ref = cp.matmul(a0.astype(cp.float64), b0.astype(cp.float64))
+        fa = [(fastmm.asarray(a), fastmm.asarray(b)) for a, b in sets]
+        row = {"shape": shape.label, "m": shape.m, "n": shape.n, "k": shape.k, "batch": shape.batch,
+               "a_t": shape.a_t, "flops": shape.flops, "results": {}}
+
+        def record(name, fn, check):
+            bar.set_description(f"{shape.label} {name}")
+            outs[0].fill(cp.nan)
+            check()
+            err = rel_error(outs[0], ref)
+            secs = time_per_call(fn, n_sets)
+            row["results"][name] = {"seconds": secs, "tflops": shape.flops / secs / 1e12, "rel_error": err}
+            bar.update()
+
+        record("cublas", lambda i: cp.matmul(*sets[i], out=outs[i]), lambda: cp.matmul(a0, b0, out=outs[0]))
+        for kernel in kernels:
+            family = kernel.split("_")[0]
+            if shape.flops / (_EXPECTED_TFLOPS.get(family, 30.0) * 1e12) > SLOW_SECONDS:
+                bar.update()
+                continue
+            record(kernel, lambda i, kernel=kernel: fastmm.matmul(*fa[i], out=outs[i], kernel=kernel),
+                   lambda kernel=kernel: fastmm.matmul(*fa[0], out=outs[0], kernel=kernel))
+        record("auto", lambda i: np.matmul(*fa[i], out=outs[i]), lambda: np.matmul(*fa[0], out=outs[0]))
+        row["auto_kernel"] = fastmm.explain(fa[0][0], fa[0][1]).splitlines()[1].split()[-1]
+        if cpu:
+            if shape.flops <= CPU_MAX_FLOPS:
+                ha, hb = a0.get(), b0.get()
+                t = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    hc = np.matmul(ha, hb)
+                    t.append(time.perf_counter() - t0)
+                secs = statistics.median(t)
+                row["results"]["numpy"] = {"seconds": secs, "tflops": shape.flops / secs / 1e12,
+                                           "rel_error": rel_error(cp.asarray(hc), ref)}
+            bar.update()
+        rows.append(row)
+        del sets, outs, fa, ref
+        cp.get_default_memory_pool().free_all_blocks()
+    bar.close()
+    return {"rows": rows}
+
+
+def format_table(report: dict, kernels) -> str:
+    cols = ["cublas", *kernels, "auto", "numpy"]
+    present = [c for c in cols if any(c in r["results"] for r in report["rows"])]
+    head = f"| {'shape':16s} | " + " | ".join(f"{c:>22s}" for c in present) + " | max rel err | auto picks |"
+    lines = [head, "|" + "---|" * (len(present) + 3)]
+    for r in report["rows"]:
+        base = r["results"]["cublas"]["tflops"]
+        cells = []
+        for c in present:
+            res = r["results"].get(c)
+            if res is None:
+                cells.append(f"{'-':>22s}")
+            elif c == "cublas":
+                cells.append(f"{res['tflops']:>15.1f} TFLOP/s")
+            else:
+                cells.append(f"{res['tflops']:>8.2f} ({res['tflops'] / base:5.2f}x cuBLAS)")
+        err = max(v["rel_error"] for k, v in r["results"].items() if k != "numpy")
+        lines.append(f"| {r['shape']:16s} | " + " | ".join(cells) + f" | {err:.1e} | {r.get('auto_kernel', '')} |")
+    if "overhead" in report:
+        o = report["overhead"]
+        for size, d in o.items():
+            f, c = d["fastmm np.matmul"], d["cupy.matmul"]
+            lines.append(f"\nper-call cost, {size}x{size} float32: fastmm np.matmul {f * 1e6:.1f} us, "
+                         f"cupy.matmul {c * 1e6:.1f} us (ratio {f / c:.2f})")
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--shapes", default=None, help="comma-separated labels from the shape table (default: all)")
+    p.add_argument("--kernels", default=None, help="comma-separated kernel configurations (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
+    p.add_argument("--no-cpu", action="store_true", help="skip the NumPy-on-CPU column")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def main(args) -> int:
+    import cupy as cp
+
+    if not cp.cuda.is_available():
+        print("bench needs a CUDA GPU; none is available", file=sys.stderr)
+        return 2
+    from .kernels.configs import CONFIGS
+
+    kernels = args.kernels.split(",") if args.kernels else [c.name for c in CONFIGS]
+    shapes = SHAPES
+    if args.shapes:
+        wanted = args.shapes.split(",")
+        shapes = [s for s in SHAPES if s.label in wanted]
+        missing = set(wanted) - {s.label for s in shapes}
+        if missing:
+            print(f"unknown shapes {sorted(missing)}; known: {[s.label for s in SHAPES]}", file=sys.stderr)
+            return 2
+    report = run(shapes, kernels, seed=args.seed, progress=not args.no_progress, cpu=not args.no_cpu)
+    rng = np.random.default_rng(args.seed + 1)
+    report["overhead"] = {size: _per_call_overhead(rng, size) for size in (64, 256)}
+    report["device"] = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    print(f"fastmm bench on {report['device']}; TFLOP/s = 2*M*N*K*batch / median seconds; ratios to cuBLAS "
+          "(cupy.matmul) measured in the same run")
+    print(format_table(report, kernels))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    bad = [(r["shape"], k) for r in report["rows"] for k, v in r["results"].items() if not v["rel_error"] < 1e-4]
+    if bad:
+        print(f"\nFAILED correctness (rel error >= 1e-4 or unwritten output): {bad}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,207 @@
+"""Problem -> kernel: the heuristic table, forced kernels, and `explain`.
+
+Pure Python by design (no PyCUDA, no CuPy): the table runs and is tested on a machine without a GPU.
+The dispatcher describes each product as a `Problem`; `choose` walks `RULES` in order and the first rule
+whose test holds names the kernel. The numbers in the rules are break-even points measured on an H100/H200
+with ``python -m fastmm bench`` (docs/kernels.md has the tables they come from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Callable, Iterator
+
+from .kernels.configs import CONFIGS, FAMILIES, RegTile, Smem, Variant, _Config, get_config
+
+__all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One batched product C[b] (m x n) = A[b] (m x k) @ B[b] (k x n), as the kernels will see it."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    a_t: bool = False      # A has unit stride along m (e.g. ``a.T`` of a C-ordered array)
+    b_t: bool = False      # B has unit stride along k
+    aligned: bool = True   # 16-byte aligned rows everywhere: 128-bit loads and stores are legal
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.a_t, self.b_t, 4 if self.aligned else 1)
+
+    def tiles(self, config: _Config) -> int:
+        bm, bn = config.tile
+        return -(-self.m // bm) * -(-self.n // bn) * self.batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What the plan needs to know of a GPU. The default is an H100/H200 (for `explain` without a GPU)."""
+
+    name: str = "NVIDIA H100/H200 (assumed: no GPU queried)"
+    sm_count: int = 132
+    compute_capability: tuple[int, int] = (9, 0)
+    max_threads_per_block: int = 1024
+    max_smem_per_block: int = 48 * 1024
+    max_regs_per_block: int = 65536
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    config: _Config
+    variant: Variant
+    rule: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def explain(self, problem: Problem, device: Device) -> str:
+        shape = f"{problem.m}x{problem.n}x{problem.k}" + (f", batch {problem.batch}" if problem.batch != 1 else "")
+        layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
+                  f"{'16-byte aligned' if problem.aligned else 'not 16-byte aligned (scalar loads)'}")
+        return (f"{shape} float32 ({layout}) on {device.name}:\n"
+                f"  kernel  {self.config.binary_name(self.variant)}\n"
+                f"  rule    {self.rule}: {self.reason}\n"
+                f"  grid    {problem.tiles(self.config)} blocks of {self.config.threads} threads "
+                f"for {device.sm_count} SMs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    reason: str
+    test: Callable[[Problem, Device], bool]
+    kernel: str | Callable[[Problem, Device], str]
+
+
+NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
+RT128, RT128x64, RT64 = "regtile_128x128x8_8x8", "regtile_128x64x8_8x8", "regtile_64x64x8_8x8"
+
+
+def _fill(problem: Problem, device: Device) -> str:
+    """Largest register tile that still gives every SM work: big tiles reuse more, idle SMs cost more."""
+    for name in (RT128, RT128x64):
+        config = get_config(name)
+        if problem.tiles(config) >= device.sm_count * config.min_blocks * _WAVES:
+            return name
+    return RT64
+
+
+# A 128x128 tile grid must fill this many waves of resident blocks before its reuse pays for the SMs it leaves
+# idle on the last wave (measured: at 2048^2, 256 tiles for 264 resident slots, 128x64 wins).
+_WAVES = 1
+
+# Under this many multiply-adds a product is launch-bound: all kernels take about the same few microseconds.
+_TINY_MACS = 1 << 18
+# With fewer rows or columns than this, most threads of a 64-wide register tile would idle.
+_SKINNY = 32
+
+RULES: tuple[Rule, ...] = (
+    Rule("empty", "nothing to multiply (a zero-size dimension): one trivial launch writes the zeros",
+         lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
+    Rule("tiny", f"under {_TINY_MACS} multiply-adds: launch cost dominates, the simplest kernel is as fast",
+         lambda p, d: p.m * p.n * p.k * p.batch < _TINY_MACS, SMEM16),
+    Rule("skinny", f"m or n below {_SKINNY}: register tiles would leave most threads idle",
+         lambda p, d: min(p.m, p.n) < _SKINNY, SMEM16),
+    Rule("tiled", "register tiling; the largest block tile that still fills every SM",
+         lambda p, d: True, _fill),
+)
+
+# What `kernel="<family>"` means: the table restricted to one family.
+_FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
+    "naive": lambda p, d: NAIVE,
+    "smem": lambda p, d: SMEM16 if min(p.m, p.n) < 64 else SMEM32,
+    "regtile": _fill,
+}
+
+
+def kernel_names() -> list[str]:
+    return ["auto", *FAMILIES, *(c.name for c in CONFIGS)]
+
+
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_forced_kernel", default=None)
+
+
+def _check_name(name: str) -> str:
+    if name != "auto" and name not in FAMILIES:
+        try:
+            get_config(name)
+        except KeyError:
+            raise KeyError(f"unknown kernel {name!r}; valid names: {', '.join(kernel_names())}") from None
+    return name
+
+
+@contextlib.contextmanager
+def use_kernel(name: str) -> Iterator[None]:
+    """Force one kernel (a family or a configuration name) for every float32 product inside the block.
+
+    >>> with fastmm.use_kernel("smem"):       # doctest: +SKIP
+    ...     c = a @ b
+    """
+    token = _forced.set(_check_name(name))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def forced_kernel() -> str | None:
+    return _forced.get()
+
+
+def _validated(config: _Config, device: Device) -> _Config:
+    from .kernels.configs import validate
+
+    validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
+             max_regs_per_block=device.max_regs_per_block)
+    return config
+
+
+_memo: dict[tuple, Choice] = {}
+
+
+def choose(problem: Problem, device: Device = Device(), kernel: str | None = None) -> Choice:
+    """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else the table."""
+    kernel = kernel if kernel is not None else (_forced.get() or "auto")
+    key = (problem, device, kernel)
+    hit = _memo.get(key)
+    if hit is not None:
+        return hit
+    _check_name(kernel)
+    if kernel == "auto":
+        for rule in RULES:
+            if rule.test(problem, device):
+                name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
+                choice = Choice(get_config(name), problem.variant, rule.name, rule.reason)
+                break
+    elif kernel in FAMILIES:
+        choice = Choice(get_config(_FAMILY_DEFAULT[kernel](problem, device)), problem.variant,
+                        "forced", f"kernel family {kernel!r} was requested; tile chosen for the shape")
+    else:
+        choice = Choice(get_config(kernel), problem.variant, "forced", f"kernel {kernel!r} was requested")
+    _validated(choice.config, device)
+    if len(_memo) > 4096:
+        _memo.clear()
+    _memo[key] = choice
+    return choice
+
+
+# Names the rules use must exist: catch a renamed configuration at import, not at the first product.
+for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64):
+    get_config(_name)
+assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(SMEM16), Smem)

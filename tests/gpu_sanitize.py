@@ -1,0 +1,56 @@
+"""Run every kernel binary once on ragged shapes and check the results: the workload for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck  python tests/gpu_sanitize.py
+    compute-sanitizer --tool racecheck python tests/gpu_sanitize.py
+
+Ragged shapes put tile edges everywhere (M, N, K not multiples of any tile or vector width), and offsets
+by one element force the scalar-load (v1) variants, so out-of-bounds accesses and barrier races show up.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cupy as cp
+import numpy as np
+
+import fastmm
+from fastmm.kernels.configs import CONFIGS
+
+SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9)]
+
+
+def main(kernels) -> int:
+    rng = np.random.default_rng()
+    failures = 0
+    runs = 0
+    for name in kernels:
+        for m, n, k in SHAPES:
+            for a_t in (False, True):
+                for b_t in (False, True):
+                    for offset in (0, 1):
+                        a = rng.uniform(-1, 1, (k + offset, m + offset) if a_t else (m + offset, k + offset))
+                        b = rng.uniform(-1, 1, (n + offset, k + offset) if b_t else (k + offset, n + offset))
+                        a, b = a.astype(np.float32), b.astype(np.float32)
+                        da, db = cp.asarray(a)[offset:, offset:], cp.asarray(b)[offset:, offset:]
+                        ha, hb = a[offset:, offset:], b[offset:, offset:]
+                        if a_t:
+                            da, ha = da.T, ha.T
+                        if b_t:
+                            db, hb = db.T, hb.T
+                        out = cp.full((m, n), cp.nan, cp.float32)
+                        fastmm.matmul(da, db, out=out, kernel=name)
+                        ref = ha.astype(np.float64) @ hb.astype(np.float64)
+                        got = cp.asnumpy(out)
+                        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+                        runs += 1
+                        if not err < 1e-5:
+                            failures += 1
+                            print(f"FAIL {name} {m}x{n}x{k} a_t={a_t} b_t={b_t} offset={offset}: {err}")
+    cp.cuda.Device().synchronize()
+    print(f"gpu_sanitize: {runs} products over {len(kernels)} kernels, {failures} wrong")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or [c.name for c in CONFIGS]))

@@ -1,0 +1,65 @@
+"""Every kernel binary compiles for sm_90 without spills or shared-memory overuse (needs nvcc, not a GPU)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fastmm.__main__ import _all_binaries
+from fastmm.kernels import build
+
+try:
+    build.find_nvcc()
+    NVCC = None
+except build.NvccNotFoundError as e:
+    NVCC = str(e)
+
+needs_nvcc = pytest.mark.skipif(NVCC is not None, reason=f"nvcc not found: {NVCC}")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("config,variant", _all_binaries(), ids=lambda x: getattr(x, "name", None) or x.suffix)
+def test_binary_compiles_without_spills(config, variant, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
+    r = build.compile_cubin(config, variant, "sm_90")
+    assert r.cubin[:4] == b"\x7fELF"
+    assert r.registers > 0
+    assert r.spill_stores == 0 and r.spill_loads == 0, r.log
+    assert r.stack_bytes == 0, r.log
+    assert r.smem_bytes == config.smem_bytes or config.family == "smem", r.log
+    assert r.smem_bytes <= 48 * 1024
+    assert r.registers * config.threads <= 65536
+    # A second compile of the same binary comes from the disk cache.
+    again = build.compile_cubin(config, variant, "sm_90")
+    assert again.cubin == r.cubin and again.registers == r.registers
+
+
+@needs_nvcc
+def test_compile_errors_carry_nvcc_log(tmp_path, monkeypatch):
+    from fastmm.kernels.configs import Naive
+
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "source_for", lambda c, v: "this is not CUDA;")
+    with pytest.raises(build.CompileError, match="(?s)nvcc failed to compile naive_32x8 for sm_90.*error: expected a declaration"):
+        build.compile_cubin(Naive(), arch="sm_90")
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(build.os.path, "isfile", lambda p: False)
+    with pytest.raises(build.NvccNotFoundError, match="install a CUDA toolkit"):
+        build.find_nvcc()
+
+
+@needs_nvcc
+def test_compile_command_reports_every_binary(tmp_path):
+    env = {"FASTMM_CACHE_DIR": str(tmp_path), "PATH": shutil.os.environ["PATH"]}
+    p = subprocess.run([sys.executable, "-m", "fastmm", "compile", "--arch", "sm_90"], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{len(_all_binaries())} binaries: 0 failed to compile, 0 spill registers" in p.stdout

@@ -1,0 +1,155 @@
+"""Every kernel (forced in turn) and `auto` against a float64 NumPy reference, on the GPU.
+
+Outputs are poisoned with NaN before each product, inputs are fresh random numbers each run, and the
+relative Frobenius error must stay near float32 rounding (FP32 SIMT lands near 1e-6).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from fastmm.kernels.configs import CONFIGS
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+
+KERNELS = ["auto", *(c.name for c in CONFIGS)]
+SIZES = [0, 1, 7, 31, 127, 128, 129, 1000]
+SHAPES = [(s, s, s) for s in SIZES] + [
+    (127, 129, 31), (1, 1000, 7), (1000, 1, 129), (7, 31, 1000), (129, 128, 1), (0, 5, 3), (5, 0, 3),
+    (5, 3, 0), (33, 65, 257), (1000, 129, 127), (130, 258, 9),
+]
+LAYOUTS = ["nn", "tn", "nt", "tt"]
+TOL = 1e-5
+
+
+def host_operand(rng, rows, cols, transposed):
+    """A (rows, cols) float32 NumPy array; `transposed` makes it a transposed view of a (cols, rows) array."""
+    if transposed:
+        return rng.uniform(-1, 1, (cols, rows)).astype(np.float32).T
+    return rng.uniform(-1, 1, (rows, cols)).astype(np.float32)
+
+
+def device(x):
+    """Upload keeping the layout (a transposed host view becomes a transposed device view)."""
+    if x.ndim >= 2 and not x.flags.c_contiguous and x.swapaxes(-1, -2).flags.c_contiguous:
+        return cp.asarray(np.ascontiguousarray(x.swapaxes(-1, -2))).swapaxes(-1, -2)
+    return cp.asarray(x)
+
+
+def rel_error(c, ref) -> float:
+    c = cp.asnumpy(c).astype(np.float64)
+    assert np.isfinite(c).all(), "NaN in the result: an output element was not written"
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(c - ref) / denom) if denom else float(np.linalg.norm(c))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_matches_float64_reference(kernel, m, n, k, layout, rng):
+    import fastmm
+
+    a = host_operand(rng, m, k, layout[0] == "t")
+    b = host_operand(rng, k, n, layout[1] == "t")
+    da, db = device(a), device(b)
+    out = cp.full((m, n), cp.nan, cp.float32)
+    fastmm.matmul(da, db, out=out, kernel=kernel)
+    assert rel_error(out, a.astype(np.float64) @ b.astype(np.float64)) < TOL
+
+
+BATCHED = [
+    ((2, 1, 33, 17), (5, 17, 9)),
+    ((3, 4, 65, 70), (70, 66)),
+    ((70,), (3, 70, 5)),
+    ((6, 1, 1, 40, 12), (1, 5, 3, 12, 40)),
+    ((1, 1, 129, 8), (7, 8, 130)),
+]
+
+
+@pytest.mark.parametrize("ashape,bshape", BATCHED, ids=str)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_batched_broadcasting(kernel, ashape, bshape, rng):
+    import fastmm
+
+    a = rng.uniform(-1, 1, ashape).astype(np.float32)
+    b = rng.uniform(-1, 1, bshape).astype(np.float32)
+    c = fastmm.matmul(cp.asarray(a), cp.asarray(b), kernel=kernel)
+    assert c.shape == np.matmul(a, b).shape
+    assert rel_error(c, np.matmul(a.astype(np.float64), b.astype(np.float64))) < TOL
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_batch_axes_that_do_not_collapse(kernel, rng):
+    """Three batch axes with strides no two of which merge: fastmm loops over the outermost on the host."""
+    import fastmm
+
+    a = rng.uniform(-1, 1, (6, 1, 1, 40, 12)).astype(np.float32)
+    b_full = rng.uniform(-1, 1, (1, 5, 6, 12, 40)).astype(np.float32)
+    da, db = cp.asarray(a), cp.asarray(b_full)[:, :, ::2]
+    b = b_full[:, :, ::2]
+    c = fastmm.matmul(da, db, kernel=kernel)
+    assert rel_error(c, np.matmul(a.astype(np.float64), b.astype(np.float64))) < TOL
+
+
+def _views(base):
+    return {
+        "offset-by-one (unaligned)": lambda x: x[1:, 1:],
+        "reversed rows": lambda x: x[::-1],
+        "every other row": lambda x: x[::2],
+        "every other column (copied)": lambda x: x[:, ::2],
+        "reversed columns (copied)": lambda x: x[:, ::-1],
+        "transposed slice": lambda x: x[3:, 5:].T,
+    }
+
+
+@pytest.mark.parametrize("view", list(_views(None)))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_sliced_views(kernel, view, rng):
+    import fastmm
+
+    fn = _views(None)[view]
+    a_host = rng.uniform(-1, 1, (300, 301)).astype(np.float32)
+    b_host = rng.uniform(-1, 1, (302, 299)).astype(np.float32)
+    a, b = fn(a_host), fn(b_host)
+    k = min(a.shape[1], b.shape[0])
+    a, b = a[:, :k], b[:k]
+    da, db = fn(cp.asarray(a_host))[:, :k], fn(cp.asarray(b_host))[:k]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastmm.PerformanceWarning)
+        c = fastmm.matmul(da, db, kernel=kernel)
+    assert rel_error(c, a.astype(np.float64) @ b.astype(np.float64)) < TOL
+
+
+@pytest.mark.parametrize("ashape,bshape", [((50,), (50, 7)), ((9, 50), (50,)), ((50,), (50,)), ((4, 9, 50), (50,)),
+                                           ((50,), (4, 50, 9)), ((0,), (0, 3)), ((0,), (0,))])
+@pytest.mark.parametrize("kernel", ["auto", "naive", "smem", "regtile"])
+def test_one_dimensional_operands(kernel, ashape, bshape, rng):
+    import fastmm
+
+    a = rng.uniform(-1, 1, ashape).astype(np.float32)
+    b = rng.uniform(-1, 1, bshape).astype(np.float32)
+    c = fastmm.matmul(cp.asarray(a), cp.asarray(b), kernel=kernel)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert c.shape == want.shape
+    assert isinstance(c, fastmm.ndarray)
+    np.testing.assert_allclose(cp.asnumpy(c), want, rtol=1e-4, atol=1e-4)
+
+
+def test_sanity_large_product_has_fp32_accuracy(rng):
+    """One product big enough to run the 128x128 tiles over many K steps: error near float32 rounding."""
+    import fastmm
+
+    a = rng.uniform(-1, 1, (2048, 2048)).astype(np.float32)
+    b = rng.uniform(-1, 1, (2048, 2048)).astype(np.float32)
+    da, db = cp.asarray(a), cp.asarray(b)
+    ref = cp.matmul(da.astype(cp.float64), db.astype(cp.float64))
+    for kernel in ("auto", "regtile_128x128x8_8x8"):
+        c = cp.full((2048, 2048), cp.nan, cp.float32)
+        fastmm.matmul(da, db, out=c, kernel=kernel)
+        assert bool(cp.isfinite(c).all())
+        err = float(cp.linalg.norm(c - ref) / cp.linalg.norm(ref))
+        assert err < 2e-6, err

@@ -1,0 +1,121 @@
+"""The heuristic table, forced kernels, configuration validation and explain (CPU only)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastmm
+from fastmm import _plan
+from fastmm.kernels import configs
+from fastmm.kernels.configs import RegTile, Smem, Variant
+
+H100 = _plan.Device()
+
+
+def choose(m, n, k, batch=1, **kw):
+    return _plan.choose(_plan.Problem(m, n, k, batch, **kw), H100)
+
+
+def test_names_are_derived_from_data():
+    assert RegTile(128, 128, 8, 8, 8).name == "regtile_128x128x8_8x8"
+    assert Smem(16).name == "smem_16"
+    assert RegTile().binary_name(Variant(True, False, 1)) == "regtile_128x128x8_8x8_tn_v1"
+    assert Smem(32).binary_name(Variant(True, True, 1)) == "smem_32"   # layout read at run time
+    assert len({c.name for c in configs.CONFIGS}) == len(configs.CONFIGS)
+
+
+def test_unknown_kernel_lists_valid_names():
+    with pytest.raises(KeyError, match="valid names: auto, naive, smem, regtile"):
+        choose(8, 8, 8) if False else _plan.choose(_plan.Problem(8, 8, 8), H100, "fast")
+    with pytest.raises(KeyError, match="regtile_128x128x8_8x8"):
+        with fastmm.use_kernel("nope"):
+            pass
+
+
+@pytest.mark.parametrize("m,n,k,batch,rule", [
+    (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
+    (16, 16, 16, 1, "tiny"), (1000, 1, 1000, 1, "skinny"), (1, 4096, 4096, 1, "skinny"),
+    (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
+])
+def test_rules_fire_in_order(m, n, k, batch, rule):
+    assert choose(m, n, k, batch).rule == rule
+
+
+def test_tiled_rule_fills_the_gpu():
+    assert choose(8192, 8192, 8192).name == "regtile_128x128x8_8x8"
+    small = choose(512, 512, 4096)   # 16 tiles of 128x128 for 132 SMs: smaller tiles
+    assert small.name == "regtile_64x64x8_8x8"
+    # A GPU with fewer SMs fills up with larger tiles sooner.
+    few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
+    assert few.name == "regtile_128x128x8_8x8"
+
+
+def test_variant_follows_layout_and_alignment():
+    c = choose(4097, 4097, 4097, aligned=False, a_t=True)
+    assert c.variant == Variant(True, False, 1)
+    assert c.config.binary_name(c.variant).endswith("_tn_v1")
+
+
+def test_forcing_by_argument_family_and_context():
+    assert _plan.choose(_plan.Problem(4096, 4096, 4096), H100, "smem").name == "smem_32"
+    assert _plan.choose(_plan.Problem(40, 40, 4096), H100, "smem").name == "smem_16"
+    assert _plan.choose(_plan.Problem(64, 64, 64), H100, "naive").rule == "forced"
+    with fastmm.use_kernel("regtile_128x64x8_8x8"):
+        assert choose(64, 64, 64).name == "regtile_128x64x8_8x8"
+        with fastmm.use_kernel("naive"):
+            assert choose(64, 64, 64).name == "naive_32x8"
+        assert choose(64, 64, 64).name == "regtile_128x64x8_8x8"
+    assert choose(64, 64, 64).rule != "forced"
+    # An explicit kernel= beats the context.
+    with fastmm.use_kernel("naive"):
+        assert _plan.choose(_plan.Problem(64, 64, 64), H100, "smem_16").name == "smem_16"
+
+
+def test_validation_gives_numbers():
+    with pytest.raises(ValueError, match=r"needs 64.0 KiB of shared memory per block; the device allows 48.0 KiB"):
+        configs.validate(RegTile(256, 256, 16, 16, 16))
+    with pytest.raises(ValueError, match=r"needs 2048 threads per block; the device allows 1024"):
+        configs.validate(RegTile(256, 256, 8, 4, 8))
+    with pytest.raises(ValueError, match=r"multiples of 4"):
+        configs.validate(RegTile(128, 128, 6, 8, 8))
+    with pytest.raises(ValueError, match=r"needs 255 registers x 256 threads = 65280 registers per block; the "
+                                         r"device has 32768"):
+        configs.validate(RegTile(), max_regs_per_block=32768, regs_per_thread=255)
+    with pytest.raises(ValueError, match=r"evenly in 4-vectors"):
+        configs.validate(RegTile(64, 64, 8, 4, 4))
+    with pytest.raises(ValueError, match=r"needs 16.0 KiB.*allows 8.0 KiB"):
+        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_per_block=8 * 1024))
+
+
+def test_explain_names_kernel_and_rule():
+    text = fastmm.explain((4096, 4096), (4096, 4096))
+    assert "regtile_128x128x8_8x8_nn_v4" in text and "rule    tiled" in text
+    a = np.zeros((300, 200), np.float32)
+    assert "regtile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
+    assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)
+    with pytest.raises(ValueError, match="mismatch in its core dimension 0"):
+        fastmm.explain(a, a)
+    assert "forced" in fastmm.explain((8, 8), (8, 8), kernel="naive")
+
+
+def test_explain_on_the_command_line():
+    out = subprocess.run([sys.executable, "-m", "fastmm", "explain", "1000", "1000", "1000"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "1000x1000x1000" in out and "kernel  regtile" in out
+
+
+def test_strided_views_plan_without_copies():
+    a = np.zeros((256, 512), np.float32)
+    text = fastmm.explain(a[::-1, 1:257], a[:256, :256].T)
+    assert "note" not in text
+    # A device array (here a stand-in with CuPy's attributes) with no unit-stride axis is copied first.
+    class DeviceView:
+        shape, strides, dtype, ndim = (128, 256), (4096, 8), np.dtype(np.float32), 2
+        data = type("ptr", (), {"ptr": 1 << 20})
+
+    text = fastmm.explain(DeviceView(), a[:256, :256])
+    assert "operand a has no unit-stride axis and is copied first" in text
