@@ -39,6 +39,11 @@ def _wrap(x):
     return x
 
 
+def _returned(result, out):
+    """NumPy returns `out` itself when one is given; otherwise results are fastmm arrays."""
+    return result if out is not None and result is out else _wrap(result)
+
+
 def _upload(x):
     """Host arrays among a call's arguments become device arrays (CuPy refuses mixed host/device input)."""
     if isinstance(x, np.ndarray):
@@ -92,7 +97,7 @@ class ndarray(_cp.ndarray):
             for key in ("order", "subok", "signature", "axes", "axis", "keepdims"):
                 if key in kwargs:
                     raise TypeError(f"fastmm's {ufunc.__name__} does not take {key}=; use cupy.{ufunc.__name__}")
-            return _wrap(impl(*inputs, out=out, **kwargs))
+            return _returned(impl(*inputs, out=out, **kwargs), out)
         inputs = _upload(inputs)
         if "out" in kwargs:
             kwargs["out"] = _upload(kwargs["out"])
@@ -101,7 +106,7 @@ class ndarray(_cp.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         impl = _GEMM_FUNCTIONS.get(func)
         if impl is not None:
-            return _wrap(impl(*args, **kwargs))
+            return _returned(impl(*args, **kwargs), kwargs.get("out"))
         return _wrap(_cp.ndarray.__array_function__(self, func, types, _upload(args), _upload(kwargs)))
 
     def __matmul__(self, other):
@@ -116,7 +121,7 @@ class ndarray(_cp.ndarray):
         return self
 
     def dot(self, b, out=None):
-        return _wrap(_dispatch.dot(self, b, out=out))
+        return _returned(_dispatch.dot(self, b, out=out), out)
 
     def __array__(self, dtype=None, copy=None):
         if copy is False:
@@ -126,6 +131,24 @@ class ndarray(_cp.ndarray):
 
     def __repr__(self):
         return "fastmm." + repr(self.get())
+
+
+# CuPy keeps the subclass through views and elementwise operations, but its reductions and a few other
+# methods return plain cupy.ndarray: wrap those so that results stay fastmm arrays.
+def _returning_fastmm(method):
+    def wrapper(self, *args, **kwargs):
+        return _wrap(method(self, *args, **kwargs))
+
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
+
+
+for _name in ("all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose", "clip", "compress",
+              "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal", "flatten", "max", "mean", "min",
+              "nonzero", "partition", "prod", "ptp", "ravel", "repeat", "reshape", "round", "squeeze", "std", "sum",
+              "swapaxes", "take", "trace", "transpose", "var", "view"):
+    if hasattr(_cp.ndarray, _name):
+        setattr(ndarray, _name, _returning_fastmm(getattr(_cp.ndarray, _name)))
 
 
 def asarray(obj, dtype=None) -> ndarray:

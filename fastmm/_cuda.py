@@ -15,6 +15,8 @@ an event and before it by a second event: results stay correct and the host neve
 
 from __future__ import annotations
 
+import atexit
+import struct
 import threading
 from typing import Any
 
@@ -23,7 +25,7 @@ from ._plan import Device
 from .kernels import build
 from .kernels.configs import MAX_GRID_Y, MAX_GRID_Z, Variant, _Config
 
-__all__ = ["device", "launch", "loaded_function"]
+__all__ = ["device", "Launch", "loaded_function"]
 
 _tls = threading.local()        # per thread: {device id: pushed context}, bridge streams
 _lock = threading.Lock()
@@ -59,7 +61,20 @@ def _context(device_id: int):
         ctx = pushed[device_id] = drv.Device(device_id).retain_primary_context()
     ctx.push()
     _tls.current = device_id
+    if threading.current_thread() is threading.main_thread():
+        # PyCUDA aborts the interpreter if a context is still on the main thread's stack when it shuts down.
+        # Registered after PyCUDA's own exit hook, so it runs first.
+        atexit.register(_pop_main_thread)
     return ctx
+
+
+def _pop_main_thread() -> None:
+    if getattr(_tls, "current", None) is not None:
+        try:
+            _driver().Context.pop()
+        except Exception:  # pragma: no cover - CUDA already torn down
+            pass
+        _tls.current = None
 
 
 def device(device_id: int) -> Device:
@@ -97,7 +112,6 @@ def loaded_function(config: _Config, variant: Variant, device_id: int):
     with _lock:
         module = drv.module_from_buffer(compiled.cubin)
         fn = module.get_function(f"fastmm_{config.family}")
-        fn.prepare(_ARG_FORMAT)
         fn._fastmm_module = module  # the function must not outlive its module
         # The registers the loaded kernel really uses, checked against the device before the first launch.
         from .kernels.configs import validate
@@ -118,39 +132,83 @@ def _bridge_stream(device_id: int):
         import cupy
 
         s = _driver().Stream()
-        pair = streams[device_id] = (s, cupy.cuda.ExternalStream(s.handle, device_id))
+        pair = streams[device_id] = (s, _cupy_view_of(cupy, s.handle, device_id))
     return pair
 
 
-def launch(config: _Config, variant: Variant, device_id: int, m: int, n: int, k: int,
-           a: int, a_sm: int, a_sk: int, b: int, b_sk: int, b_sn: int, c: int, c_sm: int, c_sn: int,
-           batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int]) -> None:
-    """Launch one product on CuPy's current stream. Pointers are device addresses of float32 data."""
-    import cupy
+class _StreamHandle:
+    """A raw stream handle in the CUDA stream protocol, for CuPy's Stream.from_external."""
 
-    _context(device_id)
-    fn = loaded_function(config, variant, device_id)
-    user_stream = cupy.cuda.get_current_stream()
-    if user_stream.ptr == 0:
-        stream = None
-    else:
-        stream, ext = _bridge_stream(device_id)
-        ready = cupy.cuda.Event(block=False, disable_timing=True)
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def _cupy_view_of(cupy, handle: int, device_id: int):
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle, device_id)  # CuPy < 14
+
+
+_ARGS = struct.Struct(_ARG_FORMAT)  # native alignment: the same layout as the kernel's C parameter list
+
+
+class Launch:
+    """One product, ready to run on any operands with the same shapes, strides and alignment.
+
+    Everything that depends only on those (the compiled function, grids, strides, launch splits for the
+    hardware's grid limits) is computed once; a call packs three pointers and launches. The dispatcher
+    keeps these per call signature, which is what keeps a small product's host cost near CuPy's.
+    """
+
+    __slots__ = ("name", "device_id", "fn", "block", "chunks", "_cupy")
+
+    def __init__(self, config: _Config, variant: Variant, device_id: int, m: int, n: int, k: int,
+                 a_sm: int, a_sk: int, b_sk: int, b_sn: int, c_sm: int, c_sn: int,
+                 batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int]):
+        import cupy
+
+        _context(device_id)
+        self._cupy = cupy
+        self.name = config.name
+        self.device_id = device_id
+        self.fn = loaded_function(config, variant, device_id)
+        self.block = config.block
+        # Launches needed to cover the grid: more than 65535 row tiles or batch items take several, with
+        # A and C offset by whole row blocks and z0 counting batch items already done.
+        rows = config.tile[0] * MAX_GRID_Y
+        self.chunks = []
+        for m0 in range(0, max(m, 1), rows):
+            mm = min(m - m0, rows)
+            for z0 in range(0, batch, MAX_GRID_Z):
+                grid = config.grid(mm, n, min(batch - z0, MAX_GRID_Z))
+                self.chunks.append((grid, 4 * m0 * a_sm, 4 * m0 * c_sm,
+                                    (mm, n, k), (a_sm, a_sk), (b_sk, b_sn), (c_sm, c_sn, z0, batch_inner,
+                                                                             *batch_strides)))
+
+    def __call__(self, a: int, b: int, c: int) -> None:
+        """Run on CuPy's current stream; a, b, c are device addresses of the operands and the result."""
+        if getattr(_tls, "current", None) != self.device_id:
+            _context(self.device_id)
+        user_stream = self._cupy.cuda.get_current_stream()
+        if user_stream.ptr == 0:
+            self._launch(a, b, c, None)
+            return
+        stream, ext = _bridge_stream(self.device_id)
+        ready = self._cupy.cuda.Event(block=False, disable_timing=True)
         ready.record(user_stream)
         ext.wait_event(ready)
-
-    bm = config.tile[0]
-    rows_per_launch = bm * MAX_GRID_Y
-    block = config.block
-    for m0 in range(0, max(m, 1), rows_per_launch):
-        mm = min(m - m0, rows_per_launch)
-        for z0 in range(0, batch, MAX_GRID_Z):
-            grid = config.grid(mm, n, min(batch - z0, MAX_GRID_Z))
-            fn.prepared_async_call(grid, block, stream, mm, n, k,
-                                   a + 4 * m0 * a_sm, a_sm, a_sk, b, b_sk, b_sn, c + 4 * m0 * c_sm, c_sm, c_sn,
-                                   z0, batch_inner, *batch_strides)
-
-    if stream is not None:
-        done = cupy.cuda.Event(block=False, disable_timing=True)
+        self._launch(a, b, c, stream)
+        done = self._cupy.cuda.Event(block=False, disable_timing=True)
         done.record(ext)
         user_stream.wait_event(done)
+
+    def _launch(self, a, b, c, stream) -> None:
+        # Function._launch_kernel is what PyCUDA's prepared_async_call ends in; calling it with a buffer
+        # packed by a precompiled Struct skips that wrapper's per-call argument handling.
+        for grid, da, dc, mnk, a_s, b_s, tail in self.chunks:
+            self.fn._launch_kernel(grid, self.block, _ARGS.pack(*mnk, a + da, *a_s, b, *b_s, c + dc, *tail), 0,
+                                   stream)

@@ -9,7 +9,7 @@ Each function accepts fastmm, CuPy or NumPy arrays (host data is uploaded once) 
 from __future__ import annotations
 
 from . import _dispatch
-from ._array import _wrap
+from ._array import _returned, _wrap
 
 __all__ = ["matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"]
 
@@ -30,7 +30,7 @@ def matmul(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
 
     .. seealso:: :func:`numpy.matmul`
     """
-    return _wrap(_dispatch.matmul(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel))
+    return _returned(_dispatch.matmul(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
 
 
 def dot(a, b, out=None, *, kernel=None):
@@ -38,7 +38,7 @@ def dot(a, b, out=None, *, kernel=None):
 
     .. seealso:: :func:`numpy.dot`
     """
-    return _wrap(_dispatch.dot(a, b, out=out, kernel=kernel))
+    return _returned(_dispatch.dot(a, b, out=out, kernel=kernel), out)
 
 
 def inner(a, b, *, kernel=None):
@@ -66,14 +66,14 @@ def einsum(subscripts, *operands, kernel=None, **kwargs):
 
 def matvec(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
     """Matrix-vector product. .. seealso:: :func:`numpy.matvec`"""
-    return _wrap(_dispatch.matvec(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel))
+    return _returned(_dispatch.matvec(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
 
 
 def vecmat(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
     """Vector-matrix product. .. seealso:: :func:`numpy.vecmat`"""
-    return _wrap(_dispatch.vecmat(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel))
+    return _returned(_dispatch.vecmat(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
 
 
 def vecdot(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
     """Vector dot product over the last axis. .. seealso:: :func:`numpy.vecdot`"""
-    return _wrap(_dispatch.vecdot(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel))
+    return _returned(_dispatch.vecdot(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)

@@ -47,6 +47,8 @@ def test_rules_fire_in_order(m, n, k, batch, rule):
 
 def test_tiled_rule_fills_the_gpu():
     assert choose(8192, 8192, 8192).name == "regtile_128x128x8_8x8"
+    assert choose(2048, 2048, 2048).name == "regtile_128x128x8_8x8"   # 256 tiles for 132 SMs
+    assert choose(1280, 1280, 512).name == "regtile_128x64x8_8x8"     # 100 tiles of 128x128: too few
     small = choose(512, 512, 4096)   # 16 tiles of 128x128 for 132 SMs: smaller tiles
     assert small.name == "regtile_64x64x8_8x8"
     # A GPU with fewer SMs fills up with larger tiles sooner.
