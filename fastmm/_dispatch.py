@@ -429,22 +429,26 @@ _replays: dict[tuple, tuple] = {}
 _REPLAYS_MAX = 1024
 
 
-def _signature(a, b, kernel):
+def _signature(a, b, out, kernel):
     return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, a.device.id,
-            kernel if kernel is not None else _plan.forced_kernel())
+            kernel if kernel is not None else _plan.forced_kernel(),
+            None if out is None else (out.strides, out.data.ptr & 15))
 
 
 def matmul(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
     """``np.matmul`` with NumPy's rules; float32 products run on fastmm's kernels, others on CuPy."""
     cp = _cupy()
-    fast = out is None and dtype is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) \
-        and a.dtype == _F32 and b.dtype == _F32
+    fast = dtype is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) \
+        and a.dtype == _F32 and b.dtype == _F32 and (out is None or isinstance(out, cp.ndarray) and out.dtype == _F32)
     if fast:
-        key = _signature(a, b, kernel)
+        key = _signature(a, b, out, kernel)
         hit = _replays.get(key)
-        if hit is not None:
+        # A replay needs what the signature cannot promise: an `out` of the right shape that shares no memory
+        # with the operands (else the full path below raises NumPy's error or goes through a temporary).
+        if hit is not None and (out is None or out.shape == hit[0] and not (_may_overlap(out, a)
+                                                                             or _may_overlap(out, b))):
             out_shape, launches = hit
-            c = _empty(out_shape)
+            c = _empty(out_shape) if out is None else out
             pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
             for prepared, da, db, dc in launches:
                 prepared(pa + da, pb + db, pc + dc)

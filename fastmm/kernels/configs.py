@@ -139,7 +139,7 @@ class Smem(_Config):
 
     @property
     def smem_bytes(self) -> int:
-        return 2 * self.tile_size * (self.tile_size + 1) * 4
+        return 2 * self.tile_size * self.tile_size * 4
 
     def _tile_macros(self) -> dict[str, int]:
         return {"TILE": self.tile_size}

@@ -8,7 +8,7 @@
 //
 // Layout: which thread loads which element is chosen per operand at run time (uniform across the grid),
 // so that consecutive threads read consecutive addresses whether the operand is stored row- or
-// column-major. The +1 padding keeps the transposed stores free of bank conflicts.
+// column-major.
 //
 // Preconditions: none beyond M, N, K >= 0. Ragged edges are zero-filled in shared memory.
 // Macros: TILE.
@@ -18,8 +18,11 @@
 extern "C" __global__ void __launch_bounds__(TILE * TILE, 2048 / (TILE * TILE))
 fastmm_smem(FASTMM_GEMM_PARAMS)
 {
-    __shared__ float As[TILE][TILE + 1];  // As[m][k]
-    __shared__ float Bs[TILE][TILE + 1];  // Bs[k][n]
+    // No padding: a thread's row of As is then 16-byte aligned and the compiler reads it 4 floats at a time
+    // (LDS.128), one shared load per FMA instead of two on the inner loop's critical path. The transposed
+    // stores of a column-major operand do conflict, but they happen once per TILE inner steps.
+    __shared__ __align__(16) float As[TILE][TILE];  // As[m][k]
+    __shared__ __align__(16) float Bs[TILE][TILE];  // Bs[k][n]
 
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int tile_m = blockIdx.y * TILE, tile_n = blockIdx.x * TILE;
