@@ -57,6 +57,12 @@ SHAPES = (
     Shape("8192^3", 8192, 8192, 8192),
     Shape("batch 64x256^3", 256, 256, 256, batch=64),
     Shape("A^T.B 4096^3", 4096, 4096, 4096, a_t=True),
+    # Shapes that starve a tiled kernel of parallelism (the skinny rule; split-K is a later issue's).
+    Shape("4096x16x4096", 4096, 16, 4096),
+    Shape("matvec 8192x1x8192", 8192, 1, 8192),
+    Shape("128x128x65536", 128, 128, 65536),
+    Shape("65536x128x128", 65536, 128, 128),
+    Shape("16384x16384x64", 16384, 16384, 64),
 )
 
 # NumPy on the CPU only up to this many flops per call (about a second at most on a server CPU).
