@@ -38,7 +38,8 @@ def test_unknown_kernel_lists_valid_names():
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
-    (16, 16, 16, 1, "tiny"), (1000, 1, 1000, 1, "skinny"), (1, 4096, 4096, 1, "skinny"),
+    (16, 16, 16, 1, "skinny"), (1000, 1, 1000, 1, "skinny"), (1, 4096, 4096, 1, "skinny"),
+    (256, 256, 256, 1, "few-tiles"), (128, 128, 65536, 1, "few-tiles"), (64, 64, 64, 1, "few-tiles"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
 def test_rules_fire_in_order(m, n, k, batch, rule):
@@ -49,8 +50,10 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(8192, 8192, 8192).name == "regtile_128x128x8_8x8"
     assert choose(2048, 2048, 2048).name == "regtile_128x128x8_8x8"   # 256 tiles for 132 SMs
     assert choose(1280, 1280, 512).name == "regtile_128x64x8_8x8"     # 100 tiles of 128x128: too few
-    small = choose(512, 512, 4096)   # 16 tiles of 128x128 for 132 SMs: smaller tiles
+    small = choose(768, 768, 4096)   # 36 tiles of 128x128 for 132 SMs: smaller tiles
     assert small.name == "regtile_64x64x8_8x8"
+    assert choose(256, 256, 256).name == "smem_16"     # 64 blocks of 32x32: 16x16 tiles fill more SMs
+    assert choose(512, 512, 512).name == "smem_32"     # 256 blocks of 32x32
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
     assert few.name == "regtile_128x128x8_8x8"
@@ -65,6 +68,7 @@ def test_variant_follows_layout_and_alignment():
 def test_forcing_by_argument_family_and_context():
     assert _plan.choose(_plan.Problem(4096, 4096, 4096), H100, "smem").name == "smem_32"
     assert _plan.choose(_plan.Problem(40, 40, 4096), H100, "smem").name == "smem_16"
+    assert _plan.choose(_plan.Problem(8, 8, 8), H100, "regtile").name == "regtile_64x64x8_8x8"
     assert _plan.choose(_plan.Problem(64, 64, 64), H100, "naive").rule == "forced"
     with fastmm.use_kernel("regtile_128x64x8_8x8"):
         assert choose(64, 64, 64).name == "regtile_128x64x8_8x8"
@@ -96,7 +100,7 @@ def test_validation_gives_numbers():
 def test_explain_names_kernel_and_rule():
     text = fastmm.explain((4096, 4096), (4096, 4096))
     assert "regtile_128x128x8_8x8_nn_v4" in text and "rule    tiled" in text
-    a = np.zeros((300, 200), np.float32)
+    a = np.zeros((1300, 1200), np.float32)
     assert "regtile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
     assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)
     with pytest.raises(ValueError, match="mismatch in its core dimension 0"):
