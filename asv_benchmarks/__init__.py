@@ -1,0 +1,1 @@
+"""fastmm's airspeed velocity suite: one module per topic (see docs/benchmarks.md)."""

@@ -1,0 +1,50 @@
+"""The asv suite imports and its benchmarks are well formed (`asv check`), on any machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_asv_check_passes():
+    pytest.importorskip("asv", reason="asv is part of the test extra: pip install -e '.[test]'")
+    p = subprocess.run([sys.executable, "-m", "asv", "check", "--python=same"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "No problems found" in p.stdout
+
+
+def test_benchmarks_are_discovered_and_skip_without_gpu():
+    pytest.importorskip("asv_runner", reason="asv is part of the test extra")
+    from asv_runner.discovery import disc_benchmarks
+
+    names = [b.name for b in disc_benchmarks(str(ROOT / "asv_benchmarks"))]
+    for expected in ("bench_square.SquareKernels.track_tflops", "bench_shapes.PerformanceShapes.track_ratio_to_cublas",
+                     "bench_overhead.SmallMatmulOverhead.track_microseconds_per_call",
+                     "bench_firstcall.FirstCall.track_first_product_seconds", "bench_batched.Batched.time_matmul"):
+        assert expected in names
+    assert not any("GemmBenchmark" in n for n in names)  # the abstract base is not a benchmark
+
+
+def test_gpu_benchmarks_skip_cleanly_without_a_gpu():
+    pytest.importorskip("asv_runner", reason="asv is part of the test extra")
+    sys.path.insert(0, str(ROOT))
+    try:
+        from asv_benchmarks import common
+        from asv_benchmarks.bench_square import SquareKernels
+    finally:
+        sys.path.remove(str(ROOT))
+    try:
+        import cupy
+
+        if cupy.cuda.is_available():
+            pytest.skip("a GPU is present: the benchmarks run instead of skipping")
+    except ImportError:
+        pass
+    with pytest.raises(common.SkipNotImplemented):
+        SquareKernels().setup(256, "auto")
