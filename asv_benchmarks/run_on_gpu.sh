@@ -28,6 +28,5 @@ for c in "${commits[@]}"; do
     echo "== asv run for ${hash:0:8}: $(git log -1 --format=%s "$hash")"
     ASV_PYTHONPATH="$wt:$site" python3 -m asv run --python=same --set-commit-hash "$hash" \
         --machine "$machine" --bench "$bench" --show-stderr || echo "asv run for $hash reported failures"
+    mkdir -p "$outdir" && cp -r asv_benchmarks/results "$outdir/"  # after each commit: a timeout keeps the rest
 done
-mkdir -p "$outdir"
-cp -r asv_benchmarks/results "$outdir/"
