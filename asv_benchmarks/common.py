@@ -8,7 +8,6 @@ Every timed function synchronises the GPU before returning, so asv's wall clock 
 from __future__ import annotations
 
 import abc
-import statistics
 
 import numpy as np
 
@@ -56,25 +55,11 @@ def operands(cp, m, n, k, batch=1, a_t=False, seed=0):
     return sets
 
 
-def median_seconds(cp, fn, n_sets, runs=7, min_seconds=0.01):
-    """Median per-call seconds of fn(i), by CUDA events around batches of calls, after warm-up."""
-    for i in range(2):
-        fn(i % n_sets)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    fn(0)
-    end.record()
-    end.synchronize()
-    inner = max(1, min(200, int(min_seconds / max(cp.cuda.get_elapsed_time(start, end) * 1e-3, 1e-6))))
-    times = []
-    for _ in range(runs):
-        start.record()
-        for i in range(inner):
-            fn(i % n_sets)
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 / inner)
-    return statistics.median(times)
+def median_seconds(cp, fn, n_sets):
+    """Median per-call seconds of fn(i): fastmm's own CUDA-event timer (the one `python -m fastmm bench` uses)."""
+    from fastmm._bench import time_per_call
+
+    return time_per_call(fn, n_sets, min_seconds=0.01)
 
 
 class GemmBenchmark(abc.ABC):
