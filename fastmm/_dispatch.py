@@ -323,6 +323,10 @@ def _gemm(a, b, c, kernel=None, record: list | None = None) -> None:
     problem, launch = problem_for(a, b, c)
     device_id = c.device.id
     choice = _plan.choose(problem, _cuda.device(device_id), kernel)
+    if choice.splits > 1:
+        if record is not None:
+            record.append(None)  # a workspace per call: not replayed
+        return _split_k(a, b, c, choice)
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
     prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args)
@@ -331,6 +335,30 @@ def _gemm(a, b, c, kernel=None, record: list | None = None) -> None:
         prepared(*(p + o for p, o in zip(ptrs, offs)))
         if record is not None:
             record.append(None if launch["copied"] else (prepared, *offs))
+
+
+def _split_k(a, b, c, choice) -> None:
+    """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
+
+    The slices are strided views of a and b (no copies); their products land in a (splits, m, n) workspace
+    that CuPy reduces over its first axis in a fixed order, so the result is deterministic run to run.
+    """
+    cp = _cupy()
+    # The plan splits only single products: any batch axes here have size 1 and drop out as views.
+    a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
+    (m, k), n = a.shape, b.shape[1]
+    depth = -(-k // choice.splits)
+    depth += -depth % 8  # whole BK steps per slice
+    full = k // depth
+    tail = k - full * depth
+    ws = _empty((full + (tail > 0), m, n))
+    strided = cp.lib.stride_tricks.as_strided
+    a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))
+    b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
+    _gemm(a_slices, b_slices, ws[:full], choice.config.name)
+    if tail:
+        _gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name)
+    cp.sum(ws, axis=0, out=c)
 
 
 def _via_temporary(a, b, c, kernel, record):

@@ -65,6 +65,7 @@ class Choice:
     variant: Variant
     rule: str
     reason: str
+    splits: int = 1  # split-K: K cut into this many slices, multiplied as a batch and summed in a fixed order
 
     @property
     def name(self) -> str:
@@ -74,10 +75,11 @@ class Choice:
         shape = f"{problem.m}x{problem.n}x{problem.k}" + (f", batch {problem.batch}" if problem.batch != 1 else "")
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
                   f"{'16-byte aligned' if problem.aligned else 'not 16-byte aligned (scalar loads)'}")
+        split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
-                f"  kernel  {self.config.binary_name(self.variant)}\n"
+                f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
                 f"  rule    {self.rule}: {self.reason}\n"
-                f"  grid    {problem.tiles(self.config)} blocks of {self.config.threads} threads "
+                f"  grid    {problem.tiles(self.config) * self.splits} blocks of {self.config.threads} threads "
                 f"for {device.sm_count} SMs")
 
 
@@ -124,11 +126,30 @@ def _smem_for(problem: Problem, device: Device) -> str:
     return SMEM32 if problem.tiles(get_config(SMEM32)) >= device.sm_count else SMEM16
 
 
+# Split-K: only worth its workspace and extra pass when K dwarfs the output.
+_SPLIT_MIN_K = 4096
+_SPLIT_K_OVER_MN = 16
+_SPLIT_MIN_SLICE = 512
+
+
+def _long_k(problem: Problem, device: Device) -> bool:
+    return (problem.batch == 1 and problem.k >= _SPLIT_MIN_K
+            and problem.k >= _SPLIT_K_OVER_MN * max(problem.m, problem.n) and _few_tiles(problem, device))
+
+
+def split_count(problem: Problem, device: Device) -> int:
+    """Slices of K for split-K: about two 64x64 blocks per SM, each slice at least _SPLIT_MIN_SLICE deep."""
+    tiles = problem.tiles(get_config(RT64))
+    return max(2, min(-(-2 * device.sm_count // tiles), problem.k // _SPLIT_MIN_SLICE))
+
+
 RULES: tuple[Rule, ...] = (
     Rule("empty", "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule("skinny", f"m or n below {_SKINNY}: register tiles would leave most threads idle",
          lambda p, d: min(p.m, p.n) < _SKINNY, SMEM16),
+    Rule("split-k", f"K >= {_SPLIT_MIN_K} and >= {_SPLIT_K_OVER_MN}x the output's sides, too few tiles for the SMs: "
+         "slices of K multiplied side by side, then summed in a fixed order", _long_k, RT64),
     Rule("few-tiles", "fewer 64x64 tiles than half the SMs: small shared-memory tiles spread the work wider",
          _few_tiles, _smem_for),
     Rule("tiled", "register tiling; the largest block tile that still gives every SM a block",
@@ -200,7 +221,8 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         for rule in RULES:
             if rule.test(problem, device):
                 name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
-                choice = Choice(get_config(name), problem.variant, rule.name, rule.reason)
+                splits = split_count(problem, device) if rule.name == "split-k" else 1
+                choice = Choice(get_config(name), problem.variant, rule.name, rule.reason, splits)
                 break
     elif kernel in FAMILIES:
         choice = Choice(get_config(_FAMILY_DEFAULT[kernel](problem, device)), problem.variant,

@@ -39,7 +39,8 @@ def test_unknown_kernel_lists_valid_names():
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
     (16, 16, 16, 1, "skinny"), (1000, 1, 1000, 1, "skinny"), (1, 4096, 4096, 1, "skinny"),
-    (256, 256, 256, 1, "few-tiles"), (128, 128, 65536, 1, "few-tiles"), (64, 64, 64, 1, "few-tiles"),
+    (256, 256, 256, 1, "few-tiles"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "few-tiles"),
+    (128, 128, 65536, 2, "few-tiles"), (512, 512, 4096, 1, "few-tiles"), (64, 64, 16384, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
 def test_rules_fire_in_order(m, n, k, batch, rule):
@@ -57,6 +58,14 @@ def test_tiled_rule_fills_the_gpu():
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
     assert few.name == "regtile_128x128x8_8x8"
+
+
+def test_split_k_fills_the_gpu():
+    c = choose(128, 128, 65536)
+    assert c.name == "regtile_64x64x8_8x8" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
+    assert choose(64, 64, 4096).splits == 8                       # never slices thinner than 512
+    assert choose(4096, 4096, 4096).splits == 1
+    assert "split-K into 66 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
 def test_variant_follows_layout_and_alignment():
