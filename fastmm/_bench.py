@@ -245,6 +245,33 @@ def format_table(report: dict, kernels) -> str:
     return "\n".join(lines)
 
 
+def plot(report: dict, kernels, path: str) -> None:
+    """TFLOP/s against size for each kernel, auto and cuBLAS over the square rows of the table (a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # Square rows at multiples of 256 (the ragged 1000 and 4097 rows would draw a vertical jump next to 1024/4096).
+    rows = sorted((r for r in report["rows"] if r["m"] == r["n"] == r["k"] and r["m"] % 256 == 0
+                   and r["batch"] == 1 and not r["a_t"]), key=lambda r: r["m"])
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in ["cublas", *kernels, "auto"]:
+        pts = [(r["m"], r["results"][name]["tflops"]) for r in rows if name in r["results"]]
+        if pts:
+            xs, ys = zip(*pts)
+            style = dict(lw=2.5, color="black") if name == "cublas" else dict(ls="--", lw=2) if name == "auto" else {}
+            ax.plot(xs, ys, marker="o", label="cuBLAS (cupy.matmul)" if name == "cublas" else name, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = N = K")
+    ax.set_ylabel("TFLOP/s (2MNK / median time)")
+    ax.set_title(f"fastmm SGEMM kernels on {report.get('device', 'GPU')}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--shapes", default=None, help="comma-separated labels from the shape table (default: all)")
     p.add_argument("--kernels", default=None, help="comma-separated kernel configurations (default: all)")
@@ -252,6 +279,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
     p.add_argument("--no-cpu", action="store_true", help="skip the NumPy-on-CPU column")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 
 def main(args) -> int:
@@ -281,6 +309,8 @@ def main(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.plot:
+        plot(report, kernels, args.plot)
     bad = [(r["shape"], k) for r in report["rows"] for k, v in r["results"].items() if not v["rel_error"] < 1e-4]
     if bad:
         print(f"\nFAILED correctness (rel error >= 1e-4 or unwritten output): {bad}", file=sys.stderr)

@@ -18,6 +18,8 @@ import fastmm
 from fastmm.kernels.configs import CONFIGS
 
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9)]
+# `auto` also runs a long-K shape, which takes the split-K path (strided slices plus CuPy's reduction).
+AUTO_SHAPES = SHAPES + [(40, 72, 4100)]
 
 
 def main(kernels) -> int:
@@ -25,7 +27,7 @@ def main(kernels) -> int:
     failures = 0
     runs = 0
     for name in kernels:
-        for m, n, k in SHAPES:
+        for m, n, k in (AUTO_SHAPES if name == "auto" else SHAPES):
             for a_t in (False, True):
                 for b_t in (False, True):
                     for offset in (0, 1):
@@ -53,4 +55,4 @@ def main(kernels) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or [c.name for c in CONFIGS]))
+    sys.exit(main(sys.argv[1:] or ["auto", *(c.name for c in CONFIGS)]))
