@@ -198,7 +198,8 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
             record(kernel, lambda i, kernel=kernel: fastmm.matmul(*fa[i], out=outs[i], kernel=kernel),
                    lambda kernel=kernel: fastmm.matmul(*fa[0], out=outs[0], kernel=kernel))
         record("auto", lambda i: np.matmul(*fa[i], out=outs[i]), lambda: np.matmul(*fa[0], out=outs[0]))
-        row["auto_kernel"] = fastmm.explain(fa[0][0], fa[0][1]).splitlines()[1].split()[-1]
+        kernel_line = fastmm.explain(fa[0][0], fa[0][1]).splitlines()[1].split(maxsplit=1)[1]
+        row["auto_kernel"] = kernel_line.replace(", split-K into ", " x").replace(" slices", " K-slices")
         if cpu:
             if shape.flops <= CPU_MAX_FLOPS:
                 ha, hb = a0.get(), b0.get()
