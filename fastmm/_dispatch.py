@@ -294,12 +294,36 @@ def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
     return problem, dict(args=args, outer=outer, copied=a is not a0 or b is not b0)
 
 
-def _gemm(a, b, c, kernel=None, record: list | None = None) -> None:
+class _Recorder(list):
+    """The steps of one product, kept so that later products of the same signature can replay them.
+
+    Steps are (Launch, a offset, b offset, c offset), offsets in bytes from the data pointers `base` of the
+    top-level a, b and c, or a `_SplitKReplay`. A None step means the product went through a copy or a
+    temporary whose address changes per call: such a product is not replayed.
+    """
+
+    def __init__(self, a_ptr: int, b_ptr: int, c_ptr: int):
+        super().__init__()
+        self.base = (a_ptr, b_ptr, c_ptr)
+
+    def launch(self, prepared, pa: int, pb: int, pc: int) -> None:
+        self.append((prepared, pa - self.base[0], pb - self.base[1], pc - self.base[2]))
+
+
+def _replay(steps, a, b, c) -> None:
+    pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
+    for step in steps:
+        if type(step) is tuple:
+            prepared, da, db, dc = step
+            prepared(pa + da, pb + db, pc + dc)
+        else:
+            step(a, b, c)
+
+
+def _gemm(a, b, c, kernel=None, record: _Recorder | None = None) -> None:
     """c[...] = a @ b for float32 device arrays a (..., m, k), b (..., k, n), c (batch..., m, n).
 
-    With `record`, the launches are appended to it as (Launch, a offset, b offset, c offset) in bytes from
-    a's, b's and c's data pointers, so the same call signature can replay them; a None entry says the call
-    went through a copy or a temporary and cannot be replayed.
+    With `record`, the steps are recorded for replay (see `_Recorder`).
     """
     from . import _cuda
 
@@ -324,20 +348,37 @@ def _gemm(a, b, c, kernel=None, record: list | None = None) -> None:
     device_id = c.device.id
     choice = _plan.choose(problem, _cuda.device(device_id), kernel)
     if choice.splits > 1:
-        if record is not None:
-            record.append(None)  # a workspace per call: not replayed
-        return _split_k(a, b, c, choice)
+        return _split_k(a, b, c, choice, record)
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
     prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args)
     for index in np.ndindex(*(size for size, _ in launch["outer"])):
         offs = [sum(i * st[j] for i, (_, st) in zip(index, launch["outer"])) * 4 for j in range(3)]
-        prepared(*(p + o for p, o in zip(ptrs, offs)))
+        pa, pb, pc = (p + o for p, o in zip(ptrs, offs))
+        prepared(pa, pb, pc)
         if record is not None:
-            record.append(None if launch["copied"] else (prepared, *offs))
+            if launch["copied"]:
+                record.append(None)
+            else:
+                record.launch(prepared, pa, pb, pc)
 
 
-def _split_k(a, b, c, choice) -> None:
+class _SplitKReplay:
+    """Replay of a split-K product: a fresh workspace, the recorded slice launches, the ordered reduction."""
+
+    def __init__(self, steps, ws_shape, c_offset, c_shape, c_strides):
+        self.steps, self.ws_shape = steps, ws_shape
+        self.c_offset, self.c_shape, self.c_strides = c_offset, c_shape, c_strides
+
+    def __call__(self, a, b, c):
+        cp = _cupy()
+        ws = _empty(self.ws_shape)
+        _replay(self.steps, a, b, ws)
+        view = cp.ndarray(self.c_shape, _F32, memptr=c.data + self.c_offset, strides=self.c_strides)
+        cp.sum(ws, axis=0, out=view)
+
+
+def _split_k(a, b, c, choice, record: _Recorder | None = None) -> None:
     """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
 
     The slices are strided views of a and b (no copies); their products land in a (splits, m, n) workspace
@@ -355,10 +396,18 @@ def _split_k(a, b, c, choice) -> None:
     strided = cp.lib.stride_tricks.as_strided
     a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))
     b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
-    _gemm(a_slices, b_slices, ws[:full], choice.config.name)
+    # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
+    sub = _Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
+    _gemm(a_slices, b_slices, ws[:full], choice.config.name, sub)
     if tail:
-        _gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name)
+        _gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name, sub)
     cp.sum(ws, axis=0, out=c)
+    if record is not None:
+        base_a, base_b, base_c = record.base
+        if None in sub or a.data.ptr != base_a or b.data.ptr != base_b:
+            record.append(None)
+        else:
+            record.append(_SplitKReplay(tuple(sub), ws.shape, c.data.ptr - base_c, c.shape, c.strides))
 
 
 def _via_temporary(a, b, c, kernel, record):
@@ -475,11 +524,9 @@ def matmul(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
         # with the operands (else the full path below raises NumPy's error or goes through a temporary).
         if hit is not None and (out is None or out.shape == hit[0] and not (_may_overlap(out, a)
                                                                              or _may_overlap(out, b))):
-            out_shape, launches = hit
+            out_shape, steps = hit
             c = _empty(out_shape) if out is None else out
-            pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
-            for prepared, da, db, dc in launches:
-                prepared(pa + da, pb + db, pc + dc)
+            _replay(steps, a, b, c)
             return c
     a, b = to_device(a), to_device(b)
     out_shape, m, n, k = matmul_shapes(a.shape, b.shape)
@@ -500,7 +547,7 @@ def matmul(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
     # Views of c (never reshapes, which could copy a user's `out`) with the promoted axes put back.
     c2 = c[None, None] if a.ndim == 1 and b.ndim == 1 else c[..., None, :] if a.ndim == 1 else \
         c[..., None] if b.ndim == 1 else c
-    record = [] if fast else None
+    record = _Recorder(a.data.ptr, b.data.ptr, c.data.ptr) if fast else None
     _gemm(a2, b2, c2, kernel, record)
     if fast and None not in record:
         if len(_replays) >= _REPLAYS_MAX:

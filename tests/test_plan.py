@@ -62,10 +62,10 @@ def test_tiled_rule_fills_the_gpu():
 
 def test_split_k_fills_the_gpu():
     c = choose(128, 128, 65536)
-    assert c.name == "regtile_64x64x8_8x8" and c.splits == 198    # 4 tiles x 198 slices = 6 blocks per SM
-    assert choose(64, 64, 4096).splits == 16                      # never slices thinner than 256
+    assert c.name == "regtile_64x64x8_8x8" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
+    assert choose(64, 64, 4096).splits == 8                       # never slices thinner than 512
     assert choose(4096, 4096, 4096).splits == 1
-    assert "split-K into 198 slices" in fastmm.explain((128, 65536), (65536, 128))
+    assert "split-K into 66 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
 def test_variant_follows_layout_and_alignment():
