@@ -291,7 +291,8 @@ def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
     args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
                 c=ptrs[2], c_sm=ldc, c_sn=1, batch=n0 * n1, batch_inner=n1,
                 batch_strides=(s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]))
-    return problem, dict(args=args, outer=outer, copied=a is not a0 or b is not b0)
+    # `keep` holds any contiguous copies alive until the caller has launched on them.
+    return problem, dict(args=args, outer=outer, copied=a is not a0 or b is not b0, keep=(a, b))
 
 
 class _Recorder(list):
@@ -444,7 +445,7 @@ def _meta(x, shape=None) -> _Meta:
     return _Meta(shape, strides if fortran else strides[::-1])
 
 
-def plan_matmul(a, b, device: _plan.Device, kernel=None) -> tuple[_plan.Problem, _plan.Choice] | str:
+def plan_matmul(a, b, device: _plan.Device, kernel=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
     """The plan `matmul(a, b)` would follow, from shapes and strides alone (no GPU work, no copies)."""
     dtype = np.result_type(getattr(a, "dtype", np.asarray(a).dtype), getattr(b, "dtype", np.asarray(b).dtype))
     out_shape, m, n, k = matmul_shapes(np.shape(a), np.shape(b))
