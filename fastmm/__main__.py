@@ -99,6 +99,12 @@ def cmd_bench(args) -> int:
     return _bench.main(args)
 
 
+def cmd_autotune(args) -> int:
+    from . import _autotune
+
+    return _autotune.main(args)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fastmm", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -117,8 +123,13 @@ def main(argv=None) -> int:
     from . import _bench
 
     _bench.add_arguments(b)
+    t = sub.add_parser("autotune", help="time every configuration for a list of shapes; auto uses the winners")
+    from . import _autotune
+
+    _autotune.add_arguments(t)
     args = p.parse_args(argv)
-    return {"info": cmd_info, "compile": cmd_compile, "explain": cmd_explain, "bench": cmd_bench}[args.cmd](args)
+    return {"info": cmd_info, "compile": cmd_compile, "explain": cmd_explain, "bench": cmd_bench,
+            "autotune": cmd_autotune}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ def device(device_id: int) -> Device:
             max_threads_per_block=d.get_attribute(a.MAX_THREADS_PER_BLOCK),
             max_smem_per_block=d.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
             max_regs_per_block=d.get_attribute(a.MAX_REGISTERS_PER_BLOCK),
+            driver_version=drv.get_driver_version(),
         )
     return dev
 

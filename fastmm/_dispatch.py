@@ -505,6 +505,7 @@ def _input_dtype(a, b, dtype, casting, name):
 # device and forced kernel determine everything but the three pointers (see _cuda.Launch).
 _replays: dict[tuple, tuple] = {}
 _REPLAYS_MAX = 1024
+_plan.on_reload(_replays.clear)  # a new autotune entry can change what a signature should run
 
 
 def _signature(a, b, out, kernel):

@@ -13,9 +13,10 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import CONFIGS, FAMILIES, RegTile, Smem, Variant, _Config, get_config
+from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Smem, Variant, _Config, get_config
 
-__all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names"]
+__all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
+           "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Device:
     max_threads_per_block: int = 1024
     max_smem_per_block: int = 48 * 1024
     max_regs_per_block: int = 65536
+    driver_version: int = 0  # CUDA driver version (e.g. 13000); part of the autotune cache's key
 
     @property
     def arch(self) -> str:
@@ -210,13 +212,71 @@ def _validated(config: _Config, device: Device) -> _Config:
     return config
 
 
+# --------------------------------------------------------------------------------------------------------
+# Autotuned entries: written by fastmm/_autotune.py (which times candidates on the GPU), only read here.
+# --------------------------------------------------------------------------------------------------------
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def tune_bucket(problem: Problem) -> str:
+    """The class of problems one tuned entry stands for: sizes rounded up to powers of two, batched or not,
+    and the layout variant (nn/tn/nt/tt, v4/v1)."""
+    p = problem
+    return (f"{_pow2_ceil(p.m)}x{_pow2_ceil(p.n)}x{_pow2_ceil(p.k)}{'_batched' if p.batch > 1 else ''}"
+            f"_{p.variant.suffix}")
+
+
+def tune_cache_path(device: Device):
+    """Per GPU model, driver and fastmm version, under the user's cache directory ($FASTMM_CACHE_DIR too)."""
+    import re
+
+    from . import __version__
+    from .kernels.build import cache_dir
+
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device.name).strip("-")
+    return cache_dir().parent / "autotune" / f"{slug}-{device.arch}-drv{device.driver_version}-fastmm{__version__}.json"
+
+
+_tuned: dict[Device, dict] = {}
+_reload_hooks: list[Callable[[], None]] = []
+
+
+def tuned_entries(device: Device) -> dict:
+    """The autotune cache for `device` (read once per process; empty when absent or unreadable)."""
+    entries = _tuned.get(device)
+    if entries is None:
+        import json
+
+        try:
+            entries = json.loads(tune_cache_path(device).read_text()).get("entries", {})
+        except (OSError, ValueError):
+            entries = {}
+        _tuned[device] = entries
+    return entries
+
+
+def reload_tuned() -> None:
+    """Forget cached decisions after the autotune cache changed (the dispatcher's replays too)."""
+    _tuned.clear()
+    _memo.clear()
+    for hook in _reload_hooks:
+        hook()
+
+
+def on_reload(hook: Callable[[], None]) -> None:
+    _reload_hooks.append(hook)
+
+
 _memo: dict[tuple, Choice] = {}
 
 
-def choose(problem: Problem, device: Device = Device(), kernel: str | None = None) -> Choice:
-    """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else the table."""
+def choose(problem: Problem, device: Device = Device(), kernel: str | None = None, *, tuned: bool = True) -> Choice:
+    """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else an autotuned entry
+    for its class (unless `tuned` is False), else the table."""
     kernel = kernel if kernel is not None else (_forced.get() or "auto")
-    key = (problem, device, kernel)
+    key = (problem, device, kernel, tuned)
     hit = _memo.get(key)
     if hit is not None:
         return hit
@@ -228,6 +288,15 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
                 splits = split_count(problem, device) if rule.name == "split-k" else 1
                 choice = Choice(get_config(name), problem.variant, rule.name, rule.reason, splits)
                 break
+        # A tuned entry for this problem class overrides the table, except where the table's answer is not a
+        # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
+        entry = None
+        if tuned and choice.rule not in ("empty", "split-k"):
+            entry = tuned_entries(device).get(tune_bucket(problem))
+        if entry is not None and entry.get("kernel") in _BY_NAME:
+            choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",
+                            f"autotuned on this GPU for {tune_bucket(problem)}: {entry['tflops']:.1f} TFLOP/s "
+                            f"against {entry['heuristic_tflops']:.1f} for the table's {entry['heuristic']}")
     elif kernel in FAMILIES:
         choice = Choice(get_config(_FAMILY_DEFAULT[kernel](problem, device)), problem.variant,
                         "forced", f"kernel family {kernel!r} was requested; tile chosen for the shape")

@@ -180,3 +180,28 @@ def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     a2 = host_operand(rng, m, k, layout[0] == "t")
     fresh = fastmm.matmul(device(a2), db)
     assert rel_error(fresh, a2.astype(np.float64) @ b.astype(np.float64)) < 1e-5
+
+
+def test_autotune_writes_the_cache_and_auto_uses_it(tmp_path, monkeypatch, rng):
+    import fastmm
+    from fastmm import _autotune, _cuda, _dispatch, _plan
+    from fastmm._bench import Shape
+
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
+    _plan.reload_tuned()
+    try:
+        rows = _autotune.tune([Shape("300x200x100", 300, 200, 100), Shape("long-K", 64, 64, 8192)], progress=False)
+        tuned, skipped = rows
+        assert "skipped" in skipped and "split-k" in skipped["skipped"]
+        assert tuned["kernel"] in tuned["candidates"] and tuned["tflops"] == max(tuned["candidates"].values())
+        device = _cuda.device(0)
+        assert _plan.tune_cache_path(device).exists()
+        a = rng.uniform(-1, 1, (300, 100)).astype(np.float32)
+        b = rng.uniform(-1, 1, (100, 200)).astype(np.float32)
+        da, db = cp.asarray(a), cp.asarray(b)
+        problem, choice, _ = _dispatch.plan_matmul(da, db, device)
+        assert choice.rule == "tuned" and choice.name == tuned["kernel"]
+        assert "rule    tuned" in fastmm.explain(da, db)
+        assert rel_error(fastmm.matmul(da, db), a.astype(np.float64) @ b) < TOL
+    finally:
+        _plan.reload_tuned()

@@ -134,3 +134,39 @@ def test_strided_views_plan_without_copies():
 
     text = fastmm.explain(DeviceView(), a[:256, :256])
     assert "operand a has no unit-stride axis and is copied first" in text
+
+
+def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
+    device = _plan.Device(name="Test GPU 9000", driver_version=13000)
+    path = _plan.tune_cache_path(device)
+    assert path.parent.parent == tmp_path and "Test-GPU-9000-sm_90-drv13000-fastmm" in path.name
+    problem = _plan.Problem(4097, 4097, 4097, aligned=False)
+    assert _plan.tune_bucket(problem) == "8192x8192x8192_nn_v1"
+    _plan.reload_tuned()
+    assert _plan.choose(problem, device).name == "regtile_128x128x8_8x8"   # no cache yet: the table
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"entries": {"8192x8192x8192_nn_v1": {
+        "kernel": "regtile_64x64x8_8x8", "tflops": 35.6, "heuristic": "regtile_128x128x8_8x8",
+        "heuristic_tflops": 33.2}}}))
+    _plan.reload_tuned()
+    try:
+        c = _plan.choose(problem, device)
+        assert c.name == "regtile_64x64x8_8x8" and c.rule == "tuned" and "35.6 TFLOP/s against 33.2" in c.reason
+        assert _plan.choose(problem, device, tuned=False).rule == "tiled"
+        assert _plan.choose(problem, device, "regtile_128x64x8_8x8").rule == "forced"   # forcing still wins
+        aligned = _plan.Problem(4096, 4096, 4096)                                        # another class: the table
+        assert _plan.choose(aligned, device).rule == "tiled"
+        long_k = _plan.Problem(128, 128, 65536)
+        path.write_text(json.dumps({"entries": {_plan.tune_bucket(long_k): {
+            "kernel": "naive_32x8", "tflops": 1, "heuristic": "x", "heuristic_tflops": 1}}}))
+        _plan.reload_tuned()
+        assert _plan.choose(long_k, device).rule == "split-k"                            # not overridden
+        path.write_text("{ not json")
+        _plan.reload_tuned()
+        assert _plan.choose(problem, device).rule == "tiled"                             # unreadable: ignored
+    finally:
+        path.unlink()
+        _plan.reload_tuned()

@@ -1,0 +1,138 @@
+"""Autotuner: time every candidate configuration on the GPU for a class of problems, keep the winner.
+
+Sits beside the plan: it uses the plan (problem classes, the table's own choice, the cache's location) and
+the public product path (each candidate forced with ``kernel=``), and writes the cache that `_plan` only
+reads. The cache is one JSON file per GPU model, driver and fastmm version under the user's cache directory
+(``_plan.tune_cache_path``); `auto` then uses an entry for the problem's class when present and the heuristic
+table otherwise. Compiles stay bounded: every candidate binary goes through the on-disk kernel cache.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+
+from . import _plan
+from .kernels.configs import CONFIGS, validate
+
+__all__ = ["tune", "main"]
+
+# naive is never a winner past toy sizes and costs the most time to measure: tune it only below this.
+_NAIVE_MAX_FLOPS = 2 * 512**3
+
+
+def _candidates(problem: _plan.Problem, device: _plan.Device) -> list[str]:
+    names = []
+    for c in CONFIGS:
+        if c.family == "naive" and problem.flops > _NAIVE_MAX_FLOPS:
+            continue
+        try:
+            validate(c, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
+                     max_regs_per_block=device.max_regs_per_block)
+        except ValueError:
+            continue
+        names.append(c.name)
+    return names
+
+
+def tune(shapes, *, seed: int = 0, progress: bool = True) -> list[dict]:
+    """Tune each `fastmm._bench.Shape`; write the winners to the cache; return one report row per shape."""
+    import cupy as cp
+
+    from . import _cuda, _dispatch, linalg
+    from ._bench import _progress, rel_error, time_per_call
+
+    device = _cuda.device(cp.cuda.Device().id)
+    path = _plan.tune_cache_path(device)
+    try:
+        entries = json.loads(path.read_text()).get("entries", {})
+    except (OSError, ValueError):
+        entries = {}
+    rng = np.random.default_rng(seed)
+    rows = []
+    bar = _progress(len(shapes), progress)
+    for shape in shapes:
+        bar.set_description(f"autotune {shape.label}")
+        a, b = shape.make(rng, cp)
+        planned = _dispatch.plan_matmul(a, b, device)
+        problem = planned[0]
+        table = _plan.choose(problem, device, tuned=False)
+        row = {"shape": shape.label, "bucket": _plan.tune_bucket(problem), "heuristic": table.name}
+        if table.rule in ("empty", "split-k"):
+            row["skipped"] = f"the table's {table.rule} plan is not a choice of configuration"
+            rows.append(row)
+            bar.update()
+            continue
+        ref = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
+        c = cp.empty(ref.shape, cp.float32)
+        timings = {}
+        for name in _candidates(problem, device):
+            c.fill(cp.nan)
+            linalg.matmul(a, b, out=c, kernel=name)
+            if not rel_error(c, ref) < 1e-4:  # a wrong kernel never wins
+                continue
+            secs = time_per_call(lambda i, name=name: linalg.matmul(a, b, out=c, kernel=name), 1)
+            timings[name] = problem.flops / secs / 1e12
+        best = max(timings, key=timings.get)
+        row.update(kernel=best, tflops=timings[best], heuristic_tflops=timings.get(table.name, float("nan")),
+                   candidates=timings)
+        entries[row["bucket"]] = {
+            "kernel": best, "tflops": timings[best], "heuristic": table.name,
+            "heuristic_tflops": row["heuristic_tflops"], "shape": [problem.m, problem.n, problem.k, problem.batch],
+            "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        rows.append(row)
+        bar.update()
+        del a, b, c, ref
+        cp.get_default_memory_pool().free_all_blocks()
+    bar.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"device": device.name, "driver": device.driver_version, "entries": entries},
+                              indent=1, sort_keys=True))
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+    _plan.reload_tuned()
+    return rows
+
+
+def add_arguments(p) -> None:
+    p.add_argument("shapes", nargs="*", help="M,N,K or M,N,K,BATCH (default: the bench command's shape table)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def main(args) -> int:
+    import cupy as cp
+
+    from ._bench import SHAPES, Shape
+
+    if not cp.cuda.is_available():
+        print("autotune needs a CUDA GPU; none is available", file=sys.stderr)
+        return 2
+    shapes = []
+    for text in args.shapes:
+        try:
+            dims = [int(v) for v in text.split(",")]
+            m, n, k = dims[:3]
+            batch = dims[3] if len(dims) > 3 else 1
+        except ValueError:
+            print(f"cannot read shape {text!r}: give M,N,K or M,N,K,BATCH", file=sys.stderr)
+            return 2
+        shapes.append(Shape(text, m, n, k, batch))
+    rows = tune(shapes or list(SHAPES), seed=args.seed, progress=not args.no_progress)
+    from . import _cuda
+
+    print(f"autotune cache: {_plan.tune_cache_path(_cuda.device(cp.cuda.Device().id))}")
+    print(f"| {'shape':20s} | {'class':28s} | {'table picks':28s} | {'TFLOP/s':>8s} | {'tuned':28s} | {'TFLOP/s':>8s} |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if "skipped" in r:
+            print(f"| {r['shape']:20s} | {r['bucket']:28s} | {r['heuristic']:28s} | {'':>8s} | {r['skipped']} |")
+        else:
+            print(f"| {r['shape']:20s} | {r['bucket']:28s} | {r['heuristic']:28s} | {r['heuristic_tflops']:8.2f} | "
+                  f"{r['kernel']:28s} | {r['tflops']:8.2f} |")
+    return 0
