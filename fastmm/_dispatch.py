@@ -447,7 +447,8 @@ def _meta(x, shape=None) -> _Meta:
 
 def plan_matmul(a, b, device: _plan.Device, kernel=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
     """The plan `matmul(a, b)` would follow, from shapes and strides alone (no GPU work, no copies)."""
-    dtype = np.result_type(getattr(a, "dtype", np.asarray(a).dtype), getattr(b, "dtype", np.asarray(b).dtype))
+    # Device arrays have a dtype; only host data (lists, scalars) is asked for one through NumPy.
+    dtype = np.result_type(*(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b)))
     out_shape, m, n, k = matmul_shapes(np.shape(a), np.shape(b))
     if dtype != _F32:
         return f"{dtype} product: CuPy (cuBLAS); fastmm's own kernels are float32"

@@ -170,3 +170,15 @@ def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
     finally:
         path.unlink()
         _plan.reload_tuned()
+
+
+def test_explain_never_converts_device_arrays_to_host():
+    class DeviceOnly:  # like a CuPy array: shape, strides, dtype, data.ptr, and no implicit host conversion
+        shape, strides, dtype, ndim = (512, 512), (2048, 4), np.dtype(np.float32), 2
+        data = type("ptr", (), {"ptr": 1 << 20})
+
+        def __array__(self, *args, **kwargs):
+            raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+    assert "kernel  smem_32" in fastmm.explain(DeviceOnly(), DeviceOnly())   # 512^3: rule few-tiles
+    assert "float64 product: CuPy" in fastmm.explain(DeviceOnly(), [[1.0]] * 512)  # a host list of floats
