@@ -144,11 +144,11 @@ def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
     path = _plan.tune_cache_path(device)
     assert path.parent.parent == tmp_path and "Test-GPU-9000-sm_90-drv13000-fastmm" in path.name
     problem = _plan.Problem(4097, 4097, 4097, aligned=False)
-    assert _plan.tune_bucket(problem) == "8192x8192x8192_nn_v1"
+    assert _plan.tune_bucket(problem) == "6144x6144x6144_nn_v1"
     _plan.reload_tuned()
     assert _plan.choose(problem, device).name == "regtile_128x128x8_8x8"   # no cache yet: the table
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"entries": {"8192x8192x8192_nn_v1": {
+    path.write_text(json.dumps({"entries": {"6144x6144x6144_nn_v1": {
         "kernel": "regtile_64x64x8_8x8", "tflops": 35.6, "heuristic": "regtile_128x128x8_8x8",
         "heuristic_tflops": 33.2}}}))
     _plan.reload_tuned()
@@ -182,3 +182,9 @@ def test_explain_never_converts_device_arrays_to_host():
 
     assert "kernel  smem_32" in fastmm.explain(DeviceOnly(), DeviceOnly())   # 512^3: rule few-tiles
     assert "float64 product: CuPy" in fastmm.explain(DeviceOnly(), [[1.0]] * 512)  # a host list of floats
+
+
+@pytest.mark.parametrize("size,cls", [(1, 1), (3, 3), (5, 6), (700, 768), (768, 768), (769, 1024), (1000, 1024),
+                                      (4096, 4096), (4097, 6144), (6145, 8192)])
+def test_tune_size_classes(size, cls):
+    assert _plan._size_class(size) == cls
