@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from . import _plan
-from .kernels.configs import CONFIGS, validate
+from .kernels.configs import CONFIGS
 
 __all__ = ["tune", "main"]
 
@@ -31,8 +31,7 @@ def _candidates(problem: _plan.Problem, device: _plan.Device) -> list[str]:
         if c.family == "naive" and problem.flops > _NAIVE_MAX_FLOPS:
             continue
         try:
-            validate(c, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
-                     max_regs_per_block=device.max_regs_per_block)
+            _plan.validated(c, device)
         except ValueError:
             continue
         names.append(c.name)

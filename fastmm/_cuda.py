@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from . import _errors
-from ._plan import Device
+from ._plan import Device, validated
 from .kernels import build
 from .kernels.configs import MAX_GRID_Y, MAX_GRID_Z, Variant, _Config
 
@@ -91,6 +91,7 @@ def device(device_id: int) -> Device:
             compute_capability=d.compute_capability(),
             max_threads_per_block=d.get_attribute(a.MAX_THREADS_PER_BLOCK),
             max_smem_per_block=d.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
+            max_smem_optin=d.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             max_regs_per_block=d.get_attribute(a.MAX_REGISTERS_PER_BLOCK),
             driver_version=drv.get_driver_version(),
         )
@@ -115,11 +116,10 @@ def loaded_function(config: _Config, variant: Variant, device_id: int):
         fn = module.get_function(f"fastmm_{config.family}")
         fn._fastmm_module = module  # the function must not outlive its module
         # The registers the loaded kernel really uses, checked against the device before the first launch.
-        from .kernels.configs import validate
-
-        validate(config, max_threads=dev.max_threads_per_block, max_smem=dev.max_smem_per_block,
-                 max_regs_per_block=dev.max_regs_per_block,
-                 regs_per_thread=fn.get_attribute(drv.function_attribute.NUM_REGS))
+        validated(config, dev, regs_per_thread=fn.get_attribute(drv.function_attribute.NUM_REGS))
+        if config.dynamic_smem and config.smem_bytes > 48 * 1024:
+            # Beyond 48 KiB a kernel must opt in to its dynamic shared memory, once per loaded function.
+            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, config.smem_bytes)
         _functions[key] = fn
     return fn
 
@@ -165,7 +165,7 @@ class Launch:
     keeps these per call signature, which is what keeps a small product's host cost near CuPy's.
     """
 
-    __slots__ = ("name", "device_id", "fn", "block", "chunks", "_cupy")
+    __slots__ = ("name", "device_id", "fn", "block", "shared", "chunks", "_cupy")
 
     def __init__(self, config: _Config, variant: Variant, device_id: int, m: int, n: int, k: int,
                  a_sm: int, a_sk: int, b_sk: int, b_sn: int, c_sm: int, c_sn: int,
@@ -178,6 +178,7 @@ class Launch:
         self.device_id = device_id
         self.fn = loaded_function(config, variant, device_id)
         self.block = config.block
+        self.shared = config.smem_bytes if config.dynamic_smem else 0
         # Launches needed to cover the grid: more than 65535 row tiles or batch items take several, with
         # A and C offset by whole row blocks and z0 counting batch items already done.
         rows = config.tile[0] * MAX_GRID_Y
@@ -211,5 +212,5 @@ class Launch:
         # Function._launch_kernel is what PyCUDA's prepared_async_call ends in; calling it with a buffer
         # packed by a precompiled Struct skips that wrapper's per-call argument handling.
         for grid, da, dc, mnk, a_s, b_s, tail in self.chunks:
-            self.fn._launch_kernel(grid, self.block, _ARGS.pack(*mnk, a + da, *a_s, b, *b_s, c + dc, *tail), 0,
-                                   stream)
+            self.fn._launch_kernel(grid, self.block, _ARGS.pack(*mnk, a + da, *a_s, b, *b_s, c + dc, *tail),
+                                   self.shared, stream)

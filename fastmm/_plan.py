@@ -13,7 +13,7 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Smem, Variant, _Config, get_config
+from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned"]
@@ -53,6 +53,7 @@ class Device:
     compute_capability: tuple[int, int] = (9, 0)
     max_threads_per_block: int = 1024
     max_smem_per_block: int = 48 * 1024
+    max_smem_optin: int = 227 * 1024  # dynamic shared memory a kernel may opt in to (Hopper: 227 KiB)
     max_regs_per_block: int = 65536
     driver_version: int = 0  # CUDA driver version (e.g. 13000); part of the autotune cache's key
 
@@ -95,18 +96,54 @@ class Rule:
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
 RT128, RT128x64, RT64 = "regtile_128x128x8_8x8", "regtile_128x64x8_8x8", "regtile_64x64x8_8x8"
+WT256_32, WT256, WT128x64, WT64 = ("warptile_128x256x32_64x64_8x16_s3", "warptile_128x256x16_64x64_8x16_s3",
+                                   "warptile_128x64x16_32x64_8x8_s4", "warptile_64x64x16_32x32_8x4_s4")
+
+# A tile is worth taking when the problem gives most SMs a block (a wave of 128 tiles on 132 SMs ran at the
+# rate of full waves: 2048^3 on 128x256 tiles, 0.90x cuBLAS) and the tiles waste little work on padding past
+# the matrix edges (4097^3 on 128x256 tiles computes 9% padding and ran 0.82x, on 128x64 tiles 4.5%: 0.92x).
+_MIN_WAVE = 0.9
+_MIN_USEFUL = 0.95
+# The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
+# up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
+_DEEP_WAVES = 2
+
+
+def _useful(problem: Problem, config: _Config) -> float:
+    """Fraction of the tiles' area that lies inside C."""
+    bm, bn = config.tile
+    return problem.m * problem.n / (-(-problem.m // bm) * bm * -(-problem.n // bn) * bn)
+
+
+def _fits(problem: Problem, device: Device, name: str) -> bool:
+    config = get_config(name)
+    return (problem.tiles(config) >= _MIN_WAVE * device.sm_count and _useful(problem, config) >= _MIN_USEFUL)
+
+
+def _fill_from(names: tuple[str, ...]) -> Callable[[Problem, Device], str]:
+    """Largest tile (in `names`, largest first) that fills the SMs with little padding; else the smallest."""
+    def pick(problem: Problem, device: Device) -> str:
+        for name in names:
+            if _fits(problem, device, name):
+                return name
+        return names[-1]
+    return pick
+
+
+_fill_regtile = _fill_from((RT128, RT128x64, RT64))
 
 
 def _fill(problem: Problem, device: Device) -> str:
-    """Largest register tile that still gives every SM a block: big tiles reuse more, idle SMs cost more.
+    """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
-    Measured on an H200 (132 SMs, docs/kernels.md): 128x128 tiles win from 2048^2 (256 tiles) up, by 1.6x
-    over the smaller tiles; at 1024^2 (64 tiles of 128x128) the 128x64 and 64x64 tiles win by 1.35x.
+    Measured on an H200 (docs/kernels.md): 128x256 tiles from 2048^3 (0.90x cuBLAS) up, 32 deep from two waves
+    (4096^3 0.92x, 8192^3 0.94x); 128x64 tiles at 1000^3-1024^3 (0.95-0.99x), 4097^3 (0.92x) and
+    65536x128x128 (1.01x); 64x64 tiles below that.
     """
-    for name in (RT128, RT128x64):
-        if problem.tiles(get_config(name)) >= device.sm_count:
-            return name
-    return RT64
+    if _fits(problem, device, WT256):
+        deep = problem.tiles(get_config(WT256_32)) >= _DEEP_WAVES * device.sm_count
+        return WT256_32 if deep else WT256
+    return _fill_from((WT128x64, WT64))(problem, device)
 
 
 # With fewer rows or columns than this, most threads of a 64-wide register tile would idle.
@@ -115,12 +152,12 @@ _SKINNY = 32
 
 
 def _few_tiles(problem: Problem, device: Device) -> bool:
-    """Even the smallest register tile leaves most SMs idle: many small shared-memory tiles do better.
+    """Even the smallest 64x64 tile leaves most SMs idle: many small shared-memory tiles do better.
 
     Measured (H200): 256^3 (16 tiles of 64x64) smem 2.6-2.7 TFLOP/s, regtile 1.1-1.7; 128x128x65536 (4 tiles)
     smem_16 0.81, regtile 0.30-0.42. At 1000^3 (256 tiles) the 64x64 register tile wins, 23.4 against 8.0.
     """
-    return problem.tiles(get_config(RT64)) < device.sm_count // 2
+    return problem.tiles(get_config(WT64)) < device.sm_count // 2
 
 
 def _smem_for(problem: Problem, device: Device) -> str:
@@ -145,7 +182,7 @@ def split_count(problem: Problem, device: Device) -> int:
     Measured (H200, 128x128x65536): 66 slices 10.4 TFLOP/s, 198 slices 10.1: not occupancy. The split path
     was then host-bound (planned anew on every call); it now replays like any other product.
     """
-    tiles = problem.tiles(get_config(RT64))
+    tiles = problem.tiles(get_config(WT64))
     return max(2, min(-(-2 * device.sm_count // tiles), problem.k // _SPLIT_MIN_SLICE))
 
 
@@ -155,10 +192,10 @@ RULES: tuple[Rule, ...] = (
     Rule("skinny", f"m or n below {_SKINNY}: register tiles would leave most threads idle",
          lambda p, d: min(p.m, p.n) < _SKINNY, SMEM16),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and >= {_SPLIT_K_OVER_MN}x the output's sides, too few tiles for the SMs: "
-         "slices of K multiplied side by side, then summed in a fixed order", _long_k, RT64),
+         "slices of K multiplied side by side, then summed in a fixed order", _long_k, WT64),
     Rule("few-tiles", "fewer 64x64 tiles than half the SMs: small shared-memory tiles spread the work wider",
          _few_tiles, _smem_for),
-    Rule("tiled", "register tiling; the largest block tile that still gives every SM a block",
+    Rule("tiled", "warp tiling; the largest block tile that gives most SMs a block with little padding",
          lambda p, d: True, _fill),
 )
 
@@ -166,7 +203,8 @@ RULES: tuple[Rule, ...] = (
 _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
     "naive": lambda p, d: NAIVE,
     "smem": _smem_for,
-    "regtile": _fill,
+    "regtile": _fill_regtile,
+    "warptile": _fill,
 }
 
 
@@ -204,11 +242,13 @@ def forced_kernel() -> str | None:
     return _forced.get()
 
 
-def _validated(config: _Config, device: Device) -> _Config:
+def validated(config: _Config, device: Device, regs_per_thread: int | None = None) -> _Config:
+    """`config`, after checking it against `device` (and its compiled register count, when known)."""
     from .kernels.configs import validate
 
     validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
-             max_regs_per_block=device.max_regs_per_block)
+             max_smem_optin=device.max_smem_optin, max_regs_per_block=device.max_regs_per_block,
+             regs_per_thread=regs_per_thread)
     return config
 
 
@@ -307,7 +347,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
                         "forced", f"kernel family {kernel!r} was requested; tile chosen for the shape")
     else:
         choice = Choice(get_config(kernel), problem.variant, "forced", f"kernel {kernel!r} was requested")
-    _validated(choice.config, device)
+    validated(choice.config, device)
     if len(_memo) > 4096:
         _memo.clear()
     _memo[key] = choice
@@ -315,6 +355,6 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
 
 
 # Names the rules use must exist: catch a renamed configuration at import, not at the first product.
-for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64):
+for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_32, WT256, WT128x64, WT64):
     get_config(_name)
-assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(SMEM16), Smem)
+assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(WT64), WarpTile)

@@ -1,7 +1,7 @@
 """Public matrix products: NumPy's signatures, fastmm's kernels for float32, CuPy for everything else.
 
 Each function accepts fastmm, CuPy or NumPy arrays (host data is uploaded once) and returns fastmm arrays.
-``kernel=`` forces a kernel family ("naive", "smem", "regtile") or configuration (see
+``kernel=`` forces a kernel family ("naive", "smem", "regtile", "warptile") or configuration (see
 ``fastmm.kernel_names()``) for float32 products; the default "auto" follows the heuristic table
 (``fastmm.explain`` shows which rule fires).
 """

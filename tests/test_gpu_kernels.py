@@ -126,7 +126,7 @@ def test_sliced_views(kernel, view, rng):
 
 @pytest.mark.parametrize("ashape,bshape", [((50,), (50, 7)), ((9, 50), (50,)), ((50,), (50,)), ((4, 9, 50), (50,)),
                                            ((50,), (4, 50, 9)), ((0,), (0, 3)), ((0,), (0,))])
-@pytest.mark.parametrize("kernel", ["auto", "naive", "smem", "regtile"])
+@pytest.mark.parametrize("kernel", ["auto", "naive", "smem", "regtile", "warptile"])
 def test_one_dimensional_operands(kernel, ashape, bshape, rng):
     import fastmm
 
@@ -147,7 +147,7 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
     b = rng.uniform(-1, 1, (2048, 2048)).astype(np.float32)
     da, db = cp.asarray(a), cp.asarray(b)
     ref = cp.matmul(da.astype(cp.float64), db.astype(cp.float64))
-    for kernel in ("auto", "regtile_128x128x8_8x8"):
+    for kernel in ("auto", "regtile_128x128x8_8x8", "warptile_128x256x32_64x64_8x16_s3"):
         c = cp.full((2048, 2048), cp.nan, cp.float32)
         fastmm.matmul(da, db, out=c, kernel=kernel)
         assert bool(cp.isfinite(c).all())

@@ -11,7 +11,7 @@ import pytest
 import fastmm
 from fastmm import _plan
 from fastmm.kernels import configs
-from fastmm.kernels.configs import RegTile, Smem, Variant
+from fastmm.kernels.configs import RegTile, Smem, Variant, WarpTile
 
 H100 = _plan.Device()
 
@@ -48,21 +48,24 @@ def test_rules_fire_in_order(m, n, k, batch, rule):
 
 
 def test_tiled_rule_fills_the_gpu():
-    assert choose(8192, 8192, 8192).name == "regtile_128x128x8_8x8"
-    assert choose(2048, 2048, 2048).name == "regtile_128x128x8_8x8"   # 256 tiles for 132 SMs
-    assert choose(1280, 1280, 512).name == "regtile_128x64x8_8x8"     # 100 tiles of 128x128: too few
-    small = choose(768, 768, 4096)   # 36 tiles of 128x128 for 132 SMs: smaller tiles
-    assert small.name == "regtile_64x64x8_8x8"
+    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s3"   # many waves: 32-deep stages
+    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s3"   # one wave of 128 tiles
+    assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4"      # 50 tiles of 128x256: too few
+    small = choose(768, 768, 4096)   # 72 tiles of 128x64 for 132 SMs: smaller tiles
+    assert small.name == "warptile_64x64x16_32x32_8x4_s4"
+    # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
+    assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
+    assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
     assert choose(256, 256, 256).name == "smem_16"     # 64 blocks of 32x32: 16x16 tiles fill more SMs
     assert choose(512, 512, 512).name == "smem_32"     # 256 blocks of 32x32
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
-    assert few.name == "regtile_128x128x8_8x8"
+    assert few.name == "warptile_128x256x32_64x64_8x16_s3"
 
 
 def test_split_k_fills_the_gpu():
     c = choose(128, 128, 65536)
-    assert c.name == "regtile_64x64x8_8x8" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
+    assert c.name == "warptile_64x64x16_32x32_8x4_s4" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
     assert choose(64, 64, 4096).splits == 8                       # never slices thinner than 512
     assert choose(4096, 4096, 4096).splits == 1
     assert "split-K into 66 slices" in fastmm.explain((128, 65536), (65536, 128))
@@ -78,6 +81,8 @@ def test_forcing_by_argument_family_and_context():
     assert _plan.choose(_plan.Problem(4096, 4096, 4096), H100, "smem").name == "smem_32"
     assert _plan.choose(_plan.Problem(40, 40, 4096), H100, "smem").name == "smem_16"
     assert _plan.choose(_plan.Problem(8, 8, 8), H100, "regtile").name == "regtile_64x64x8_8x8"
+    assert _plan.choose(_plan.Problem(8192, 8192, 8192), H100, "regtile").name == "regtile_128x128x8_8x8"
+    assert _plan.choose(_plan.Problem(8, 8, 8), H100, "warptile").name == "warptile_64x64x16_32x32_8x4_s4"
     assert _plan.choose(_plan.Problem(64, 64, 64), H100, "naive").rule == "forced"
     with fastmm.use_kernel("regtile_128x64x8_8x8"):
         assert choose(64, 64, 64).name == "regtile_128x64x8_8x8"
@@ -102,15 +107,34 @@ def test_validation_gives_numbers():
         configs.validate(RegTile(), max_regs_per_block=32768, regs_per_thread=255)
     with pytest.raises(ValueError, match=r"evenly in 4-vectors"):
         configs.validate(RegTile(64, 64, 8, 4, 4))
-    with pytest.raises(ValueError, match=r"needs 16.0 KiB.*allows 8.0 KiB"):
-        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_per_block=8 * 1024))
+    with pytest.raises(ValueError, match=r"needs 16.0 KiB.*allows 8.0 KiB per block without opt-in"):
+        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_per_block=8 * 1024), "regtile")
+    with pytest.raises(ValueError, match=r"needs 147.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
+        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024))
+
+
+def test_warptile_configurations_are_checked():
+    w = WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1)
+    assert w.name == "warptile_128x256x32_64x64_8x16_s3" and w.threads == 256
+    assert w.smem_bytes == 3 * 32 * (128 + 4 + 256 + 4) * 4   # three stages of padded A and B slices
+    assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s3_nt_v1"
+    with pytest.raises(ValueError, match=r"has 16 threads, not a warp's 32"):
+        configs.validate(WarpTile(128, 128, 16, 32, 32, 8, 8))
+    with pytest.raises(ValueError, match=r"tiles must nest"):
+        configs.validate(WarpTile(128, 128, 16, 48, 64, 8, 8))
+    with pytest.raises(ValueError, match=r"at least 2 stages"):
+        configs.validate(WarpTile(stages=1))
+    with pytest.raises(ValueError, match=r"BK of 8"):
+        configs.validate(WarpTile(bk=12))
+    with pytest.raises(ValueError, match=r"needs 200 registers x 256 threads = 51200"):
+        configs.validate(WarpTile(), max_regs_per_block=32768, regs_per_thread=200)
 
 
 def test_explain_names_kernel_and_rule():
     text = fastmm.explain((4096, 4096), (4096, 4096))
-    assert "regtile_128x128x8_8x8_nn_v4" in text and "rule    tiled" in text
+    assert "warptile_128x256x32_64x64_8x16_s3_nn_v4" in text and "rule    tiled" in text
     a = np.zeros((1300, 1200), np.float32)
-    assert "regtile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
+    assert "warptile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
     assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)
     with pytest.raises(ValueError, match="mismatch in its core dimension 0"):
         fastmm.explain(a, a)
@@ -120,7 +144,7 @@ def test_explain_names_kernel_and_rule():
 def test_explain_on_the_command_line():
     out = subprocess.run([sys.executable, "-m", "fastmm", "explain", "1000", "1000", "1000"],
                          capture_output=True, text=True, check=True).stdout
-    assert "1000x1000x1000" in out and "kernel  regtile" in out
+    assert "1000x1000x1000" in out and "kernel  warptile" in out
 
 
 def test_strided_views_plan_without_copies():
@@ -146,7 +170,7 @@ def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
     problem = _plan.Problem(4097, 4097, 4097, aligned=False)
     assert _plan.tune_bucket(problem) == "6144x6144x6144_nn_v1"
     _plan.reload_tuned()
-    assert _plan.choose(problem, device).name == "regtile_128x128x8_8x8"   # no cache yet: the table
+    assert _plan.choose(problem, device).name == "warptile_128x64x16_32x64_8x8_s4"   # no cache yet: the table
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"entries": {"6144x6144x6144_nn_v1": {
         "kernel": "regtile_64x64x8_8x8", "tflops": 35.6, "heuristic": "regtile_128x128x8_8x8",

@@ -20,6 +20,7 @@ __all__ = [
     "Naive",
     "Smem",
     "RegTile",
+    "WarpTile",
     "Variant",
     "CONFIGS",
     "FAMILIES",
@@ -57,6 +58,8 @@ class _Config:
     # Whether the kernel reads its layout from macros (one binary per Variant) or from the strides at
     # run time (one binary for every layout).
     layout_macros: ClassVar[bool] = False
+    # Whether the kernel's shared memory is dynamic (sized at launch, may exceed 48 KiB after opt-in).
+    dynamic_smem: ClassVar[bool] = False
 
     # Subclasses define: name, block, tile, smem_bytes, _tile_macros(), _check().
 
@@ -196,6 +199,69 @@ class RegTile(_Config):
         return errors
 
 
+@dataclasses.dataclass(frozen=True)
+class WarpTile(_Config):
+    """Warp tiling: a BM x BN x BK block tile cut into WM x WN warp tiles of TM x TN thread tiles, fed by a
+    STAGES-deep cp.async pipeline (fastmm/kernels/warptile.cu)."""
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 16
+    wm: int = 32
+    wn: int = 64
+    tm: int = 8
+    tn: int = 8
+    stages: int = 3
+    min_blocks: int = 2  # blocks per SM the register budget is planned for (__launch_bounds__)
+    family: ClassVar[str] = "warptile"
+    source: ClassVar[str] = "warptile.cu"
+    layout_macros: ClassVar[bool] = True
+    dynamic_smem: ClassVar[bool] = True
+
+    PAD: ClassVar[int] = 4  # floats of padding per shared-memory row (warptile.cu's PAD)
+
+    @property
+    def name(self) -> str:
+        return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
+                f"_s{self.stages}")
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return ((self.bm // self.wm) * (self.bn // self.wn) * 32, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.bk * (self.bm + self.bn + 2 * self.PAD) * 4
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "TM": self.tm,
+                "TN": self.tn, "STAGES": self.stages, "MIN_BLOCKS": self.min_blocks}
+
+    def _check(self) -> list[str]:
+        errors = []
+        if self.bm % self.wm or self.bn % self.wn or self.wm % self.tm or self.wn % self.tn:
+            errors.append(f"tiles must nest: block {self.bm}x{self.bn}, warp {self.wm}x{self.wn}, "
+                          f"thread {self.tm}x{self.tn}")
+        elif (self.wm // self.tm) * (self.wn // self.tn) != 32:
+            errors.append(f"a {self.wm}x{self.wn} warp tile of {self.tm}x{self.tn} thread tiles has "
+                          f"{(self.wm // self.tm) * (self.wn // self.tn)} threads, not a warp's 32")
+        if self.tm % 4 or self.tn % 4 or self.bk % 8:
+            errors.append(f"TM and TN must be multiples of 4 and BK of 8 (got {self.tm}, {self.tn}, {self.bk})")
+        if self.stages < 2:
+            errors.append(f"a cp.async pipeline needs at least 2 stages (got {self.stages})")
+        if not errors:
+            # Every thread issues the same number of copies (4-byte ones for a transposing operand).
+            for side in (self.bm, self.bn):
+                if (side * self.bk) % self.threads or (side * self.bk // 4) % self.threads:
+                    errors.append(f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly")
+                    break
+        return errors
+
+
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[_Config, ...] = (
     Naive(32, 8),
@@ -204,6 +270,12 @@ CONFIGS: tuple[_Config, ...] = (
     RegTile(128, 128, 8, 8, 8, 2),  # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
     RegTile(128, 64, 8, 8, 8, 3),   # 128 threads: twice the tiles of the above, for mid-size problems
     RegTile(64, 64, 8, 8, 8, 6),    # 64 threads: four times the tiles, for problems that leave SMs idle
+    # Warp tiles: (block tile, BK, warp tile, thread tile, stages, blocks per SM). 256 threads of 8x16 for
+    # large products (one block per SM: all 255 registers), 8x8 thread tiles for the rest.
+    WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1),  # large products: 32-deep stages halve the barriers
+    WarpTile(128, 256, 16, 64, 64, 8, 16, 3, 1),  # ... with about one wave of tiles: shorter prologue
+    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # mid sizes (1000^3-1024^3), ragged edges, n = 128
+    WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4),     # many small tiles: small products, split-K slices
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
@@ -220,18 +292,22 @@ def get_config(name: str) -> _Config:
 
 
 def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1024,
-             max_regs_per_block: int = 65536, regs_per_thread: int | None = None) -> None:
+             max_smem_optin: int = 227 * 1024, max_regs_per_block: int = 65536,
+             regs_per_thread: int | None = None) -> None:
     """Check a configuration against device limits; raise ValueError giving the numbers that failed.
 
-    ``regs_per_thread`` is the compiled kernel's count (from ptxas or the loaded function), when known.
+    ``max_smem`` bounds static shared memory; a kernel with dynamic shared memory may opt in to
+    ``max_smem_optin``. ``regs_per_thread`` is the compiled kernel's count (from ptxas or the loaded
+    function), when known.
     """
     errors = list(config._check())
     if config.threads > max_threads:
         errors.append(f"needs {config.threads} threads per block; the device allows {max_threads}")
-    if config.smem_bytes > max_smem:
+    limit = max_smem_optin if config.dynamic_smem else max_smem
+    if config.smem_bytes > limit:
         errors.append(
             f"needs {config.smem_bytes / 1024:.1f} KiB of shared memory per block; the device allows "
-            f"{max_smem / 1024:.1f} KiB per block without opt-in"
+            f"{limit / 1024:.1f} KiB per block" + (" (with opt-in)" if config.dynamic_smem else " without opt-in")
         )
     if regs_per_thread is not None and regs_per_thread * config.threads > max_regs_per_block:
         errors.append(

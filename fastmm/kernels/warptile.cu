@@ -1,0 +1,252 @@
+// Rung 4 of the ladder: warp tiling with a multi-stage cp.async pipeline.
+//
+// Who computes what: a block of THREADS = (BM/WM) * (BN/WN) * 32 threads computes a BM x BN tile of C. Each
+// warp owns one WM x WN warp tile; inside it, lane (tx, ty) = (lane % LX, lane / LX) keeps a TM x TN thread
+// tile in registers, made of (TM/4) x (TN/4) blocks of 4 x 4 spaced WM/(TM/4) rows and WN/(TN/4) columns
+// apart. Keeping a warp's lanes on one compact WM x WN patch (instead of spreading them over the whole block
+// tile, as rung 3 does) is what makes the shared-memory reads cheap: per step of k a warp reads LY distinct
+// 16-byte A vectors and LX distinct B vectors, each broadcast to the lanes that share it.
+//
+// Shared memory holds STAGES BK-deep stages, A as As[k][m] and B as Bs[k][n], each row padded by 4 floats:
+// fragments are 128-bit reads along m or n whatever the global layout. Global -> shared copies go through
+// cp.async, so no registers stage them and no thread waits on them: the copy of K-tile kt + STAGES - 1 is
+// issued while the warps multiply K-tile kt. An operand whose unit stride runs along m or n (row-major B,
+// a transposed view of A) is copied 16 bytes at a time; one whose unit stride runs along k (row-major A,
+// a transposed view of B) must be transposed on the way in, which cp.async can only do 4 bytes at a time.
+// Those scalar copies are arranged 8 along k by 4 along m per warp: 32-byte global segments, and with the
+// 4-float row padding the 32 shared-memory words land in 32 distinct banks.
+//
+// Inside a stage, fragments are double-buffered in registers: the reads for step k + 1 are in flight while
+// the FMAs of step k run. The last step of a stage waits for the next stage (cp.async.wait_group plus one
+// barrier) before reading its first fragment, which is the only barrier per K-tile.
+//
+// Edges: cp.async's source size zero-fills whatever lies outside the matrix (a vector that crosses the edge
+// copies only its valid bytes), so the FMAs never test bounds; C stores are guarded per row and element.
+//
+// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, A_T, B_T, VEC (as rung 3: A_T = 1 when A has unit
+// stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are legal).
+
+#define THREADS ((BM / WM) * (BN / WN) * 32)
+#define LX (WN / TN)             // lanes of a warp along n
+#define LY (WM / TM)             // ... and along m
+#define RM (TM / 4)              // 4 x 4 blocks per thread along m
+#define RN (TN / 4)              // ... and along n
+#define PAD 4                    // floats of padding per shared row: keeps 16-byte alignment, spreads banks
+#define LDA_S (BM + PAD)
+#define LDB_S (BN + PAD)
+#define STAGE_FLOATS (BK * (LDA_S + LDB_S))
+
+static_assert(LX * LY == 32, "a warp's lanes must tile its warp tile exactly");
+static_assert(BM % WM == 0 && BN % WN == 0 && WM % TM == 0 && WN % TN == 0, "tiles must nest");
+static_assert(TM % 4 == 0 && TN % 4 == 0 && BK % 8 == 0, "thread tiles are 4 x 4 blocks; BK a multiple of 8");
+static_assert(STAGES >= 2, "cp.async pipelining needs at least two stages");
+static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
+
+__device__ __forceinline__ unsigned smem_addr(const void* p)
+{
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte copy global -> shared; the bytes past `src_bytes` (0..16) are zero-filled. .cg skips L1: each
+// block reads its tiles once, and L2 is where blocks share them.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+
+// 4-byte copy (the only size that can transpose); .ca is the only cache mode cp.async allows at this size.
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Copies of one BK-deep slice of an operand into a shared stage laid out [BK][X + PAD], X = BM (A) or BN (B).
+//
+// In global memory the slice is X x BK with element (x, k) at g[x * sx + k * sk], where exactly one of the
+// strides is 1: TRANS = true when that is k's (the copy transposes), false when it is x's (ld is the other).
+// The block copies the slice in passes of P_X x P_K elements; a thread's copies sit at fixed offsets from its
+// first one, so the main loop spends one pointer add per slice and per thread on addresses, not one per copy.
+// Transposing: a warp covers 8 consecutive k by 4 consecutive x, so each x's 8 k's are one 32-byte global
+// segment and the 32 shared words fall in 32 distinct banks (row length X + 4 = 4 mod 32 words).
+// Otherwise: consecutive threads take consecutive vectors along x (coalesced, conflict-free).
+template <int X, bool TRANS>
+struct SliceCopy {
+    static constexpr int LDS = X + PAD;
+    static constexpr int V = TRANS ? 1 : VEC;              // elements per copy
+    static constexpr int P_X = TRANS ? THREADS / 8 : X;
+    static constexpr int P_K = TRANS ? 8 : THREADS * V / X;
+    static constexpr int N_X = X / P_X, N_K = BK / P_K;     // passes
+    static_assert(P_X > 0 && P_K > 0 && N_X * P_X == X && N_K * P_K == BK && (TRANS || P_K * X == THREADS * V),
+                  "the block's threads must cover a slice in whole passes");
+
+    const float* src;  // this thread's first element of the next slice to copy
+    int x0, k0;        // ... and its place in a pass
+    int dst;           // ... and in a stage (floats)
+
+    __device__ __forceinline__ SliceCopy(const float* g, long long ld, int tid)
+    {
+        x0 = TRANS ? tid / 8 : (tid % (X / V)) * V;
+        k0 = TRANS ? tid % 8 : tid / (X / V);
+        src = g + (TRANS ? x0 * ld + k0 : k0 * ld + x0);
+        dst = k0 * LDS + x0;
+    }
+
+    // Issue this thread's copies of the next slice into `stage` (zero past x_left and k_left), move on a slice.
+    __device__ __forceinline__ void copy(float* stage, long long ld, int x_left, int k_left)
+    {
+#pragma unroll
+        for (int ix = 0; ix < N_X; ++ix)
+#pragma unroll
+            for (int ik = 0; ik < N_K; ++ik) {
+                const int x = x0 + ix * P_X, k = k0 + ik * P_K;
+                float* d = stage + dst + ik * P_K * LDS + ix * P_X;
+                // A copy that reads nothing (src-size 0) may point past the matrix: cp.async reads no byte.
+                if (TRANS) {
+                    cp_async4(d, src + ix * P_X * ld + ik * P_K, x < x_left && k < k_left ? 4 : 0);
+                } else {
+                    const float* s = src + ik * P_K * ld + ix * P_X;
+                    const int valid = k < k_left ? min(max(x_left - x, 0), V) : 0;
+                    if (V == 4) {
+                        cp_async16(d, s, 4 * valid);
+                    } else {
+                        cp_async4(d, s, 4 * valid);
+                    }
+                }
+            }
+        src += TRANS ? BK : BK * ld;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+fastmm_warptile(FASTMM_GEMM_PARAMS)
+{
+    extern __shared__ __align__(16) float smem[];  // STAGES x (As[BK][LDA_S], Bs[BK][LDB_S])
+
+    using CopyA = SliceCopy<BM, A_T == 0>;
+    using CopyB = SliceCopy<BN, B_T == 1>;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
+    const int tx = lane % LX, ty = lane / LX;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+
+    const int z = z0 + blockIdx.z;
+    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
+    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
+    float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+
+    // Each operand's leading dimension (the stride that is not 1) and its copier, at K-tile 0 of this tile.
+    const long long lda = A_T ? a_sk : a_sm;
+    const long long ldb = B_T ? b_sn : b_sk;
+    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid);
+    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid);
+    const int num_k_tiles = (K + BK - 1) / BK;
+
+    // Issue the copies of the next K-tile into its stage, as one cp.async group (empty past the last tile, so
+    // that every thread commits the same number of groups and wait_group counts stay uniform). Stages are
+    // used round-robin; a running offset avoids a division by STAGES.
+    int next_kt = 0, write_stage = 0;
+    auto issue_next = [&]() {
+        if (next_kt < num_k_tiles) {
+            float* stage = smem + write_stage;
+            const int k_left = K - next_kt * BK;
+            copy_a.copy(stage, lda, M - bm, k_left);
+            copy_b.copy(stage + BK * LDA_S, ldb, N - bn, k_left);
+        }
+        ++next_kt;
+        write_stage = write_stage == (STAGES - 1) * STAGE_FLOATS ? 0 : write_stage + STAGE_FLOATS;
+        cp_async_commit();
+    };
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+    float af[2][TM], bf[2][TN];
+    auto load_fragments = [&](int buf, const float* stage, int k) {
+        const float* as = stage + k * LDA_S + wm0 + ty * 4;
+        const float* bs = stage + BK * LDA_S + k * LDB_S + wn0 + tx * 4;
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const float4 v = *reinterpret_cast<const float4*>(as + i * (WM / RM));
+            af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
+        }
+#pragma unroll
+        for (int j = 0; j < RN; ++j) {
+            const float4 v = *reinterpret_cast<const float4*>(bs + j * (WN / RN));
+            bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
+        }
+    };
+
+    int read_stage = 0;
+    if (num_k_tiles > 0) {
+        // Prologue: STAGES - 1 tiles in flight, then wait for the first and read its first fragments.
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) issue_next();
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        load_fragments(0, smem, 0);
+    }
+    for (int kt = 0; kt < num_k_tiles; ++kt) {
+        const float* stage = smem + read_stage;
+        read_stage = read_stage == (STAGES - 1) * STAGE_FLOATS ? 0 : read_stage + STAGE_FLOATS;
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            if (k < BK - 1) {
+                load_fragments((k + 1) % 2, stage, k + 1);
+            } else if (kt + 1 < num_k_tiles) {
+                // The block's one barrier per K-tile, placed before the last step's FMAs so that the first
+                // fragments of tile kt + 1 are read while they run. It publishes that tile's copies (landed
+                // once at most STAGES - 2 younger groups are pending) and frees the stage read during kt,
+                // which the copies issued at step 1 of tile kt + 1 refill.
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                load_fragments((k + 1) % 2, smem + read_stage, 0);
+            }
+            if (k == 1) {
+                // Issued after the first step's FMAs, so that the copies' address arithmetic fills the gaps of
+                // a running pipeline rather than delaying the first FMAs of the tile.
+                issue_next();
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(af[k % 2][i], bf[k % 2][j], acc[i][j]);
+        }
+    }
+    cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
+
+    // Epilogue: each row of a 4 x 4 block is one 16-byte store when it lies inside C (and VEC = 4), else up to
+    // four guarded scalar stores. The 8 (or LX) lanes sharing ty write consecutive 16-byte pieces of a row.
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int m = bm + wm0 + i * (WM / RM) + ty * 4 + r;
+            if (m < M) {
+                float* crow = c + (long long)m * c_sm;
+#pragma unroll
+                for (int j = 0; j < RN; ++j) {
+                    const int n = bn + wn0 + j * (WN / RN) + tx * 4;
+                    const float4 v = make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1],
+                                                 acc[i * 4 + r][j * 4 + 2], acc[i * 4 + r][j * 4 + 3]);
+                    if (VEC == 4 && n + 3 < N) {
+                        *reinterpret_cast<float4*>(crow + n) = v;
+                    } else {
+                        if (n + 0 < N) crow[n + 0] = v.x;
+                        if (n + 1 < N) crow[n + 1] = v.y;
+                        if (n + 2 < N) crow[n + 2] = v.z;
+                        if (n + 3 < N) crow[n + 3] = v.w;
+                    }
+                }
+            }
+        }
+}
