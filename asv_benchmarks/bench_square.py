@@ -4,7 +4,7 @@ from . import common
 
 
 class SquareKernels(common.GemmBenchmark):
-    params = ([256, 1024, 4096], ["auto", "naive", "smem", "regtile", "cublas"])
+    params = ([256, 1024, 4096], ["auto", "naive", "smem", "regtile", "warptile", "cublas"])
     param_names = ["n", "kernel"]
     timeout = 300
 

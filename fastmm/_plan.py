@@ -96,8 +96,9 @@ class Rule:
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
 RT128, RT128x64, RT64 = "regtile_128x128x8_8x8", "regtile_128x64x8_8x8", "regtile_64x64x8_8x8"
-WT256_32, WT256, WT128x64, WT64 = ("warptile_128x256x32_64x64_8x16_s3", "warptile_128x256x16_64x64_8x16_s3",
-                                   "warptile_128x64x16_32x64_8x8_s4", "warptile_64x64x16_32x32_8x4_s4")
+WT256_32 = "warptile_128x256x32_64x64_8x16_s3_spread"
+WT256 = "warptile_128x256x16_64x64_8x16_s3_spread"
+WT128x64, WT64 = "warptile_128x64x16_32x64_8x8_s4", "warptile_64x64x16_32x32_8x4_s4"
 
 # A tile is worth taking when the problem gives most SMs a block (a wave of 128 tiles on 132 SMs ran at the
 # rate of full waves: 2048^3 on 128x256 tiles, 0.90x cuBLAS) and the tiles waste little work on padding past

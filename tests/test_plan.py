@@ -48,8 +48,8 @@ def test_rules_fire_in_order(m, n, k, batch, rule):
 
 
 def test_tiled_rule_fills_the_gpu():
-    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s3"   # many waves: 32-deep stages
-    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s3"   # one wave of 128 tiles
+    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s3_spread"   # many waves: 32-deep stages
+    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s3_spread"   # one wave of 128 tiles
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4"      # 50 tiles of 128x256: too few
     small = choose(768, 768, 4096)   # 72 tiles of 128x64 for 132 SMs: smaller tiles
     assert small.name == "warptile_64x64x16_32x32_8x4_s4"
@@ -60,7 +60,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(512, 512, 512).name == "smem_32"     # 256 blocks of 32x32
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
-    assert few.name == "warptile_128x256x32_64x64_8x16_s3"
+    assert few.name == "warptile_128x256x32_64x64_8x16_s3_spread"
 
 
 def test_split_k_fills_the_gpu():
@@ -114,10 +114,10 @@ def test_validation_gives_numbers():
 
 
 def test_warptile_configurations_are_checked():
-    w = WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1)
-    assert w.name == "warptile_128x256x32_64x64_8x16_s3" and w.threads == 256
+    w = WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1, spread=True)
+    assert w.name == "warptile_128x256x32_64x64_8x16_s3_spread" and w.threads == 256
     assert w.smem_bytes == 3 * 32 * (128 + 4 + 256 + 4) * 4   # three stages of padded A and B slices
-    assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s3_nt_v1"
+    assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s3_spread_nt_v1"
     with pytest.raises(ValueError, match=r"has 16 threads, not a warp's 32"):
         configs.validate(WarpTile(128, 128, 16, 32, 32, 8, 8))
     with pytest.raises(ValueError, match=r"tiles must nest"):
@@ -132,7 +132,7 @@ def test_warptile_configurations_are_checked():
 
 def test_explain_names_kernel_and_rule():
     text = fastmm.explain((4096, 4096), (4096, 4096))
-    assert "warptile_128x256x32_64x64_8x16_s3_nn_v4" in text and "rule    tiled" in text
+    assert "warptile_128x256x32_64x64_8x16_s3_spread_nn_v4" in text and "rule    tiled" in text
     a = np.zeros((1300, 1200), np.float32)
     assert "warptile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
     assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)

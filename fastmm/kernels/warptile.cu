@@ -17,14 +17,18 @@
 // 4-float row padding the 32 shared-memory words land in 32 distinct banks.
 //
 // Inside a stage, fragments are double-buffered in registers: the reads for step k + 1 are in flight while
-// the FMAs of step k run. The last step of a stage waits for the next stage (cp.async.wait_group plus one
-// barrier) before reading its first fragment, which is the only barrier per K-tile.
+// the FMAs of step k run. The last step of a K-tile waits for the next stage (cp.async.wait_group plus one
+// barrier, the only barrier per K-tile) and reads that stage's first fragments before its own FMAs, so the
+// read latency hides behind them. Copies for the next tile start at step 1, either in one burst (SPREAD = 0)
+// or a few per step (SPREAD = 1), which keeps the 255-register configurations from stalling on them.
+// Fragment addresses are 32-bit shared addresses carried through the K loop (reads are register + immediate).
 //
 // Edges: cp.async's source size zero-fills whatever lies outside the matrix (a vector that crosses the edge
 // copies only its valid bytes), so the FMAs never test bounds; C stores are guarded per row and element.
 //
-// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, A_T, B_T, VEC (as rung 3: A_T = 1 when A has unit
-// stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are legal).
+// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, and the layout as in rung 3: A_T = 1 when A
+// has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are
+// legal (else 4-byte copies).
 
 #define THREADS ((BM / WM) * (BN / WN) * 32)
 #define LX (WN / TN)             // lanes of a warp along n
@@ -49,15 +53,26 @@ __device__ __forceinline__ unsigned smem_addr(const void* p)
 
 // 16-byte copy global -> shared; the bytes past `src_bytes` (0..16) are zero-filled. .cg skips L1: each
 // block reads its tiles once, and L2 is where blocks share them.
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes)
+__device__ __forceinline__ void cp_async16(unsigned dst, const float* src, int src_bytes)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
 // 4-byte copy (the only size that can transpose); .ca is the only cache mode cp.async allows at this size.
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes)
+__device__ __forceinline__ void cp_async4(unsigned dst, const float* src, int src_bytes)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// 128-bit shared-memory read at a byte address. Fragment addresses are kept as 32-bit shared addresses that
+// live through the whole K loop, so every read is [register + immediate]: recomputing them per K-tile made
+// the compiler borrow an accumulator's register, and the FMA that wrote it back had to wait for the read.
+__device__ __forceinline__ float4 lds128(unsigned addr)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+    return v;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -86,41 +101,50 @@ struct SliceCopy {
 
     const float* src;  // this thread's first element of the next slice to copy
     int x0, k0;        // ... and its place in a pass
-    int dst;           // ... and in a stage (floats)
+    unsigned dst;      // ... and in stage 0 (a shared-memory byte address)
 
-    __device__ __forceinline__ SliceCopy(const float* g, long long ld, int tid)
+    __device__ __forceinline__ SliceCopy(const float* g, long long ld, int tid, unsigned slice0)
     {
         x0 = TRANS ? tid / 8 : (tid % (X / V)) * V;
         k0 = TRANS ? tid % 8 : tid / (X / V);
         src = g + (TRANS ? x0 * ld + k0 : k0 * ld + x0);
-        dst = k0 * LDS + x0;
+        dst = slice0 + 4 * (k0 * LDS + x0);
     }
 
-    // Issue this thread's copies of the next slice into `stage` (zero past x_left and k_left), move on a slice.
-    __device__ __forceinline__ void copy(float* stage, long long ld, int x_left, int k_left)
+    static constexpr int COUNT = N_X * N_K;  // copies per thread per slice
+
+    // Issue copy number `i` (0 <= i < COUNT) of this thread's share of the next slice, into the stage
+    // `stage_bytes` past stage 0; zero past x_left and k_left. Copies are issued one at a time so that the
+    // main loop can spread them over the FMAs of a K-tile.
+    __device__ __forceinline__ void copy(int i, unsigned stage_bytes, long long ld, int x_left, int k_left) const
     {
-#pragma unroll
-        for (int ix = 0; ix < N_X; ++ix)
-#pragma unroll
-            for (int ik = 0; ik < N_K; ++ik) {
-                const int x = x0 + ix * P_X, k = k0 + ik * P_K;
-                float* d = stage + dst + ik * P_K * LDS + ix * P_X;
-                // A copy that reads nothing (src-size 0) may point past the matrix: cp.async reads no byte.
-                if (TRANS) {
-                    cp_async4(d, src + ix * P_X * ld + ik * P_K, x < x_left && k < k_left ? 4 : 0);
-                } else {
-                    const float* s = src + ik * P_K * ld + ix * P_X;
-                    const int valid = k < k_left ? min(max(x_left - x, 0), V) : 0;
-                    if (V == 4) {
-                        cp_async16(d, s, 4 * valid);
-                    } else {
-                        cp_async4(d, s, 4 * valid);
-                    }
-                }
+        const int ix = i / N_K, ik = i % N_K;
+        const int x = x0 + ix * P_X, k = k0 + ik * P_K;
+        const unsigned d = dst + stage_bytes + 4 * (ik * P_K * LDS + ix * P_X);
+        // A copy that reads nothing (src-size 0) may point past the matrix: cp.async reads no byte.
+        if (TRANS) {
+            cp_async4(d, src + ix * P_X * ld + ik * P_K, x < x_left && k < k_left ? 4 : 0);
+        } else {
+            const float* s = src + ik * P_K * ld + ix * P_X;
+            const int valid = k < k_left ? min(max(x_left - x, 0), V) : 0;
+            if (V == 4) {
+                cp_async16(d, s, 4 * valid);
+            } else {
+                cp_async4(d, s, 4 * valid);
             }
-        src += TRANS ? BK : BK * ld;
+        }
     }
+
+    __device__ __forceinline__ void next_slice(long long ld) { src += TRANS ? BK : BK * ld; }
 };
+
+// Copies issued per K step when they are spread over a tile: 8, or more if needed to finish by the tile's last
+// step. 8 came from compiling every layout: with 4 per step ptxas kept more row pointers live and spilled in
+// some layouts of the 255-register configurations; from 6 up none spilled.
+__host__ __device__ constexpr int copies_per_step(int copies)
+{
+    return 8 > (copies + BK - 2) / (BK - 1) ? 8 : (copies + BK - 2) / (BK - 1);
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fastmm_warptile(FASTMM_GEMM_PARAMS)
@@ -144,24 +168,40 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     // Each operand's leading dimension (the stride that is not 1) and its copier, at K-tile 0 of this tile.
     const long long lda = A_T ? a_sk : a_sm;
     const long long ldb = B_T ? b_sn : b_sk;
-    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid);
-    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid);
+    const unsigned smem0 = smem_addr(smem);
+    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid, smem0);
+    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid, smem0 + 4 * BK * LDA_S);
     const int num_k_tiles = (K + BK - 1) / BK;
+    constexpr unsigned STAGE_BYTES = 4 * STAGE_FLOATS;
 
-    // Issue the copies of the next K-tile into its stage, as one cp.async group (empty past the last tile, so
-    // that every thread commits the same number of groups and wait_group counts stay uniform). Stages are
-    // used round-robin; a running offset avoids a division by STAGES.
-    int next_kt = 0, write_stage = 0;
-    auto issue_next = [&]() {
+    // The copies of the next K-tile into its stage form one cp.async group (empty past the last tile, so that
+    // every thread commits the same number of groups and wait_group counts stay uniform). Stages are used
+    // round-robin; a running offset avoids a division by STAGES. `issue_copy(c)` issues copy c of a tile's
+    // COPIES: A's, then B's.
+    constexpr int COPIES = CopyA::COUNT + CopyB::COUNT;
+    int next_kt = 0;
+    unsigned write_stage = 0;
+    auto issue_copy = [&](int c) {
         if (next_kt < num_k_tiles) {
-            float* stage = smem + write_stage;
             const int k_left = K - next_kt * BK;
-            copy_a.copy(stage, lda, M - bm, k_left);
-            copy_b.copy(stage + BK * LDA_S, ldb, N - bn, k_left);
+            if (c < CopyA::COUNT) {
+                copy_a.copy(c, write_stage, lda, M - bm, k_left);
+            } else {
+                copy_b.copy(c - CopyA::COUNT, write_stage, ldb, N - bn, k_left);
+            }
         }
+    };
+    auto finish_tile_copies = [&]() {
+        copy_a.next_slice(lda);
+        copy_b.next_slice(ldb);
         ++next_kt;
-        write_stage = write_stage == (STAGES - 1) * STAGE_FLOATS ? 0 : write_stage + STAGE_FLOATS;
+        write_stage = write_stage == (STAGES - 1) * STAGE_BYTES ? 0 : write_stage + STAGE_BYTES;
         cp_async_commit();
+    };
+    auto issue_next = [&]() {
+#pragma unroll
+        for (int c = 0; c < COPIES; ++c) issue_copy(c);
+        finish_tile_copies();
     };
 
     float acc[TM][TN];
@@ -170,51 +210,57 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
+    // This thread's fragments in the stage being read: A at (k, wm0 + ty * 4), B at (k, wn0 + tx * 4).
+    const unsigned a_frag0 = smem0 + 4 * (wm0 + ty * 4);
+    const unsigned b_frag0 = smem0 + 4 * (BK * LDA_S + wn0 + tx * 4);
+    unsigned a_frag = a_frag0, b_frag = b_frag0;
     float af[2][TM], bf[2][TN];
-    auto load_fragments = [&](int buf, const float* stage, int k) {
-        const float* as = stage + k * LDA_S + wm0 + ty * 4;
-        const float* bs = stage + BK * LDA_S + k * LDB_S + wn0 + tx * 4;
+    auto load_fragments = [&](int buf, int k) {
 #pragma unroll
         for (int i = 0; i < RM; ++i) {
-            const float4 v = *reinterpret_cast<const float4*>(as + i * (WM / RM));
+            const float4 v = lds128(a_frag + 4 * (k * LDA_S + i * (WM / RM)));
             af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
         }
 #pragma unroll
         for (int j = 0; j < RN; ++j) {
-            const float4 v = *reinterpret_cast<const float4*>(bs + j * (WN / RN));
+            const float4 v = lds128(b_frag + 4 * (k * LDB_S + j * (WN / RN)));
             bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
         }
     };
 
-    int read_stage = 0;
     if (num_k_tiles > 0) {
         // Prologue: STAGES - 1 tiles in flight, then wait for the first and read its first fragments.
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) issue_next();
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        load_fragments(0, smem, 0);
+        load_fragments(0, 0);
     }
     for (int kt = 0; kt < num_k_tiles; ++kt) {
-        const float* stage = smem + read_stage;
-        read_stage = read_stage == (STAGES - 1) * STAGE_FLOATS ? 0 : read_stage + STAGE_FLOATS;
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
             if (k < BK - 1) {
-                load_fragments((k + 1) % 2, stage, k + 1);
+                load_fragments((k + 1) % 2, k + 1);
             } else if (kt + 1 < num_k_tiles) {
                 // The block's one barrier per K-tile, placed before the last step's FMAs so that the first
                 // fragments of tile kt + 1 are read while they run. It publishes that tile's copies (landed
                 // once at most STAGES - 2 younger groups are pending) and frees the stage read during kt,
                 // which the copies issued at step 1 of tile kt + 1 refill.
+                const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
+                a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
+                b_frag = wrap ? b_frag0 : b_frag + STAGE_BYTES;
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();
-                load_fragments((k + 1) % 2, smem + read_stage, 0);
+                load_fragments((k + 1) % 2, 0);
             }
-            if (k == 1) {
-                // Issued after the first step's FMAs, so that the copies' address arithmetic fills the gaps of
-                // a running pipeline rather than delaying the first FMAs of the tile.
-                issue_next();
+            // The next tile's copies, spread from step 1 on (PER_STEP at a time) so that their address
+            // arithmetic and issue slots mix with the FMAs instead of stalling the warp in one burst (a burst
+            // made the address registers' reuse wait on the copies reading them).
+            constexpr int PER_STEP = SPREAD ? copies_per_step(COPIES) : COPIES;
+            if (k >= 1 && (k - 1) * PER_STEP < COPIES) {
+#pragma unroll
+                for (int c = (k - 1) * PER_STEP; c < (k - 1) * PER_STEP + PER_STEP && c < COPIES; ++c) issue_copy(c);
+                if (k * PER_STEP >= COPIES) finish_tile_copies();
             }
 #pragma unroll
             for (int i = 0; i < TM; ++i)
