@@ -59,7 +59,7 @@ SHAPES = (
     Shape("8192^3", 8192, 8192, 8192),
     Shape("batch 64x256^3", 256, 256, 256, batch=64),
     Shape("A^T.B 4096^3", 4096, 4096, 4096, a_t=True),
-    # Shapes that starve a tiled kernel of parallelism (the skinny rule; split-K is a later issue's).
+    # Shapes that starve a tiled kernel of parallelism: skinny outputs, a long K (split-K), a short K.
     Shape("4096x16x4096", 4096, 16, 4096),
     Shape("matvec 8192x1x8192", 8192, 1, 8192),
     Shape("128x128x65536", 128, 128, 65536),

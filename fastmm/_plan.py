@@ -100,10 +100,11 @@ WT256_32 = "warptile_128x256x32_64x64_8x16_s3_spread"
 WT256 = "warptile_128x256x16_64x64_8x16_s3_spread"
 WT128x64, WT64 = "warptile_128x64x16_32x64_8x8_s4", "warptile_64x64x16_32x32_8x4_s4"
 
-# A tile is worth taking when the problem gives most SMs a block (a wave of 128 tiles on 132 SMs ran at the
-# rate of full waves: 2048^3 on 128x256 tiles, 0.90x cuBLAS) and the tiles waste little work on padding past
-# the matrix edges (4097^3 on 128x256 tiles computes 9% padding and ran 0.82x, on 128x64 tiles 4.5%: 0.92x).
-_MIN_WAVE = 0.9
+# A tile is worth taking when the problem gives at least half the SMs a block (a larger tile's reuse beats
+# idle SMs: 768^3 ran 0.74x cuBLAS on 72 tiles of 128x64, 0.69x on 144 of 64x64; 2048^3 0.90x on 128 tiles of
+# 128x256, 0.81x on 512 of 128x64) and the tiles waste little work on padding past the matrix edges (4097^3 on
+# 128x256 tiles computes 9% padding and ran 0.83x, on 128x64 tiles 4.5%: 0.90x).
+_MIN_WAVE = 0.5
 _MIN_USEFUL = 0.95
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
 # up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
@@ -138,8 +139,10 @@ def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
     Measured on an H200 (docs/kernels.md): 128x256 tiles from 2048^3 (0.90x cuBLAS) up, 32 deep from two waves
-    (4096^3 0.92x, 8192^3 0.94x); 128x64 tiles at 1000^3-1024^3 (0.95-0.99x), 4097^3 (0.92x) and
-    65536x128x128 (1.01x); 64x64 tiles below that.
+    (4096^3 0.95x, 8192^3 0.97x); 128x64 tiles at 768^3-1024^3 (0.74-1.01x), 4097^3 (0.90x) and 65536x128x128
+    (0.99x); 64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory
+    tiles included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0;
+    8192x1x8192: 0.48 against 0.33).
     """
     if _fits(problem, device, WT256):
         deep = problem.tiles(get_config(WT256_32)) >= _DEEP_WAVES * device.sm_count
@@ -147,17 +150,8 @@ def _fill(problem: Problem, device: Device) -> str:
     return _fill_from((WT128x64, WT64))(problem, device)
 
 
-# With fewer rows or columns than this, most threads of a 64-wide register tile would idle.
-# Measured (H200): 4096x16x4096 smem_16 3.0 TFLOP/s, best register tile 1.6; 8192x1x8192 0.33 against 0.19.
-_SKINNY = 32
-
-
 def _few_tiles(problem: Problem, device: Device) -> bool:
-    """Even the smallest 64x64 tile leaves most SMs idle: many small shared-memory tiles do better.
-
-    Measured (H200): 256^3 (16 tiles of 64x64) smem 2.6-2.7 TFLOP/s, regtile 1.1-1.7; 128x128x65536 (4 tiles)
-    smem_16 0.81, regtile 0.30-0.42. At 1000^3 (256 tiles) the 64x64 register tile wins, 23.4 against 8.0.
-    """
+    """Even the smallest 64x64 tile leaves most SMs idle (128x128x65536: 4 tiles, 1.0 TFLOP/s unsplit)."""
     return problem.tiles(get_config(WT64)) < device.sm_count // 2
 
 
@@ -190,14 +184,10 @@ def split_count(problem: Problem, device: Device) -> int:
 RULES: tuple[Rule, ...] = (
     Rule("empty", "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
-    Rule("skinny", f"m or n below {_SKINNY}: register tiles would leave most threads idle",
-         lambda p, d: min(p.m, p.n) < _SKINNY, SMEM16),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and >= {_SPLIT_K_OVER_MN}x the output's sides, too few tiles for the SMs: "
          "slices of K multiplied side by side, then summed in a fixed order", _long_k, WT64),
-    Rule("few-tiles", "fewer 64x64 tiles than half the SMs: small shared-memory tiles spread the work wider",
-         _few_tiles, _smem_for),
-    Rule("tiled", "warp tiling; the largest block tile that gives most SMs a block with little padding",
-         lambda p, d: True, _fill),
+    Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding "
+         "(64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
 
 # What `kernel="<family>"` means: the table restricted to one family.

@@ -38,9 +38,10 @@ def test_unknown_kernel_lists_valid_names():
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
-    (16, 16, 16, 1, "skinny"), (1000, 1, 1000, 1, "skinny"), (1, 4096, 4096, 1, "skinny"),
-    (256, 256, 256, 1, "few-tiles"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "few-tiles"),
-    (128, 128, 65536, 2, "few-tiles"), (512, 512, 4096, 1, "few-tiles"), (64, 64, 16384, 1, "split-k"),
+    (16, 16, 16, 1, "tiled"), (1000, 1, 1000, 1, "tiled"), (1, 4096, 4096, 1, "tiled"),
+    (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "tiled"),
+    (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "tiled"), (64, 64, 16384, 1, "split-k"),
+    (1, 1, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
 def test_rules_fire_in_order(m, n, k, batch, rule):
@@ -51,13 +52,13 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s3_spread"   # many waves: 32-deep stages
     assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s3_spread"   # one wave of 128 tiles
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4"      # 50 tiles of 128x256: too few
-    small = choose(768, 768, 4096)   # 72 tiles of 128x64 for 132 SMs: smaller tiles
-    assert small.name == "warptile_64x64x16_32x32_8x4_s4"
+    assert choose(768, 768, 4096).name == "warptile_128x64x16_32x64_8x8_s4"   # 72 tiles: over half the SMs
+    assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
     assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
-    assert choose(256, 256, 256).name == "smem_16"     # 64 blocks of 32x32: 16x16 tiles fill more SMs
-    assert choose(512, 512, 512).name == "smem_32"     # 256 blocks of 32x32
+    assert choose(4096, 16, 4096).name == "warptile_64x64x16_32x32_8x4_s4"    # skinny: the smallest tile
+    assert choose(8192, 1, 8192).name == "warptile_64x64x16_32x32_8x4_s4"
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
     assert few.name == "warptile_128x256x32_64x64_8x16_s3_spread"
@@ -204,7 +205,7 @@ def test_explain_never_converts_device_arrays_to_host():
         def __array__(self, *args, **kwargs):
             raise TypeError("Implicit conversion to a NumPy array is not allowed")
 
-    assert "kernel  smem_32" in fastmm.explain(DeviceOnly(), DeviceOnly())   # 512^3: rule few-tiles
+    assert "kernel  warptile_64x64" in fastmm.explain(DeviceOnly(), DeviceOnly())   # 512^3
     assert "float64 product: CuPy" in fastmm.explain(DeviceOnly(), [[1.0]] * 512)  # a host list of floats
 
 
