@@ -131,12 +131,13 @@ def main(args) -> int:
     from . import _cuda
 
     print(f"autotune cache: {_plan.tune_cache_path(_cuda.device(cp.cuda.Device().id))}")
-    print(f"| {'shape':20s} | {'class':28s} | {'table picks':28s} | {'TFLOP/s':>8s} | {'tuned':28s} | {'TFLOP/s':>8s} |")
+    w = max([28] + [len(r.get(key, "")) for r in rows for key in ("heuristic", "kernel")])  # kernel names
+    print(f"| {'shape':20s} | {'class':28s} | {'table picks':{w}s} | {'TFLOP/s':>8s} | {'tuned':{w}s} | {'TFLOP/s':>8s} |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         if "skipped" in r:
-            print(f"| {r['shape']:20s} | {r['bucket']:28s} | {r['heuristic']:28s} | {'':>8s} | {r['skipped']} |")
+            print(f"| {r['shape']:20s} | {r['bucket']:28s} | {r['heuristic']:{w}s} | {'':>8s} | {r['skipped']} |")
         else:
-            print(f"| {r['shape']:20s} | {r['bucket']:28s} | {r['heuristic']:28s} | {r['heuristic_tflops']:8.2f} | "
-                  f"{r['kernel']:28s} | {r['tflops']:8.2f} |")
+            print(f"| {r['shape']:20s} | {r['bucket']:28s} | {r['heuristic']:{w}s} | {r['heuristic_tflops']:8.2f} | "
+                  f"{r['kernel']:{w}s} | {r['tflops']:8.2f} |")
     return 0

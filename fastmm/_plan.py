@@ -98,7 +98,8 @@ NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
 RT128, RT128x64, RT64 = "regtile_128x128x8_8x8", "regtile_128x64x8_8x8", "regtile_64x64x8_8x8"
 WT256_32 = "warptile_128x256x32_64x64_8x16_s3_spread"
 WT256 = "warptile_128x256x16_64x64_8x16_s3_spread"
-WT128x64, WT64 = "warptile_128x64x16_32x64_8x8_s4", "warptile_64x64x16_32x32_8x4_s4"
+WT128x64, WT128x64_SUMS = "warptile_128x64x16_32x64_8x8_s4", "warptile_128x64x16_32x64_8x8_s4_tsum"
+WT64 = "warptile_64x64x16_32x32_8x4_s4_tsum"
 
 # A tile is worth taking when the problem gives at least half the SMs a block (a larger tile's reuse beats
 # idle SMs: 768^3 ran 0.74x cuBLAS on 72 tiles of 128x64, 0.69x on 144 of 64x64; 2048^3 0.90x on 128 tiles of
@@ -106,6 +107,10 @@ WT128x64, WT64 = "warptile_128x64x16_32x64_8x8_s4", "warptile_64x64x16_32x32_8x4
 # 128x256 tiles computes 9% padding and ran 0.83x, on 128x64 tiles 4.5%: 0.90x).
 _MIN_WAVE = 0.5
 _MIN_USEFUL = 0.95
+# On less than this fraction of a wave, cuBLAS (which then splits K, we infer) is 3x more accurate than one
+# running sum per element: 768^3 relative error 2.5x cuBLAS's with plain 128x64 tiles, 0.76x with per-tile
+# sums (0.74x against 0.75x the speed). From 1000^3 (128 tiles) up the plain tiles match cuBLAS's error.
+_SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
 # up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
 _DEEP_WAVES = 2
@@ -147,7 +152,10 @@ def _fill(problem: Problem, device: Device) -> str:
     if _fits(problem, device, WT256):
         deep = problem.tiles(get_config(WT256_32)) >= _DEEP_WAVES * device.sm_count
         return WT256_32 if deep else WT256
-    return _fill_from((WT128x64, WT64))(problem, device)
+    name = _fill_from((WT128x64, WT64))(problem, device)
+    if name == WT128x64 and problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
+        return WT128x64_SUMS
+    return name
 
 
 def _few_tiles(problem: Problem, device: Device) -> bool:
@@ -166,26 +174,44 @@ _SPLIT_K_OVER_MN = 16
 _SPLIT_MIN_SLICE = 512
 
 
+# Skinny products (an output side below this) with a long K are split too, for accuracy as much as speed:
+# 8192x1x8192 had 10.9x cuBLAS's relative error as one running sum per element, 2.8x with per-tile sums.
+_SKINNY = 32
+# ... into slices at most this deep (error falls as the square root of the number of slices).
+_SKINNY_SLICE = 1024
+
+
+def _skinny(problem: Problem) -> bool:
+    return min(problem.m, problem.n) < _SKINNY
+
+
 def _long_k(problem: Problem, device: Device) -> bool:
-    return (problem.batch == 1 and problem.k >= _SPLIT_MIN_K
-            and problem.k >= _SPLIT_K_OVER_MN * max(problem.m, problem.n) and _few_tiles(problem, device))
+    if problem.batch != 1 or problem.k < _SPLIT_MIN_K:
+        return False
+    few = problem.k >= _SPLIT_K_OVER_MN * max(problem.m, problem.n) and _few_tiles(problem, device)
+    return few or _skinny(problem)
 
 
 def split_count(problem: Problem, device: Device) -> int:
-    """Slices of K for split-K: about two 64x64 blocks per SM, each slice at least _SPLIT_MIN_SLICE deep.
+    """Slices of K for split-K: about two 64x64 blocks per SM, each slice at least _SPLIT_MIN_SLICE deep;
+    skinny products at least one slice per _SKINNY_SLICE of K.
 
     Measured (H200, 128x128x65536): 66 slices 10.4 TFLOP/s, 198 slices 10.1: not occupancy. The split path
     was then host-bound (planned anew on every call); it now replays like any other product.
     """
     tiles = problem.tiles(get_config(WT64))
-    return max(2, min(-(-2 * device.sm_count // tiles), problem.k // _SPLIT_MIN_SLICE))
+    slices = -(-2 * device.sm_count // tiles)
+    if _skinny(problem):
+        slices = max(slices, problem.k // _SKINNY_SLICE)
+    return max(2, min(slices, problem.k // _SPLIT_MIN_SLICE))
 
 
 RULES: tuple[Rule, ...] = (
     Rule("empty", "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
-    Rule("split-k", f"K >= {_SPLIT_MIN_K} and >= {_SPLIT_K_OVER_MN}x the output's sides, too few tiles for the SMs: "
-         "slices of K multiplied side by side, then summed in a fixed order", _long_k, WT64),
+    Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
+         f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
+         "order", _long_k, WT64),
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding "
          "(64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
@@ -346,6 +372,6 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
 
 
 # Names the rules use must exist: catch a renamed configuration at import, not at the first product.
-for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_32, WT256, WT128x64, WT64):
+for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_32, WT256, WT128x64, WT128x64_SUMS, WT64):
     get_config(_name)
 assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(WT64), WarpTile)

@@ -38,7 +38,7 @@ def test_unknown_kernel_lists_valid_names():
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
-    (16, 16, 16, 1, "tiled"), (1000, 1, 1000, 1, "tiled"), (1, 4096, 4096, 1, "tiled"),
+    (16, 16, 16, 1, "tiled"), (1000, 1, 1000, 1, "tiled"), (1, 4096, 4096, 1, "split-k"),
     (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "tiled"),
     (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "tiled"), (64, 64, 16384, 1, "split-k"),
     (1, 1, 1 << 20, 1, "split-k"),
@@ -52,13 +52,14 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s3_spread"   # many waves: 32-deep stages
     assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s3_spread"   # one wave of 128 tiles
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4"      # 50 tiles of 128x256: too few
-    assert choose(768, 768, 4096).name == "warptile_128x64x16_32x64_8x8_s4"   # 72 tiles: over half the SMs
-    assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4"     # 32 tiles of 128x64: too few
+    assert choose(768, 768, 4096).name == "warptile_128x64x16_32x64_8x8_s4_tsum"   # 72 tiles: over half the SMs
+    assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
     assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
-    assert choose(4096, 16, 4096).name == "warptile_64x64x16_32x32_8x4_s4"    # skinny: the smallest tile
-    assert choose(8192, 1, 8192).name == "warptile_64x64x16_32x32_8x4_s4"
+    assert choose(4096, 16, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
+    assert choose(768, 768, 768).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
+    assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4"
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
     assert few.name == "warptile_128x256x32_64x64_8x16_s3_spread"
@@ -66,9 +67,12 @@ def test_tiled_rule_fills_the_gpu():
 
 def test_split_k_fills_the_gpu():
     c = choose(128, 128, 65536)
-    assert c.name == "warptile_64x64x16_32x32_8x4_s4" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
+    assert c.name == "warptile_64x64x16_32x32_8x4_s4_tsum" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
     assert choose(64, 64, 4096).splits == 8                       # never slices thinner than 512
     assert choose(4096, 4096, 4096).splits == 1
+    # Skinny products with a long K split for accuracy: a slice per 1024 of K at least.
+    assert choose(8192, 1, 8192).splits == 8 and choose(8192, 1, 8192).rule == "split-k"
+    assert choose(4096, 16, 4096).splits == 5                     # 64 tiles: two blocks per SM
     assert "split-K into 66 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
@@ -83,7 +87,7 @@ def test_forcing_by_argument_family_and_context():
     assert _plan.choose(_plan.Problem(40, 40, 4096), H100, "smem").name == "smem_16"
     assert _plan.choose(_plan.Problem(8, 8, 8), H100, "regtile").name == "regtile_64x64x8_8x8"
     assert _plan.choose(_plan.Problem(8192, 8192, 8192), H100, "regtile").name == "regtile_128x128x8_8x8"
-    assert _plan.choose(_plan.Problem(8, 8, 8), H100, "warptile").name == "warptile_64x64x16_32x32_8x4_s4"
+    assert _plan.choose(_plan.Problem(8, 8, 8), H100, "warptile").name == "warptile_64x64x16_32x32_8x4_s4_tsum"
     assert _plan.choose(_plan.Problem(64, 64, 64), H100, "naive").rule == "forced"
     with fastmm.use_kernel("regtile_128x64x8_8x8"):
         assert choose(64, 64, 64).name == "regtile_128x64x8_8x8"
@@ -118,6 +122,9 @@ def test_warptile_configurations_are_checked():
     w = WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1, spread=True)
     assert w.name == "warptile_128x256x32_64x64_8x16_s3_spread" and w.threads == 256
     assert w.smem_bytes == 3 * 32 * (128 + 4 + 256 + 4) * 4   # three stages of padded A and B slices
+    assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4).name == "warptile_64x64x16_32x32_8x4_s4"   # copies in one burst
+    assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True).name == "warptile_64x64x16_32x32_8x4_s4_tsum"
+    assert WarpTile(tile_sums=True).macros(Variant())["TILE_SUMS"] == 1 and WarpTile().macros(Variant())["SPREAD"] == 0
     assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s3_spread_nt_v1"
     with pytest.raises(ValueError, match=r"has 16 threads, not a warp's 32"):
         configs.validate(WarpTile(128, 128, 16, 32, 32, 8, 8))

@@ -26,7 +26,7 @@
 // Edges: cp.async's source size zero-fills whatever lies outside the matrix (a vector that crosses the edge
 // copies only its valid bytes), so the FMAs never test bounds; C stores are guarded per row and element.
 //
-// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, and the layout as in rung 3: A_T = 1 when A
+// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, and the layout as in rung 3: A_T = 1 when A
 // has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are
 // legal (else 4-byte copies).
 
@@ -209,6 +209,12 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+#if TILE_SUMS
+    // Two-level accumulation: each K-tile's products are summed on their own, then added to acc. A long
+    // running sum grows, and each rounding error with it (error ~ K, against ~ BK + K / BK here): this keeps
+    // the small tiles, which serve skinny and matrix-vector products with long K, as accurate as cuBLAS.
+    float part[TM][TN];
+#endif
 
     // This thread's fragments in the stage being read: A at (k, wm0 + ty * 4), B at (k, wn0 + tx * 4).
     const unsigned a_frag0 = smem0 + 4 * (wm0 + ty * 4);
@@ -265,8 +271,21 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(af[k % 2][i], bf[k % 2][j], acc[i][j]);
+                for (int j = 0; j < TN; ++j) {
+#if TILE_SUMS
+                    // The first step of a tile starts its partial sums afresh (an FMUL, no zeroing needed).
+                    part[i][j] = k == 0 ? af[k % 2][i] * bf[k % 2][j] : fmaf(af[k % 2][i], bf[k % 2][j], part[i][j]);
+#else
+                    acc[i][j] = fmaf(af[k % 2][i], bf[k % 2][j], acc[i][j]);
+#endif
+                }
         }
+#if TILE_SUMS
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] += part[i][j];
+#endif
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
 
