@@ -256,19 +256,28 @@ def plot(report: dict, kernels, path: str) -> None:
     # Square rows at multiples of 256 (the ragged 1000 and 4097 rows would draw a vertical jump next to 1024/4096).
     rows = sorted((r for r in report["rows"] if r["m"] == r["n"] == r["k"] and r["m"] % 256 == 0
                    and r["batch"] == 1 and not r["a_t"]), key=lambda r: r["m"])
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    # One line style per family (the ladder's rungs), distinct colours within the figure.
+    family_style = {"naive": ":", "smem": "-.", "regtile": "--", "warptile": "-"}
+    colours = iter(plt.cm.tab20.colors)
     for name in ["cublas", *kernels, "auto"]:
         pts = [(r["m"], r["results"][name]["tflops"]) for r in rows if name in r["results"]]
         if pts:
             xs, ys = zip(*pts)
-            style = dict(lw=2.5, color="black") if name == "cublas" else dict(ls="--", lw=2) if name == "auto" else {}
-            ax.plot(xs, ys, marker="o", label="cuBLAS (cupy.matmul)" if name == "cublas" else name, **style)
+            if name == "cublas":
+                style = dict(lw=2.5, color="black")
+            elif name == "auto":
+                style = dict(ls=(0, (1, 1)), lw=3, color="red", marker="s")
+            else:
+                style = dict(ls=family_style.get(name.split("_")[0], "-"), lw=1.5, color=next(colours))
+            ax.plot(xs, ys, marker=style.pop("marker", "o"), label="cuBLAS (cupy.matmul)" if name == "cublas" else name,
+                    **style)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("TFLOP/s (2MNK / median time)")
     ax.set_title(f"fastmm SGEMM kernels on {report.get('device', 'GPU')}")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
