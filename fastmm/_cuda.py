@@ -117,8 +117,9 @@ def loaded_function(config: _Config, variant: Variant, device_id: int):
         fn._fastmm_module = module  # the function must not outlive its module
         # The registers the loaded kernel really uses, checked against the device before the first launch.
         validated(config, dev, regs_per_thread=fn.get_attribute(drv.function_attribute.NUM_REGS))
-        if config.dynamic_smem and config.smem_bytes > 48 * 1024:
-            # Beyond 48 KiB a kernel must opt in to its dynamic shared memory, once per loaded function.
+        if config.dynamic_smem and config.smem_bytes > dev.max_smem_per_block:
+            # Beyond the default per-block limit a kernel must opt in to its dynamic shared memory, once per
+            # loaded function.
             fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, config.smem_bytes)
         _functions[key] = fn
     return fn

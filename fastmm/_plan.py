@@ -13,7 +13,7 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config
+from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config, validate
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned"]
@@ -138,6 +138,7 @@ def _fill_from(names: tuple[str, ...]) -> Callable[[Problem, Device], str]:
 
 
 _fill_regtile = _fill_from((RT128, RT128x64, RT64))
+_fill_small_warptile = _fill_from((WT128x64, WT64))
 
 
 def _fill(problem: Problem, device: Device) -> str:
@@ -152,7 +153,7 @@ def _fill(problem: Problem, device: Device) -> str:
     if _fits(problem, device, WT256):
         deep = problem.tiles(get_config(WT256_32)) >= _DEEP_WAVES * device.sm_count
         return WT256_32 if deep else WT256
-    name = _fill_from((WT128x64, WT64))(problem, device)
+    name = _fill_small_warptile(problem, device)
     if name == WT128x64 and problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
         return WT128x64_SUMS
     return name
@@ -261,8 +262,6 @@ def forced_kernel() -> str | None:
 
 def validated(config: _Config, device: Device, regs_per_thread: int | None = None) -> _Config:
     """`config`, after checking it against `device` (and its compiled register count, when known)."""
-    from .kernels.configs import validate
-
     validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
              max_smem_optin=device.max_smem_optin, max_regs_per_block=device.max_regs_per_block,
              regs_per_thread=regs_per_thread)

@@ -27,3 +27,17 @@ __device__ __forceinline__ long long fastmm_batch_offset(int z, int inner, long 
 {
     return (long long)(z / inner) * s0 + (long long)(z % inner) * s1;
 }
+
+// Store 4 consecutive elements of one row of C, starting at column n: one 16-byte store when all four lie
+// inside C and 16-byte stores are legal (vec4), else up to four guarded scalar stores.
+__device__ __forceinline__ void fastmm_store4(float* crow, int n, int N, float4 v, bool vec4)
+{
+    if (vec4 && n + 3 < N) {
+        *reinterpret_cast<float4*>(crow + n) = v;
+    } else {
+        if (n + 0 < N) crow[n + 0] = v.x;
+        if (n + 1 < N) crow[n + 1] = v.y;
+        if (n + 2 < N) crow[n + 2] = v.z;
+        if (n + 3 < N) crow[n + 3] = v.w;
+    }
+}

@@ -222,14 +222,7 @@ fastmm_regtile(FASTMM_GEMM_PARAMS)
                             const int n = bn + j * (BN / RN) + tx * 4;
                             const float4 v = make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1],
                                                          acc[i * 4 + r][j * 4 + 2], acc[i * 4 + r][j * 4 + 3]);
-                            if (VEC == 4 && n + 3 < N) {
-                                *reinterpret_cast<float4*>(crow + n) = v;
-                            } else {
-                                if (n + 0 < N) crow[n + 0] = v.x;
-                                if (n + 1 < N) crow[n + 1] = v.y;
-                                if (n + 2 < N) crow[n + 2] = v.z;
-                                if (n + 3 < N) crow[n + 3] = v.w;
-                            }
+                            fastmm_store4(crow, n, N, v, VEC == 4);
                         }
                     }
                 }
