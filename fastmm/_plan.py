@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config, validate
 
-__all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
+__all__ = ["Problem", "Device", "Choice", "StreamKSchedule", "Rule", "RULES", "choose", "stream_k_schedule", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned"]
 
 
@@ -69,6 +69,7 @@ class Choice:
     rule: str
     reason: str
     splits: int = 1  # split-K: K cut into this many slices, multiplied as a batch and summed in a fixed order
+    schedule: StreamKSchedule | None = None  # stream-K configurations: which tiles are shared, by how many blocks
 
     @property
     def name(self) -> str:
@@ -79,11 +80,54 @@ class Choice:
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
                   f"{'16-byte aligned' if problem.aligned else 'not 16-byte aligned (scalar loads)'}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
+        sched = self.schedule
+        blocks = problem.tiles(self.config) * self.splits
+        if sched is not None:
+            blocks = sched.blocks
+            split += (f", stream-K: {sched.dp_tiles} whole tiles then {sched.workers} blocks sharing the last "
+                      f"{sched.tiles - sched.dp_tiles} tiles' K-iterations" if sched.workers else
+                      ", stream-K: the tiles fill whole waves, none shared")
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
                 f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
                 f"  rule    {self.rule}: {self.reason}\n"
-                f"  grid    {problem.tiles(self.config) * self.splits} blocks of {self.config.threads} threads "
+                f"  grid    {blocks} blocks of {self.config.threads} threads "
                 f"for {device.sm_count} SMs")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamKSchedule:
+    """How a stream-K launch (fastmm/kernels/warptile.cu) splits the work: `dp_tiles` blocks compute a whole
+    tile each, then `workers` blocks share the K-iterations of the other `tiles - dp_tiles` tiles equally."""
+
+    tiles: int
+    dp_tiles: int
+    workers: int
+
+    @property
+    def blocks(self) -> int:
+        return self.dp_tiles + self.workers
+
+
+def stream_k_schedule(problem: Problem, config: _Config, device: Device) -> StreamKSchedule:
+    """All whole waves of tiles but the last run as usual; the last full wave and the partial one after it are
+    shared by one block per resident slot (SMs x blocks per SM), so every slot finishes at the same time.
+
+    Each worker gets at least one tile's worth of K-iterations (sharing one wave and a part, not just the part):
+    a tile then has at most two pieces, which the kernel adds in an order-free way (see warptile.cu).
+    """
+    tiles = problem.tiles(config)
+    slots = device.sm_count * config.min_blocks
+    if tiles % slots == 0 or tiles < slots:
+        return StreamKSchedule(tiles, tiles, 0)  # whole waves, or less than one: nothing to even out
+    dp_tiles = (tiles // slots - 1) * slots
+    return StreamKSchedule(tiles, dp_tiles, slots)
+
+
+def wave_efficiency(problem: Problem, config: _Config, device: Device) -> float:
+    """Fraction of the SMs' time the tiles keep busy when each runs whole: tiles / (waves x slots)."""
+    slots = device.sm_count * config.min_blocks
+    tiles = problem.tiles(config)
+    return tiles / (-(-tiles // slots) * slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +407,8 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
                         "forced", f"kernel family {kernel!r} was requested; tile chosen for the shape")
     else:
         choice = Choice(get_config(kernel), problem.variant, "forced", f"kernel {kernel!r} was requested")
+    if getattr(choice.config, "stream_k", False):
+        choice = dataclasses.replace(choice, schedule=stream_k_schedule(problem, choice.config, device))
     validated(choice.config, device)
     if len(_memo) > 4096:
         _memo.clear()
