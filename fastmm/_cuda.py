@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from . import _errors
-from ._plan import Device, StreamKSchedule, validated
+from ._plan import Device, validated
 from .kernels import build
 from .kernels.configs import MAX_GRID_Y, MAX_GRID_Z, Variant, _Config
 
@@ -156,8 +156,6 @@ def _cupy_view_of(cupy, handle: int, device_id: int):
 
 
 _ARGS = struct.Struct(_ARG_FORMAT)  # native alignment: the same layout as the kernel's C parameter list
-# ... and a stream-K kernel's: then the workspace, the arrival counters, tiles_n, tiles_m, tiles, dp_tiles, workers.
-_SK_ARGS = struct.Struct(_ARG_FORMAT + "PPiiiii")
 
 
 class Launch:
@@ -168,12 +166,11 @@ class Launch:
     keeps these per call signature, which is what keeps a small product's host cost near CuPy's.
     """
 
-    __slots__ = ("name", "device_id", "fn", "block", "shared", "chunks", "stream_k", "_cupy")
+    __slots__ = ("name", "device_id", "fn", "block", "shared", "chunks", "_cupy")
 
     def __init__(self, config: _Config, variant: Variant, device_id: int, m: int, n: int, k: int,
                  a_sm: int, a_sk: int, b_sk: int, b_sn: int, c_sm: int, c_sn: int,
-                 batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int],
-                 schedule: StreamKSchedule | None = None):
+                 batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int]):
         import cupy
 
         _context(device_id)
@@ -183,21 +180,6 @@ class Launch:
         self.fn = loaded_function(config, variant, device_id)
         self.block = config.block
         self.shared = config.smem_bytes if config.dynamic_smem else 0
-        self.stream_k = None
-        if getattr(config, "stream_k", False):
-            # One launch of a 1-D grid (no grid-size limits to split around): tiles are numbered in the kernel.
-            bm, bn = config.tile
-            tiles_n, tiles_m = -(-n // bn), -(-m // bm)
-            if schedule is None or schedule.tiles != tiles_n * tiles_m * batch:
-                raise ValueError(f"{config.name} needs a stream-K schedule for its {tiles_n * tiles_m * batch} tiles")
-            # Workspace: two tile-sized slots per worker, then one arrival counter per shared tile.
-            ws_bytes = 2 * schedule.workers * bm * bn * 4
-            arrivals = schedule.tiles - schedule.dp_tiles
-            self.stream_k = (ws_bytes, 4 * arrivals if schedule.workers else 0,
-                             (tiles_n, tiles_m, schedule.tiles, schedule.dp_tiles, schedule.workers))
-            self.chunks = [((schedule.blocks, 1, 1), 0, 0, (m, n, k), (a_sm, a_sk), (b_sk, b_sn),
-                            (c_sm, c_sn, 0, batch_inner, *batch_strides))]
-            return
         # Launches needed to cover the grid: more than 65535 row tiles or batch items take several, with
         # A and C offset by whole row blocks and z0 counting batch items already done.
         rows = config.tile[0] * MAX_GRID_Y
@@ -230,22 +212,6 @@ class Launch:
     def _launch(self, a, b, c, stream) -> None:
         # Function._launch_kernel is what PyCUDA's prepared_async_call ends in; calling it with a buffer
         # packed by a precompiled Struct skips that wrapper's per-call argument handling.
-        if self.stream_k is not None:
-            return self._launch_stream_k(a, b, c, stream)
         for grid, da, dc, mnk, a_s, b_s, tail in self.chunks:
             self.fn._launch_kernel(grid, self.block, _ARGS.pack(*mnk, a + da, *a_s, b, *b_s, c + dc, *tail),
                                    self.shared, stream)
-
-    def _launch_stream_k(self, a, b, c, stream) -> None:
-        ws_bytes, counter_bytes, sched = self.stream_k
-        (grid, _, _, mnk, a_s, b_s, tail), = self.chunks
-        ws = counters = 0
-        if counter_bytes:
-            # A fresh workspace per call, from CuPy's pool on the caller's stream: concurrent products on other
-            # streams never share one, and the pool hands this memory out again only to work ordered after
-            # this launch on that stream. The counters are zeroed on the launch's own stream.
-            mem = self._cupy.cuda.alloc(ws_bytes + counter_bytes)
-            ws, counters = mem.ptr, mem.ptr + ws_bytes
-            self._cupy.cuda.runtime.memsetAsync(counters, 0, counter_bytes, 0 if stream is None else stream.handle)
-        self.fn._launch_kernel(grid, self.block, _SK_ARGS.pack(*mnk, a, *a_s, b, *b_s, c, *tail, ws, counters, *sched),
-                               self.shared, stream)

@@ -352,7 +352,7 @@ def _gemm(a, b, c, kernel=None, record: _Recorder | None = None) -> None:
         return _split_k(a, b, c, choice, record)
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
-    prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args, schedule=choice.schedule)
+    prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args)
     for index in np.ndindex(*(size for size, _ in launch["outer"])):
         offs = [sum(i * st[j] for i, (_, st) in zip(index, launch["outer"])) * 4 for j in range(3)]
         pa, pb, pc = (p + o for p, o in zip(ptrs, offs))

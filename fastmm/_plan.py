@@ -15,8 +15,8 @@ from typing import Callable, Iterator
 
 from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config, validate
 
-__all__ = ["Problem", "Device", "Choice", "StreamKSchedule", "Rule", "RULES", "choose", "stream_k_schedule", "use_kernel", "forced_kernel", "kernel_names",
-           "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned"]
+__all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
+           "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,6 @@ class Choice:
     rule: str
     reason: str
     splits: int = 1  # split-K: K cut into this many slices, multiplied as a batch and summed in a fixed order
-    schedule: StreamKSchedule | None = None  # stream-K configurations: which tiles are shared, by how many blocks
 
     @property
     def name(self) -> str:
@@ -80,54 +79,11 @@ class Choice:
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
                   f"{'16-byte aligned' if problem.aligned else 'not 16-byte aligned (scalar loads)'}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
-        sched = self.schedule
-        blocks = problem.tiles(self.config) * self.splits
-        if sched is not None:
-            blocks = sched.blocks
-            split += (f", stream-K: {sched.dp_tiles} whole tiles then {sched.workers} blocks sharing the last "
-                      f"{sched.tiles - sched.dp_tiles} tiles' K-iterations" if sched.workers else
-                      ", stream-K: the tiles fill whole waves, none shared")
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
                 f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
                 f"  rule    {self.rule}: {self.reason}\n"
-                f"  grid    {blocks} blocks of {self.config.threads} threads "
+                f"  grid    {problem.tiles(self.config) * self.splits} blocks of {self.config.threads} threads "
                 f"for {device.sm_count} SMs")
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamKSchedule:
-    """How a stream-K launch (fastmm/kernels/warptile.cu) splits the work: `dp_tiles` blocks compute a whole
-    tile each, then `workers` blocks share the K-iterations of the other `tiles - dp_tiles` tiles equally."""
-
-    tiles: int
-    dp_tiles: int
-    workers: int
-
-    @property
-    def blocks(self) -> int:
-        return self.dp_tiles + self.workers
-
-
-def stream_k_schedule(problem: Problem, config: _Config, device: Device) -> StreamKSchedule:
-    """All whole waves of tiles but the last run as usual; the last full wave and the partial one after it are
-    shared by one block per resident slot (SMs x blocks per SM), so every slot finishes at the same time.
-
-    Each worker gets at least one tile's worth of K-iterations (sharing one wave and a part, not just the part):
-    a tile then has at most two pieces, which the kernel adds in an order-free way (see warptile.cu).
-    """
-    tiles = problem.tiles(config)
-    slots = device.sm_count * config.min_blocks
-    if tiles % slots == 0 or tiles < slots:
-        return StreamKSchedule(tiles, tiles, 0)  # whole waves, or less than one: nothing to even out
-    dp_tiles = (tiles // slots - 1) * slots
-    return StreamKSchedule(tiles, dp_tiles, slots)
-
-
-def wave_efficiency(problem: Problem, config: _Config, device: Device) -> float:
-    """Fraction of the SMs' time the tiles keep busy when each runs whole: tiles / (waves x slots)."""
-    slots = device.sm_count * config.min_blocks
-    tiles = problem.tiles(config)
-    return tiles / (-(-tiles // slots) * slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +96,8 @@ class Rule:
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
 RT128, RT128x64, RT64 = "regtile_128x128x8_8x8", "regtile_128x64x8_8x8", "regtile_64x64x8_8x8"
-WT256_32 = "warptile_128x256x32_64x64_8x16_s3_spread"
-WT256 = "warptile_128x256x16_64x64_8x16_s3_spread"
+WT256_32 = "warptile_128x256x32_64x64_8x16_s4_spread"
+WT256 = "warptile_128x256x16_64x64_8x16_s4_spread"
 WT128x64, WT128x64_SUMS = "warptile_128x64x16_32x64_8x8_s4", "warptile_128x64x16_32x64_8x8_s4_tsum"
 WT64 = "warptile_64x64x16_32x32_8x4_s4_tsum"
 
@@ -158,12 +114,27 @@ _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
 # up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
 _DEEP_WAVES = 2
+# ... except for A with unit stride along m (A^T.B of C-ordered arrays), where both operands copy in 16-byte
+# pieces and the 16-deep tile ran faster in every run (H100, 4096^3: 1.01-1.03x cuBLAS against 0.96x; 8192^3:
+# 1.00x against 0.96x).
+# Past one wave, a large tile whose last wave leaves more than this fraction of the SMs' time idle gives way to
+# the 128x64 tile, three blocks to an SM (3000^3: 288 tiles of 128x256 are 2.2 waves, 0.85x cuBLAS; 1128 of
+# 128x64 are 2.85 waves of 396 blocks, 1.05x).
+_MIN_WAVE_EFFICIENCY = 0.85
 
 
 def _useful(problem: Problem, config: _Config) -> float:
     """Fraction of the tiles' area that lies inside C."""
     bm, bn = config.tile
     return problem.m * problem.n / (-(-problem.m // bm) * bm * -(-problem.n // bn) * bn)
+
+
+def wave_efficiency(problem: Problem, config: _Config, device: Device) -> float:
+    """Fraction of the SMs' time that whole waves of tiles would keep busy: tiles / (waves x blocks per wave),
+    with `config.min_blocks` blocks per SM."""
+    slots = device.sm_count * config.min_blocks
+    tiles = problem.tiles(config)
+    return tiles / (-(-tiles // slots) * slots)
 
 
 def _fits(problem: Problem, device: Device, name: str) -> bool:
@@ -188,14 +159,17 @@ _fill_small_warptile = _fill_from((WT128x64, WT64))
 def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
-    Measured on an H200 (docs/kernels.md): 128x256 tiles from 2048^3 (0.90x cuBLAS) up, 32 deep from two waves
-    (4096^3 0.95x, 8192^3 0.97x); 128x64 tiles at 768^3-1024^3 (0.74-1.01x), 4097^3 (0.90x) and 65536x128x128
+    Measured (docs/kernels.md): 128x256 tiles from 2048^3 (0.90x cuBLAS) up, 32 deep from two waves (H100, four
+    stages: 4096^3 0.98x, 8192^3 1.02x) unless A is m-contiguous, 128x64 where they leave a ragged last wave; 128x64 tiles at 768^3-1024^3 (0.74-1.01x), 4097^3 (0.90x) and 65536x128x128
     (0.99x); 64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory
     tiles included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0;
     8192x1x8192: 0.48 against 0.33).
     """
-    if _fits(problem, device, WT256):
-        deep = problem.tiles(get_config(WT256_32)) >= _DEEP_WAVES * device.sm_count
+    big = get_config(WT256)
+    ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
+              and _fits(problem, device, WT128x64))
+    if _fits(problem, device, WT256) and not ragged:
+        deep = problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t
         return WT256_32 if deep else WT256
     name = _fill_small_warptile(problem, device)
     if name == WT128x64 and problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
@@ -407,8 +381,6 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
                         "forced", f"kernel family {kernel!r} was requested; tile chosen for the shape")
     else:
         choice = Choice(get_config(kernel), problem.variant, "forced", f"kernel {kernel!r} was requested")
-    if getattr(choice.config, "stream_k", False):
-        choice = dataclasses.replace(choice, schedule=stream_k_schedule(problem, choice.config, device))
     validated(choice.config, device)
     if len(_memo) > 4096:
         _memo.clear()

@@ -147,7 +147,7 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
     b = rng.uniform(-1, 1, (2048, 2048)).astype(np.float32)
     da, db = cp.asarray(a), cp.asarray(b)
     ref = cp.matmul(da.astype(cp.float64), db.astype(cp.float64))
-    for kernel in ("auto", "regtile_128x128x8_8x8", "warptile_128x256x32_64x64_8x16_s3_spread"):
+    for kernel in ("auto", "regtile_128x128x8_8x8", "warptile_128x256x32_64x64_8x16_s4_spread"):
         c = cp.full((2048, 2048), cp.nan, cp.float32)
         fastmm.matmul(da, db, out=c, kernel=kernel)
         assert bool(cp.isfinite(c).all())

@@ -49,8 +49,8 @@ def test_rules_fire_in_order(m, n, k, batch, rule):
 
 
 def test_tiled_rule_fills_the_gpu():
-    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s3_spread"   # many waves: 32-deep stages
-    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s3_spread"   # one wave of 128 tiles
+    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s4_spread"   # many waves: 32-deep stages
+    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4"      # 50 tiles of 128x256: too few
     assert choose(768, 768, 4096).name == "warptile_128x64x16_32x64_8x8_s4_tsum"   # 72 tiles: over half the SMs
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
@@ -60,9 +60,17 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(4096, 16, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
     assert choose(768, 768, 768).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4"
+    # A ragged last wave: 3000^3 is 2.2 waves of 128x256 tiles (27% of the SMs' time idle), 2.85 of 128x64.
+    assert _plan.wave_efficiency(_plan.Problem(3000, 3000, 3000), _plan.get_config(
+        "warptile_128x256x16_64x64_8x16_s4_spread"), _plan.Device()) == pytest.approx(288 / 396)
+    assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"
+    assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread"  # 8.7 waves: 97% busy
+    # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages, at any size.
+    at = _plan.choose(_plan.Problem(8192, 8192, 8192, a_t=True))
+    assert at.name == "warptile_128x256x16_64x64_8x16_s4_spread" and at.variant.a_t
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
-    assert few.name == "warptile_128x256x32_64x64_8x16_s3_spread"
+    assert few.name == "warptile_128x256x32_64x64_8x16_s4_spread"
 
 
 def test_split_k_fills_the_gpu():
@@ -114,18 +122,18 @@ def test_validation_gives_numbers():
         configs.validate(RegTile(64, 64, 8, 4, 4))
     with pytest.raises(ValueError, match=r"needs 16.0 KiB.*allows 8.0 KiB per block without opt-in"):
         _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_per_block=8 * 1024), "regtile")
-    with pytest.raises(ValueError, match=r"needs 147.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
+    with pytest.raises(ValueError, match=r"needs 196.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
         _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024))
 
 
 def test_warptile_configurations_are_checked():
-    w = WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1, spread=True)
-    assert w.name == "warptile_128x256x32_64x64_8x16_s3_spread" and w.threads == 256
-    assert w.smem_bytes == 3 * 32 * (128 + 4 + 256 + 4) * 4   # three stages of padded A and B slices
+    w = WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True)
+    assert w.name == "warptile_128x256x32_64x64_8x16_s4_spread" and w.threads == 256
+    assert w.smem_bytes == 4 * 32 * (128 + 4 + 256 + 4) * 4   # four stages of padded A and B slices
     assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4).name == "warptile_64x64x16_32x32_8x4_s4"   # copies in one burst
     assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True).name == "warptile_64x64x16_32x32_8x4_s4_tsum"
     assert WarpTile(tile_sums=True).macros(Variant())["TILE_SUMS"] == 1 and WarpTile().macros(Variant())["SPREAD"] == 0
-    assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s3_spread_nt_v1"
+    assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s4_spread_nt_v1"
     with pytest.raises(ValueError, match=r"has 16 threads, not a warp's 32"):
         configs.validate(WarpTile(128, 128, 16, 32, 32, 8, 8))
     with pytest.raises(ValueError, match=r"tiles must nest"):
@@ -140,7 +148,7 @@ def test_warptile_configurations_are_checked():
 
 def test_explain_names_kernel_and_rule():
     text = fastmm.explain((4096, 4096), (4096, 4096))
-    assert "warptile_128x256x32_64x64_8x16_s3_spread_nn_v4" in text and "rule    tiled" in text
+    assert "warptile_128x256x32_64x64_8x16_s4_spread_nn_v4" in text and "rule    tiled" in text
     a = np.zeros((1300, 1200), np.float32)
     assert "warptile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
     assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)

@@ -219,12 +219,6 @@ class WarpTile(_Config):
     # Sum each K-tile's products apart before adding them to the accumulators (twice the accumulator
     # registers, one FADD per BK FMAs): relative error on 4096x16x4096 0.7x cuBLAS's instead of 2.8x.
     tile_sums: bool = False
-    # Stream-K schedule (warptile.cu): the last tiles' K-iterations shared evenly by one block per SM, so that
-    # a product of 3.9 waves of tiles takes 3.9 waves' time, not 4. Launch and workspace differ (fastmm/_cuda.py).
-    stream_k: bool = False
-    # Steps of k per loop body in the middle of a K-tile (0: the whole K-tile unrolled). A fully unrolled
-    # 32-deep K-tile is 72 KB of code, and warps then wait on instruction fetch (warptile.cu).
-    unroll: int = 0
     family: ClassVar[str] = "warptile"
     source: ClassVar[str] = "warptile.cu"
     layout_macros: ClassVar[bool] = True
@@ -235,8 +229,7 @@ class WarpTile(_Config):
     @property
     def name(self) -> str:
         return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
-                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}"
-                f"{f'_u{self.unroll}' if self.unroll else ''}{'_sk' if self.stream_k else ''}")
+                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}")
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -253,7 +246,7 @@ class WarpTile(_Config):
     def _tile_macros(self) -> dict[str, int]:
         return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "TM": self.tm,
                 "TN": self.tn, "STAGES": self.stages, "MIN_BLOCKS": self.min_blocks, "SPREAD": int(self.spread),
-                "TILE_SUMS": int(self.tile_sums), "STREAM_K": int(self.stream_k), "UNROLL": self.unroll}
+                "TILE_SUMS": int(self.tile_sums)}
 
     def _check(self) -> list[str]:
         errors = []
@@ -286,11 +279,8 @@ CONFIGS: tuple[_Config, ...] = (
     RegTile(64, 64, 8, 8, 8, 6),    # 64 threads: four times the tiles, for problems that leave SMs idle
     # Warp tiles: (block tile, BK, warp tile, thread tile, stages, blocks per SM). 256 threads of 8x16 for
     # large products (one block per SM, up to 255 registers), 8x8 and 8x4 thread tiles for the rest.
-    WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1, spread=True),  # large products: 32-deep stages, fewer barriers
-    WarpTile(128, 256, 16, 64, 64, 8, 16, 3, 1, spread=True),  # ... about one wave of tiles: shorter prologue
-    WarpTile(128, 256, 32, 64, 64, 8, 16, 3, 1, spread=True, stream_k=True),  # ... when the last wave is partial
-    WarpTile(128, 256, 16, 64, 64, 8, 16, 3, 1, spread=True, stream_k=True),
-    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, stream_k=True),
+    WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True),  # large products: 32-deep stages, fewer barriers
+    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True),  # ... about one wave of tiles: shorter prologue
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # mid sizes (1000^3-1024^3), ragged edges, n = 128
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True),  # ... on less than a wave (768^3)
     WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True),   # small and skinny products, split-K slices

@@ -30,9 +30,6 @@
 // has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are
 // legal (else 4-byte copies).
 
-#ifndef UNROLL
-#define UNROLL 0
-#endif
 #define THREADS ((BM / WM) * (BN / WN) * 32)
 #define LX (WN / TN)             // lanes of a warp along n
 #define LY (WM / TM)             // ... and along m
@@ -186,152 +183,51 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
         }
 }
 
-#if STREAM_K
-// Stream-K (Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix
-// Multiplication on the GPU", 2023): a grid whose last blocks share the K-iterations of the last tiles evenly,
-// so that no SM idles while the final wave of tiles runs on part of the GPU (4096^3 on 128 x 256 tiles is 3.88
-// waves on 132 SMs: one tile in eight would otherwise run with 12% of the SMs idle).
-//
-// The tiles are numbered n fastest, then m, then batch. Blocks [0, dp_tiles) compute one whole tile each, as the
-// plain kernel does; the `workers` blocks after them split the remaining (tiles - dp_tiles) * I K-iterations
-// (I = K-tiles per tile) into equal contiguous ranges, so a worker computes pieces of at most a few tiles.
-// Every piece that is not a whole tile goes to the workspace `ws`, two slots per worker (the piece that ends
-// inside a tile: 2w + 1, the one that starts inside a tile: 2w); the second piece of a tile to arrive (counted
-// in `arrivals`, zeroed before the launch) adds the first and stores the tile. A sum of two pieces does not
-// depend on their order, so results repeat bit for bit.
-// This thread's first row and column in its block's tile: its warp's corner plus 4 x (ty, tx).
-__device__ __forceinline__ int2 thread_origin()
-{
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    return make_int2((warp / (BN / WN)) * WM + (lane / LX) * 4, (warp % (BN / WN)) * WN + (lane % LX) * 4);
-}
-
-#define FASTMM_WARPTILE_PARAMS FASTMM_GEMM_PARAMS, float* __restrict__ ws, int* __restrict__ arrivals, \
-    const int tiles_n, const int tiles_m, const int tiles, const int dp_tiles, const int workers
-
-// One thread's accumulators, as float4 number e of TM * TN / 4, in workspace slot `slot`, laid out so that a
-// block's threads write consecutive 16-byte pieces.
-__device__ __forceinline__ float4* slot_vec(float* ws, int slot, int e)
-{
-    return reinterpret_cast<float4*>(ws + (long long)slot * (BM * BN)) + e * THREADS + threadIdx.x;
-}
-
-// Publish worker me's piece of tile t, which starts at the tile's first K-iteration (`head`) or ends at its
-// last; if the tile's other piece is already published, add it to acc and return true (this block then stores
-// the tile). The host gives every worker at least a tile's worth of iterations, so a tile has at most two
-// pieces: the head belongs to worker w, the tail to worker w + 1. Two pieces sum the same in either order.
-__device__ __forceinline__ bool stream_k_fixup(float* ws, int* arrivals, int t, int me, bool head,
-                                               float (&acc)[TM][TN])
-{
-    float4* out = slot_vec(ws, 2 * me + head, 0);
-#pragma unroll
-    for (int e = 0; e < TM * TN / 4; ++e) {
-        const int i = e / (TN / 4), j = (e % (TN / 4)) * 4;
-        __stcg(out + e * THREADS, make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]));
-    }
-    __threadfence();  // the piece is visible GPU-wide before the arrival that announces it
-    __syncthreads();
-    int last = 0;
-    if (threadIdx.x == 0) last = atomicAdd(&arrivals[t], 1) == 1;
-    if (!__syncthreads_or(last)) return false;
-    __threadfence();
-    // .cg: from L2, where the other SM's piece is (this SM's L1 is not coherent with it).
-    const float4* in = slot_vec(ws, head ? 2 * (me + 1) : 2 * (me - 1) + 1, 0);
-#pragma unroll
-    for (int e = 0; e < TM * TN / 4; ++e) {
-        const int i = e / (TN / 4), j = (e % (TN / 4)) * 4;
-        const float4 v = __ldcg(in + e * THREADS);
-        acc[i][j] += v.x; acc[i][j + 1] += v.y; acc[i][j + 2] += v.z; acc[i][j + 3] += v.w;
-    }
-    return true;
-}
-#else
-#define FASTMM_WARPTILE_PARAMS FASTMM_GEMM_PARAMS
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-fastmm_warptile(FASTMM_WARPTILE_PARAMS)
+fastmm_warptile(FASTMM_GEMM_PARAMS)
 {
     extern __shared__ __align__(16) float smem[];  // STAGES x (As[BK][LDA_S], Bs[BK][LDB_S])
 
     using CopyA = SliceCopy<BM, A_T == 0>;
     using CopyB = SliceCopy<BN, B_T == 1>;
 
-#if STREAM_K
-    // Whole-tile blocks first, then the workers, each with an equal share of the remaining iterations. The
-    // host keeps tiles x K-tiles below 2^31, so iteration numbers fit an int.
-    //
-    // The loop's position and end wait in shared memory while a piece is multiplied: the product needs all
-    // but a few of the 255 registers, too few to keep them (and the tile's coordinates, recomputed from the
-    // position afterwards) in registers.
-    const int kt_total = (K + BK - 1) / BK;
-    float acc[TM][TN];
-    __shared__ int s_pos[2];
-    volatile int* pos = s_pos;
-    if (threadIdx.x == 0) {
-        const int base = dp_tiles * kt_total, shared = (tiles - dp_tiles) * kt_total;
-        const int me = (int)blockIdx.x - dp_tiles;  // worker number (negative: a whole-tile block)
-        pos[0] = me < 0 ? (int)blockIdx.x * kt_total : base + (int)((long long)me * shared / workers);
-        pos[1] = me < 0 ? pos[0] + kt_total : base + (int)((long long)(me + 1) * shared / workers);
-    }
-    __syncthreads();
-    while (pos[0] < pos[1]) {
-    {  // the piece's product: what it declares ends with it
-    const int t = pos[0] / kt_total, kt0 = pos[0] - t * kt_total;
-    const int kt1 = min(kt_total, kt0 + (pos[1] - pos[0]));
-    const int bm = (t / tiles_n % tiles_m) * BM, bn = (t % tiles_n) * BN;
-    const int z = t / tiles_n / tiles_m;
-#else
-    constexpr int kt0 = 0;  // the K-tiles this block multiplies: all of them
-    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
-    const int z = z0 + blockIdx.z;
-#endif
     const int tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
     const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
     const int tx = lane % LX, ty = lane / LX;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int z = z0 + blockIdx.z;
 
     const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
     const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
-#if !STREAM_K
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-#endif
 
     // Each operand's leading dimension (the stride that is not 1) and its copier, at K-tile 0 of this tile.
     const long long lda = A_T ? a_sk : a_sm;
     const long long ldb = B_T ? b_sn : b_sk;
     const unsigned smem0 = smem_addr(smem);
-    const long long k0 = (long long)kt0 * BK;
-    CopyA copy_a(a + (A_T ? bm + k0 * lda : bm * lda + k0), lda, tid, smem0);
-    CopyB copy_b(b + (B_T ? bn * ldb + k0 : k0 * ldb + bn), ldb, tid, smem0 + 4 * BK * LDA_S);
-    const int k_end = K - kt0 * BK;  // elements of K from this piece's first on
-#if STREAM_K
-    const int num_k_tiles = kt1 - kt0;
-#else
+    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid, smem0);
+    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid, smem0 + 4 * BK * LDA_S);
+    const int m_left = M - bm, n_left = N - bn;
     const int num_k_tiles = (K + BK - 1) / BK;
-#endif
     constexpr unsigned STAGE_BYTES = 4 * STAGE_FLOATS;
 
     // The copies of the next K-tile into its stage form one cp.async group (empty past the last tile, so that
     // every thread commits the same number of groups and wait_group counts stay uniform). Stages are used
-    // round-robin; a running offset avoids a division by STAGES. `issue_copy(c)` issues copy c of a tile's
-    // COPIES: A's, then B's.
-    constexpr int COPIES = CopyA::COUNT + CopyB::COUNT;
+    // round-robin; a running offset avoids a division by STAGES.
+    constexpr int COPIES = CopyA::COUNT + CopyB::COUNT;  // a K-tile's copies: A's, then B's
     int next_kt = 0;
     unsigned write_stage = 0;
-    // Copy c of the next tile (`all`: the tile lies inside A and B, so no bounds need checking).
+    // Copy c of the next K-tile (`all`: it lies inside A and B, so no bounds need checking).
     auto issue_copy = [&](int c, bool all, int k_left) {
         if (c < CopyA::COUNT) {
             if (all) copy_a.copy_all(c, write_stage, lda);
-            else copy_a.copy(c, write_stage, lda, M - bm, k_left);
+            else copy_a.copy(c, write_stage, lda, m_left, k_left);
         } else {
             if (all) copy_b.copy_all(c - CopyA::COUNT, write_stage, ldb);
-            else copy_b.copy(c - CopyA::COUNT, write_stage, ldb, N - bn, k_left);
+            else copy_b.copy(c - CopyA::COUNT, write_stage, ldb, n_left, k_left);
         }
     };
-    // A tile inside A and B copies without bounds: no per-copy comparisons, which were half the copy code's
-    // instructions. The test is per group of copies and the same for the whole block.
-    const bool inside = M - bm >= BM && N - bn >= BN;
     auto finish_tile_copies = [&]() {
         copy_a.next_slice(lda);
         copy_b.next_slice(ldb);
@@ -341,16 +237,14 @@ fastmm_warptile(FASTMM_WARPTILE_PARAMS)
     };
     auto issue_next = [&]() {
         if (next_kt < num_k_tiles) {
-            const int k_left = k_end - next_kt * BK;
+            const int k_left = K - next_kt * BK;
 #pragma unroll
             for (int c = 0; c < COPIES; ++c) issue_copy(c, false, k_left);
         }
         finish_tile_copies();
     };
 
-#if !STREAM_K
     float acc[TM][TN];
-#endif
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -367,41 +261,46 @@ fastmm_warptile(FASTMM_WARPTILE_PARAMS)
     const unsigned b_frag0 = smem0 + 4 * (BK * LDA_S + wn0 + tx * 4);
     unsigned a_frag = a_frag0, b_frag = b_frag0;
     float af[2][TM], bf[2][TN];
-    // Fragments of one step into buffer buf, from the A and B rows at shared addresses a_row and b_row.
-    auto load_fragments_at = [&](int buf, unsigned a_row, unsigned b_row) {
+    // Fragments of step k of the stage being read into buffer buf.
+    auto load_fragments = [&](int buf, int k) {
 #pragma unroll
         for (int i = 0; i < RM; ++i) {
-            const float4 v = lds128(a_row + 4 * (i * (WM / RM)));
+            const float4 v = lds128(a_frag + 4 * (k * LDA_S + i * (WM / RM)));
             af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
         }
 #pragma unroll
         for (int j = 0; j < RN; ++j) {
-            const float4 v = lds128(b_row + 4 * (j * (WN / RN)));
+            const float4 v = lds128(b_frag + 4 * (k * LDB_S + j * (WN / RN)));
             bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
         }
-    };
-    auto load_fragments = [&](int buf, int k) {  // ... step k of the stage being read
-        load_fragments_at(buf, a_frag + 4 * k * LDA_S, b_frag + 4 * k * LDB_S);
     };
 
     if (num_k_tiles > 0) {
         // Prologue: STAGES - 1 tiles in flight, then wait for the first and read its first fragments.
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) issue_next();
+        for (int s = 0; s < STAGES - 1; ++s) {
+            issue_next();
+        }
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         load_fragments(0, 0);
     }
+    // A tile inside A and B copies without bounds: no per-copy comparisons, which were half the copy code's
+    // instructions (4096^3: 0.96 -> 0.98x cuBLAS with 4 stages). The test is per group of copies and the same
+    // for the whole block.
+    // Only where copies are few (16-byte ones, or A's 4-byte ones at most): a second copy of many copies' code
+    // cost the 255-register layouts their spill-free budget.
+    constexpr bool FAST_COPIES = COPIES <= 24;
+    auto inside = [&](int k_left) { return FAST_COPIES && m_left >= BM && n_left >= BN && k_left >= BK; };
     // The next tile's copies, spread from step 1 on (PER_STEP at a time) so that their address arithmetic and
     // issue slots mix with the FMAs instead of stalling the warp in one burst (a burst made the address
-    // registers' reuse wait on the copies reading them). Steps 1 .. COPY_STEPS issue copies.
+    // registers' reuse wait on the copies reading them).
     constexpr int PER_STEP = SPREAD ? copies_per_step(COPIES) : COPIES;
-    constexpr int COPY_STEPS = (COPIES + PER_STEP - 1) / PER_STEP;
     auto copy_step = [&](int k) {
         if (k >= 1 && (k - 1) * PER_STEP < COPIES) {
             if (next_kt < num_k_tiles) {
-                const int k_left = k_end - next_kt * BK;
-                if (inside && k_left >= BK) {
+                const int k_left = K - next_kt * BK;
+                if (inside(k_left)) {
 #pragma unroll
                     for (int c = (k - 1) * PER_STEP; c < (k - 1) * PER_STEP + PER_STEP && c < COPIES; ++c)
                         issue_copy(c, true, k_left);
@@ -433,64 +332,29 @@ fastmm_warptile(FASTMM_WARPTILE_PARAMS)
             }
     };
     // The last step of a K-tile: the block's one barrier per K-tile, placed before the step's FMAs so that the
-    // first fragments of tile kt + 1 are read while they run. It publishes that tile's copies (landed once at
-    // most STAGES - 2 younger groups are pending) and frees the stage read during kt, which the copies issued
-    // from step 1 of tile kt + 1 refill.
-    auto last_step = [&](bool more) {
+    // first fragments of K-tile kt + 1 are read while they run. It publishes that K-tile's copies (landed once
+    // at most STAGES - 2 younger groups are pending) and frees the stage read during kt, which the copies
+    // issued from step 1 of K-tile kt + 1 refill.
+    auto last_step = [&](bool more, bool read) {
         if (more) {
             const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
             a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
             b_frag = wrap ? b_frag0 : b_frag + STAGE_BYTES;
             cp_async_wait<STAGES - 2>();
             __syncthreads();
-            load_fragments(BK % 2, 0);
+            if (read) load_fragments(BK % 2, 0);
         }
         copy_step(BK - 1);
         fma_step((BK - 1) % 2, BK == 1);
     };
-#if UNROLL
-    // Steps HEAD .. BK - TAIL - 1 run as a loop of UNROLL-step bodies instead of fully unrolled: a K-tile of 32
-    // steps unrolled is 4,500 instructions (72 KB), more than the instruction caches keep close, and warps
-    // stalled on instruction fetch (ncu: 0.17 cycles per issue against cuBLAS's 0.02, whose loop is 18 KB).
-    // HEAD is even and covers the copy steps; TAIL makes the middle a whole number of bodies.
-    constexpr int HEAD = (COPY_STEPS + 2) / 2 * 2;
-    constexpr int TAIL = 1 + (BK - HEAD - 1) % UNROLL;
-    static_assert(UNROLL % 2 == 0 && HEAD + TAIL < BK, "UNROLL must be even and leave a loop body in a K-tile");
-#endif
     for (int kt = 0; kt < num_k_tiles; ++kt) {
-#if UNROLL
-#pragma unroll
-        for (int k = 0; k < HEAD; ++k) {
-            load_fragments((k + 1) % 2, k + 1);
-            copy_step(k);
-            fma_step(k % 2, k == 0);
-        }
-        // Fragment rows of the body's steps: register + immediate addresses, the registers stepped per body.
-        unsigned a_row = a_frag + 4 * HEAD * LDA_S, b_row = b_frag + 4 * HEAD * LDB_S;
-        for (int k = HEAD; k < BK - TAIL; k += UNROLL) {
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                load_fragments_at((HEAD + u + 1) % 2, a_row + 4 * (u + 1) * LDA_S, b_row + 4 * (u + 1) * LDB_S);
-                fma_step((HEAD + u) % 2, false);
-            }
-            a_row += 4 * UNROLL * LDA_S;
-            b_row += 4 * UNROLL * LDB_S;
-        }
-#pragma unroll
-        for (int k = BK - TAIL; k < BK - 1; ++k) {
-            load_fragments((k + 1) % 2, k + 1);
-            fma_step(k % 2, false);
-        }
-        last_step(kt + 1 < num_k_tiles);
-#else
 #pragma unroll
         for (int k = 0; k < BK - 1; ++k) {
             load_fragments((k + 1) % 2, k + 1);
             copy_step(k);
             fma_step(k % 2, k == 0);
         }
-        last_step(kt + 1 < num_k_tiles);
-#endif
+        last_step(kt + 1 < num_k_tiles, true);
 #if TILE_SUMS
 #pragma unroll
         for (int i = 0; i < TM; ++i)
@@ -499,26 +363,5 @@ fastmm_warptile(FASTMM_WARPTILE_PARAMS)
 #endif
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
-#if STREAM_K
-    }
-    {
-        const int it = pos[0], t = it / kt_total, kt0 = it - t * kt_total;
-        const int kt1 = min(kt_total, kt0 + (pos[1] - it));
-        if ((kt0 == 0 && kt1 == kt_total) ||
-            stream_k_fixup(ws, arrivals, t - dp_tiles, (int)blockIdx.x - dp_tiles, kt0 == 0, acc)) {
-            const int bm = (t / tiles_n % tiles_m) * BM, bn = (t % tiles_n) * BN, z = t / tiles_n / tiles_m;
-            const int2 origin = thread_origin();
-            store_tile(C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1), c_sm, bm + origin.x, bn + origin.y,
-                       M, N, acc);
-        }
-        // Every thread has read the position before it moves (first barrier); the second publishes it, and
-        // keeps the next piece's copies out of stages that slower warps may still be reading.
-        __syncthreads();
-        if (threadIdx.x == 0) pos[0] = it + (kt1 - kt0);
-        __syncthreads();
-    }
-    }
-#else
     store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc);
-#endif
 }
