@@ -288,9 +288,9 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     // A tile inside A and B copies without bounds: no per-copy comparisons, which were half the copy code's
     // instructions (4096^3: 0.96 -> 0.98x cuBLAS with 4 stages). The test is per group of copies and the same
     // for the whole block.
-    // Only where copies are few (16-byte ones, or A's 4-byte ones at most): a second copy of many copies' code
-    // cost the 255-register layouts their spill-free budget.
-    constexpr bool FAST_COPIES = COPIES <= 24;
+    // Only where copies are few (at most one operand copied 4 bytes at a time): a second copy of many copies'
+    // code cost the 255-register layouts their spill-free budget, and the others their full unrolling.
+    constexpr bool FAST_COPIES = COPIES <= 24 && (CopyA::V == 4 || CopyB::V == 4);
     auto inside = [&](int k_left) { return FAST_COPIES && m_left >= BM && n_left >= BN && k_left >= BK; };
     // The next tile's copies, spread from step 1 on (PER_STEP at a time) so that their address arithmetic and
     // issue slots mix with the FMAs instead of stalling the warp in one burst (a burst made the address
