@@ -231,8 +231,8 @@ RULES: tuple[Rule, ...] = (
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, WT64),
-    Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding "
-         "(64x64 for small and skinny products)", lambda p, d: True, _fill),
+    Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
+         "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
 
 # What `kernel="<family>"` means: the table restricted to one family.
