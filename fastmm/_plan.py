@@ -160,8 +160,8 @@ def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
     Measured (docs/kernels.md): 128x256 tiles from 2048^3 (0.90x cuBLAS) up, 32 deep from two waves (H100, four
-    stages: 4096^3 0.98x, 8192^3 1.02x) unless A is m-contiguous, 128x64 where they leave a ragged last wave; 128x64 tiles at 768^3-1024^3 (0.74-1.01x), 4097^3 (0.90x) and 65536x128x128
-    (0.99x); 64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory
+    stages: 4096^3 0.98x, 8192^3 1.02x) unless A is m-contiguous; 128x64 tiles where 128x256 would leave a ragged
+    last wave (3000^3 1.05x), at 768^3-1024^3 (0.74-1.01x), 4097^3 (0.90x) and 65536x128x128 (0.99x); 64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory
     tiles included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0;
     8192x1x8192: 0.48 against 0.33).
     """

@@ -278,9 +278,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     if (num_k_tiles > 0) {
         // Prologue: STAGES - 1 tiles in flight, then wait for the first and read its first fragments.
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            issue_next();
-        }
+        for (int s = 0; s < STAGES - 1; ++s) issue_next();
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         load_fragments(0, 0);
@@ -300,6 +298,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         if (k >= 1 && (k - 1) * PER_STEP < COPIES) {
             if (next_kt < num_k_tiles) {
                 const int k_left = K - next_kt * BK;
+                // Two loops, so that the test is made once per group rather than once per copy.
                 if (inside(k_left)) {
 #pragma unroll
                     for (int c = (k - 1) * PER_STEP; c < (k - 1) * PER_STEP + PER_STEP && c < COPIES; ++c)
@@ -335,14 +334,14 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     // first fragments of K-tile kt + 1 are read while they run. It publishes that K-tile's copies (landed once
     // at most STAGES - 2 younger groups are pending) and frees the stage read during kt, which the copies
     // issued from step 1 of K-tile kt + 1 refill.
-    auto last_step = [&](bool more, bool read) {
+    auto last_step = [&](bool more) {
         if (more) {
             const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
             a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
             b_frag = wrap ? b_frag0 : b_frag + STAGE_BYTES;
             cp_async_wait<STAGES - 2>();
             __syncthreads();
-            if (read) load_fragments(BK % 2, 0);
+            load_fragments(BK % 2, 0);
         }
         copy_step(BK - 1);
         fma_step((BK - 1) % 2, BK == 1);
@@ -354,7 +353,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
             copy_step(k);
             fma_step(k % 2, k == 0);
         }
-        last_step(kt + 1 < num_k_tiles, true);
+        last_step(kt + 1 < num_k_tiles);
 #if TILE_SUMS
 #pragma unroll
         for (int i = 0; i < TM; ++i)
