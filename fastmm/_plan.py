@@ -96,8 +96,11 @@ class Rule:
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
 RT128, RT128x64, RT64 = "regtile_128x128x8_8x8", "regtile_128x64x8_8x8", "regtile_64x64x8_8x8"
+WT256_LOOP = "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
 WT256_32 = "warptile_128x256x32_64x64_8x16_s4_spread"
+WT256_LOOP16 = "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
 WT256 = "warptile_128x256x16_64x64_8x16_s4_spread"
+WT128x64_LOOP = "warptile_128x64x16_32x64_8x8_s4_sub8"
 WT128x64, WT128x64_SUMS = "warptile_128x64x16_32x64_8x8_s4", "warptile_128x64x16_32x64_8x8_s4_tsum"
 WT64 = "warptile_64x64x16_32x32_8x4_s4_tsum"
 
@@ -114,6 +117,14 @@ _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
 # up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
 _DEEP_WAVES = 2
+# Sub-tile loops (loop bodies that the instruction cache holds; docs/kernels.md, third round) serve products
+# whose K is a multiple of the K-tile (others would run the unrolled edge path throughout). The 32-deep large
+# tile's 8-step loop, from K = 1024: H100, 2048^3 1.01x cuBLAS against 0.95x for the unrolled 16-deep tile,
+# 4096^3 1.00-1.01x against 0.98x for the unrolled 32-deep one; at K = 256 (batch 64 x 256^3) 0.96x, where
+# the 16-deep tile looping over whole K-tiles runs 1.00x (A^T.B 4096^3: 1.02x), and at K = 64 1.17x against
+# the unrolled 32-deep tile's 1.25x. The 128x64 tile's 8-step loop: 1024^3 0.98x against 0.94x,
+# 65536x128x128 1.01x against 1.00x, 2048x1024x2048 0.96x against 0.85x.
+_LOOP_MIN_K = 1024
 # ... except for A with unit stride along m (A^T.B of C-ordered arrays), where both operands copy in 16-byte
 # pieces and the 16-deep tile ran faster in every run (H100, 4096^3: 1.01-1.03x cuBLAS against 0.96x; 8192^3:
 # 1.00x against 0.96x).
@@ -159,22 +170,34 @@ _fill_small_warptile = _fill_from((WT128x64, WT64))
 def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
-    Measured (docs/kernels.md): 128x256 tiles from 2048^3 (0.90x cuBLAS) up, 32 deep from two waves (H100, four
-    stages: 4096^3 0.98x, 8192^3 1.02x) unless A is m-contiguous; 128x64 tiles where 128x256 would leave a ragged
-    last wave (3000^3 1.05x), at 768^3-1024^3 (0.74-1.01x), 4097^3 (0.90x) and 65536x128x128 (0.99x); 64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory
-    tiles included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0;
-    8192x1x8192: 0.48 against 0.33).
+    Measured (docs/kernels.md, H100): 128x256 tiles from 2048^3 up: with the 8-step sub-tile loop where K is a
+    long multiple of 32 (2048^3 1.01x cuBLAS, 4096^3 1.00x, 8192^3 1.01x), else unrolled and 32 deep from two
+    waves (16384x16384x64 1.25x), else 16 deep, looping over whole K-tiles where K allows (batch 64 x 256^3
+    1.00x, A^T.B 1.02x); 128x64 tiles where 128x256 would leave a ragged last wave (3000^3 1.05x), at
+    768^3-1024^3, 4097^3 (0.91x) and 65536x128x128 (1.01x), with the sub-tile loop where K is a multiple of 16;
+    64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory tiles
+    included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0).
     """
     big = get_config(WT256)
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
     if _fits(problem, device, WT256) and not ragged:
-        deep = problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t
-        return WT256_32 if deep else WT256
+        if not problem.a_t and problem.k >= _LOOP_MIN_K and _whole_k_tiles(problem, WT256_LOOP):
+            return WT256_LOOP
+        if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t:
+            return WT256_32
+        return WT256_LOOP16 if _whole_k_tiles(problem, WT256_LOOP16) else WT256
     name = _fill_small_warptile(problem, device)
-    if name == WT128x64 and problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
-        return WT128x64_SUMS
+    if name == WT128x64:
+        if problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
+            return WT128x64_SUMS
+        return WT128x64_LOOP if _whole_k_tiles(problem, WT128x64_LOOP) else WT128x64
     return name
+
+
+def _whole_k_tiles(problem: Problem, name: str) -> bool:
+    """K is a multiple of the configuration's K-tile: its interior blocks run the sub-tile loop."""
+    return problem.k % get_config(name).bk == 0
 
 
 def _few_tiles(problem: Problem, device: Device) -> bool:

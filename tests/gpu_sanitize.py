@@ -18,8 +18,10 @@ import fastmm
 from fastmm.kernels.configs import CONFIGS
 
 # (300, 600, 100) has tiles wholly inside A, B and C for every kernel (the warp-tiled kernels copy those without
-# bounds checks) next to ragged ones.
-SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (300, 600, 100)]
+# bounds checks) next to ragged ones; with K a multiple of 32, (256, 512, 96) runs the sub-tile loop in every
+# block (fewer K-tiles than stages) and (300, 600, 160) in the interior blocks only.
+SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (300, 600, 100), (256, 512, 96),
+          (300, 600, 160)]
 # `auto` also runs a long-K shape, which takes the split-K path (strided slices plus CuPy's reduction).
 AUTO_SHAPES = SHAPES + [(40, 72, 4100)]
 

@@ -21,6 +21,8 @@ SIZES = [0, 1, 7, 31, 127, 128, 129, 1000]
 SHAPES = [(s, s, s) for s in SIZES] + [
     (127, 129, 31), (1, 1000, 7), (1000, 1, 129), (7, 31, 1000), (129, 128, 1), (0, 5, 3), (5, 0, 3),
     (5, 3, 0), (33, 65, 257), (1000, 129, 127), (130, 258, 9),
+    # K a multiple of 32 with tiles inside C: the sub-tile loop (all blocks; and next to edge blocks).
+    (256, 512, 96), (300, 600, 160),
 ]
 LAYOUTS = ["nn", "tn", "nt", "tt"]
 TOL = 1e-5

@@ -49,27 +49,36 @@ def test_rules_fire_in_order(m, n, k, batch, rule):
 
 
 def test_tiled_rule_fills_the_gpu():
-    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s4_spread"   # many waves: 32-deep stages
-    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
-    assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4"      # 50 tiles of 128x256: too few
+    # Long K, a multiple of 32: the 128x256 tile with its sub-tile loop, from one wave up.
+    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
+    assert choose(2048, 2048, 2048).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
+    # K not a multiple of the stage depth, or short: the unrolled tiles, 32 deep from two waves.
+    assert choose(8192, 8192, 8176).name == "warptile_128x256x32_64x64_8x16_s4_spread"
+    assert choose(16384, 16384, 64).name == "warptile_128x256x32_64x64_8x16_s4_spread"
+    assert choose(2048, 2048, 2040).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
+    # ... or, K a multiple of 16, the 16-deep tile looping over whole K-tiles.
+    assert choose(256, 256, 256, batch=64).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert choose(2048, 2048, 2032).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 50 tiles of 128x256: too few
     assert choose(768, 768, 4096).name == "warptile_128x64x16_32x64_8x8_s4_tsum"   # 72 tiles: over half the SMs
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
     assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
-    assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
+    assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # half of a 256-wide tile idle
     assert choose(4096, 16, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
     assert choose(768, 768, 768).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
-    assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4"
+    assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
+    assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"      # K not a multiple of 16
     # A ragged last wave: 3000^3 is 2.2 waves of 128x256 tiles (27% of the SMs' time idle), 2.85 of 128x64.
     assert _plan.wave_efficiency(_plan.Problem(3000, 3000, 3000), _plan.get_config(
         "warptile_128x256x16_64x64_8x16_s4_spread"), _plan.Device()) == pytest.approx(288 / 396)
-    assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"
-    assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread"  # 8.7 waves: 97% busy
+    assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"      # 3000 = 187.5 x 16
+    assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"  # 8.7 waves: 97% busy
     # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages, at any size.
     at = _plan.choose(_plan.Problem(8192, 8192, 8192, a_t=True))
-    assert at.name == "warptile_128x256x16_64x64_8x16_s4_spread" and at.variant.a_t
+    assert at.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16" and at.variant.a_t
     # A GPU with fewer SMs fills up with larger tiles sooner.
-    few = _plan.choose(_plan.Problem(1024, 1024, 1024), _plan.Device(sm_count=16))
+    few = _plan.choose(_plan.Problem(1024, 1024, 1000), _plan.Device(sm_count=16))
     assert few.name == "warptile_128x256x32_64x64_8x16_s4_spread"
 
 
@@ -144,11 +153,21 @@ def test_warptile_configurations_are_checked():
         configs.validate(WarpTile(bk=12))
     with pytest.raises(ValueError, match=r"needs 200 registers x 256 threads = 51200"):
         configs.validate(WarpTile(), max_regs_per_block=32768, regs_per_thread=200)
+    # The sub-tile loop: sub_k divides BK, holds whole passes of copies, and leaves tile sums alone.
+    loop = WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True, sub_k=8)
+    assert loop.name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8" and loop.macros(Variant())["SUB_K"] == 8
+    assert WarpTile().macros(Variant())["SUB_K"] == 0
+    with pytest.raises(ValueError, match=r"sub_k 12 must divide BK \(32\)"):
+        configs.validate(WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, sub_k=12))
+    with pytest.raises(ValueError, match=r"sub_k 4 must divide BK \(32\) and be a multiple of 8"):
+        configs.validate(WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, sub_k=4))   # a transposing pass is 8 rows
+    with pytest.raises(ValueError, match=r"sub_k and tile_sums cannot be combined"):
+        configs.validate(WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True, sub_k=8))
 
 
 def test_explain_names_kernel_and_rule():
     text = fastmm.explain((4096, 4096), (4096, 4096))
-    assert "warptile_128x256x32_64x64_8x16_s4_spread_nn_v4" in text and "rule    tiled" in text
+    assert "warptile_128x256x32_64x64_8x16_s4_spread_sub8_nn_v4" in text and "rule    tiled" in text
     a = np.zeros((1300, 1200), np.float32)
     assert "warptile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
     assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)

@@ -219,6 +219,9 @@ class WarpTile(_Config):
     # Sum each K-tile's products apart before adding them to the accumulators (twice the accumulator
     # registers, one FADD per BK FMAs): relative error on 4096x16x4096 0.7x cuBLAS's instead of 2.8x.
     tile_sums: bool = False
+    # Interior blocks (tile inside A, B and C, K a multiple of bk) run a loop of sub_k-step bodies instead of
+    # the fully unrolled K-tile, which the instruction cache could not hold (0 = always unrolled).
+    sub_k: int = 0
     family: ClassVar[str] = "warptile"
     source: ClassVar[str] = "warptile.cu"
     layout_macros: ClassVar[bool] = True
@@ -229,7 +232,8 @@ class WarpTile(_Config):
     @property
     def name(self) -> str:
         return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
-                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}")
+                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}"
+                f"{f'_sub{self.sub_k}' if self.sub_k else ''}")
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -246,7 +250,7 @@ class WarpTile(_Config):
     def _tile_macros(self) -> dict[str, int]:
         return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "TM": self.tm,
                 "TN": self.tn, "STAGES": self.stages, "MIN_BLOCKS": self.min_blocks, "SPREAD": int(self.spread),
-                "TILE_SUMS": int(self.tile_sums)}
+                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k}
 
     def _check(self) -> list[str]:
         errors = []
@@ -266,6 +270,15 @@ class WarpTile(_Config):
                 if (side * self.bk) % self.threads or (side * self.bk // 4) % self.threads:
                     errors.append(f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly")
                     break
+        if self.sub_k and not errors:
+            # A body copies sub_k rows of each operand in whole passes of the block's threads: 8 rows for a
+            # transposing copy, threads * 4 / side (or threads / side, 4-byte copies) rows otherwise.
+            passes = [8] + [max(1, self.threads * v // side) for side in (self.bm, self.bn) for v in (4, 1)]
+            if self.bk % self.sub_k or self.sub_k < 2 or any(self.sub_k % p for p in passes):
+                errors.append(f"sub_k {self.sub_k} must divide BK ({self.bk}) and be a multiple of "
+                              f"{max(passes)} (the rows one pass of copies covers)")
+            if self.tile_sums:
+                errors.append("sub_k and tile_sums cannot be combined")
         return errors
 
 
@@ -279,9 +292,12 @@ CONFIGS: tuple[_Config, ...] = (
     RegTile(64, 64, 8, 8, 8, 6),    # 64 threads: four times the tiles, for problems that leave SMs idle
     # Warp tiles: (block tile, BK, warp tile, thread tile, stages, blocks per SM). 256 threads of 8x16 for
     # large products (one block per SM, up to 255 registers), 8x8 and 8x4 thread tiles for the rest.
+    WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True, sub_k=8),  # large products, long K: the sub-tile loop
     WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True),  # large products: 32-deep stages, fewer barriers
-    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True),  # ... about one wave of tiles: shorter prologue
-    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # mid sizes (1000^3-1024^3), ragged edges, n = 128
+    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16),  # about a wave, short K, A^T.B: a loop of K-tiles
+    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True),  # ... the same where K is not a multiple of 16
+    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, sub_k=8),  # mid sizes (1024^3), n = 128, with the sub-tile loop
+    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # ... ragged sizes (1000^3, 4097^3)
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True),  # ... on less than a wave (768^3)
     WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True),   # small and skinny products, split-K slices
 )

@@ -23,10 +23,18 @@
 // or a few per step (SPREAD = 1), which keeps the 255-register configurations from stalling on them.
 // Fragment addresses are 32-bit shared addresses carried through the K loop (reads are register + immediate).
 //
+// Sub-tile loop (SUB_K > 0): the fully unrolled K-tile above is BK x TM x TN FMAs of straight-line code (72 KB for
+// 128 x 256 x 32 tiles), more than the SMs' instruction caches keep: ncu counted 0.17 warps per issued
+// instruction stalled on instruction fetch (cuBLAS, whose loop is 18 KB: 0.02). Blocks whose tile lies wholly
+// inside A, B and C, when K is a multiple of BK, instead run a loop whose body is SUB_K steps of k (1,150
+// instructions for SUB_K = 8): the same stages, the same one barrier per K-tile (at the end of its last body),
+// and each body copies the matching SUB_K rows of a stage STAGES - 1 K-tiles ahead, with no bounds to check
+// (a copy past the last K-tile reads nothing: source size zero). Edge blocks take the unrolled path.
+//
 // Edges: cp.async's source size zero-fills whatever lies outside the matrix (a vector that crosses the edge
 // copies only its valid bytes), so the FMAs never test bounds; C stores are guarded per row and element.
 //
-// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, and the layout as in rung 3: A_T = 1 when A
+// Macros: BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, SUB_K, and the layout as in rung 3: A_T = 1 when A
 // has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are
 // legal (else 4-byte copies).
 
@@ -45,6 +53,7 @@ static_assert(BM % WM == 0 && BN % WN == 0 && WM % TM == 0 && WN % TN == 0, "til
 static_assert(TM % 4 == 0 && TN % 4 == 0 && BK % 8 == 0, "thread tiles are 4 x 4 blocks; BK a multiple of 8");
 static_assert(STAGES >= 2, "cp.async pipelining needs at least two stages");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
+static_assert(SUB_K == 0 || (BK % SUB_K == 0 && SUB_K >= 2 && !TILE_SUMS), "SUB_K divides BK; no tile sums");
 
 __device__ __forceinline__ unsigned smem_addr(const void* p)
 {
@@ -150,6 +159,27 @@ struct SliceCopy {
     }
 
     __device__ __forceinline__ void next_slice(long long ld) { src += TRANS ? BK : BK * ld; }
+
+    // Sub-slices, for the sub-tile loop: the SUB_K rows of k [s * SUB_K, (s + 1) * SUB_K) of a slice. src moves
+    // SUB_K rows per sub-slice (next_sub), which over a whole slice adds up to next_slice.
+    static constexpr int SUB_COUNT = N_X * (SUB_K > 0 ? SUB_K / P_K : 1);  // copies per thread per sub-slice
+    static_assert(SUB_K % P_K == 0, "a sub-slice must be copied in whole passes");
+
+    // Copy number i (0 <= i < SUB_COUNT) of this thread's share of the next sub-slice, `d_off` bytes past stage
+    // 0's copy of its first row; `has` false (past the last K-tile) copies nothing.
+    __device__ __forceinline__ void copy_sub(int i, unsigned d_off, long long ld, bool has) const
+    {
+        const int ix = i % N_X, ik = i / N_X;
+        const unsigned d = dst + d_off + 4 * (ik * P_K * LDS + ix * P_X);
+        const float* s = src + (TRANS ? ix * P_X * ld + ik * P_K : ik * P_K * ld + ix * P_X);
+        if (V == 4) {
+            cp_async16(d, s, has ? 16 : 0);
+        } else {
+            cp_async4(d, s, has ? 4 : 0);
+        }
+    }
+
+    __device__ __forceinline__ void next_sub(long long ld) { src += TRANS ? SUB_K : SUB_K * ld; }
 };
 
 // Copies issued per K step when they are spread over a tile: 8, or more if needed to finish by the tile's last
@@ -318,6 +348,22 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     // by row: 4096^3 0.942 -> 0.958x cuBLAS, 8192^3 0.967 -> 0.981x, A^T.B 0.921 -> 0.946x, and 237 -> 221
     // registers. `first`: the first step of a K-tile (with TILE_SUMS, it starts the partial sums afresh).
     auto fma_step = [&](int buf, bool first) {
+#if SUB_K
+        // With the sub-tile loop: down each column of the thread tile, reversing direction from one column to
+        // the next. In a loop body this is what let ptxas keep most accumulators in place: with the pair order
+        // below it renamed half of them in every body, with register-bank conflicts (ncu, 4096^3: 0.30 warps
+        // per issue stalled on dispatch against 0.17; 0.95x cuBLAS against 1.01x). The unrolled path, which
+        // these configurations run on edge blocks only, takes the same order: one order per path gave the
+        // loop a worse register allocation again (0.98x).
+#pragma unroll
+        for (int j = 0; j < TN; ++j)
+#pragma unroll
+            for (int i0 = 0; i0 < TM; ++i0) {
+                const int i = (j & 1) ? TM - 1 - i0 : i0;
+                acc[i][j] = fmaf(af[buf][i], bf[buf][j], acc[i][j]);
+            }
+        return;
+#endif
 #pragma unroll
         for (int ip = 0; ip < TM / 2; ++ip)
 #pragma unroll
@@ -346,6 +392,65 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         copy_step(BK - 1);
         fma_step((BK - 1) % 2, BK == 1);
     };
+#if SUB_K
+    // (num_k_tiles > 0 adds nothing to K % BK == 0 for the K > 0 the dispatcher launches, but with it ptxas laid
+    // the loop out the way that ran 0.5% faster, 4096^3 1.004x against 0.999x cuBLAS: same loop statistics.)
+    if (m_left >= BM && n_left >= BN && K % BK == 0 && num_k_tiles > 0) {
+        constexpr int SUBS = BK / SUB_K;  // loop bodies per K-tile
+        constexpr int SUB_COPIES = CopyA::SUB_COUNT + CopyB::SUB_COUNT;
+        constexpr int SUB_PER_STEP = (SUB_COPIES + SUB_K - 2) / (SUB_K - 1);  // from step 1 on
+        constexpr unsigned A_ROWS = 4 * SUB_K * LDA_S, B_ROWS = 4 * SUB_K * LDB_S;  // a sub-slice, in bytes
+        // Fragments of step k from addresses a_at, b_at (row k of a stage's sub-slice, or a later one).
+        auto load_at = [&](int buf, unsigned a_at, unsigned b_at) {
+#pragma unroll
+            for (int i = 0; i < RM; ++i) {
+                const float4 v = lds128(a_at + 4 * (i * (WM / RM)));
+                af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < RN; ++j) {
+                const float4 v = lds128(b_at + 4 * (j * (WN / RN)));
+                bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
+            }
+        };
+        for (int it = 0; it < num_k_tiles * SUBS; ++it) {
+            const int sub = it % SUBS;
+            // Copies of this body go to K-tile it / SUBS + STAGES - 1, into the stage at write_stage.
+            const bool has = it / SUBS + STAGES - 1 < num_k_tiles;
+            const unsigned a_rd = a_frag + sub * A_ROWS, b_rd = b_frag + sub * B_ROWS;
+            const unsigned wa = write_stage + sub * A_ROWS, wb = write_stage + sub * B_ROWS;
+#pragma unroll
+            for (int k = 0; k < SUB_K - 1; ++k) {
+                load_at((k + 1) % 2, a_rd + 4 * (k + 1) * LDA_S, b_rd + 4 * (k + 1) * LDB_S);
+#pragma unroll
+                for (int c = (k - 1) * SUB_PER_STEP; c < k * SUB_PER_STEP && c < SUB_COPIES; ++c) {
+                    if (c < 0) continue;
+                    if (c < CopyA::SUB_COUNT) copy_a.copy_sub(c, wa, lda, has);
+                    else copy_b.copy_sub(c - CopyA::SUB_COUNT, wb, ldb, has);
+                }
+                fma_step(k % 2, false);
+            }
+            copy_a.next_sub(lda);
+            copy_b.next_sub(ldb);
+            // The first fragments of the next body: the next sub-slice of this stage, or, after the K-tile's
+            // last body, the next stage once its copies have landed (the K-tile's one barrier).
+            unsigned a_next = a_rd + A_ROWS, b_next = b_rd + B_ROWS;
+            if (sub == SUBS - 1) {
+                cp_async_commit();
+                write_stage = write_stage == (STAGES - 1) * STAGE_BYTES ? 0 : write_stage + STAGE_BYTES;
+                const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
+                a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
+                b_frag = wrap ? b_frag0 : b_frag + STAGE_BYTES;
+                a_next = a_frag;
+                b_next = b_frag;
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+            }
+            load_at(0, a_next, b_next);
+            fma_step((SUB_K - 1) % 2, false);
+        }
+    } else
+#endif
     for (int kt = 0; kt < num_k_tiles; ++kt) {
 #pragma unroll
         for (int k = 0; k < BK - 1; ++k) {
