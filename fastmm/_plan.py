@@ -122,8 +122,10 @@ _DEEP_WAVES = 2
 # tile's 8-step loop, from K = 1024: H100, 2048^3 1.01x cuBLAS against 0.95x for the unrolled 16-deep tile,
 # 4096^3 1.00-1.01x against 0.98x for the unrolled 32-deep one; at K = 256 (batch 64 x 256^3) 0.96x, where
 # the 16-deep tile looping over whole K-tiles runs 1.00x (A^T.B 4096^3: 1.02x), and at K = 64 1.17x against
-# the unrolled 32-deep tile's 1.25x. The 128x64 tile's 8-step loop: 1024^3 0.98x against 0.94x,
-# 65536x128x128 1.01x against 1.00x, 2048x1024x2048 0.96x against 0.85x.
+# the unrolled 32-deep tile's 1.25x. The 128x64 tile's 8-step loop below one wave of blocks (three per SM):
+# 1024^3 (0.3 waves) 0.98x against 0.94x, 2048x1024x2048 (0.65) 0.96x against 0.85x; from about three waves
+# the unrolled tile, with two more blocks per SM to hide its fetch stalls, is ahead: 3072^3 1.05x against
+# 1.03x, 4096^3 0.88x against 0.87x (65536x128x128, 2.6 waves of K = 128: 0.99x against 1.01x).
 _LOOP_MIN_K = 1024
 # ... except for A with unit stride along m (A^T.B of C-ordered arrays), where both operands copy in 16-byte
 # pieces and the 16-deep tile ran faster in every run (H100, 4096^3: 1.01-1.03x cuBLAS against 0.96x; 8192^3:
@@ -174,7 +176,8 @@ def _fill(problem: Problem, device: Device) -> str:
     long multiple of 32 (2048^3 1.01x cuBLAS, 4096^3 1.00x, 8192^3 1.01x), else unrolled and 32 deep from two
     waves (16384x16384x64 1.25x), else 16 deep, looping over whole K-tiles where K allows (batch 64 x 256^3
     1.00x, A^T.B 1.02x); 128x64 tiles where 128x256 would leave a ragged last wave (3000^3 1.05x), at
-    768^3-1024^3, 4097^3 (0.91x) and 65536x128x128 (1.01x), with the sub-tile loop where K is a multiple of 16;
+    768^3-1024^3, 4097^3 (0.93x) and 65536x128x128 (0.99x), with the sub-tile loop below one wave of blocks
+    where K is a multiple of 16;
     64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory tiles
     included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0).
     """
@@ -191,7 +194,10 @@ def _fill(problem: Problem, device: Device) -> str:
     if name == WT128x64:
         if problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
             return WT128x64_SUMS
-        return WT128x64_LOOP if _whole_k_tiles(problem, WT128x64_LOOP) else WT128x64
+        loop = get_config(WT128x64_LOOP)
+        # The loop pays where fetch stalls are not hidden behind other blocks: below one wave of blocks.
+        one_wave = problem.tiles(loop) < loop.min_blocks * device.sm_count
+        return WT128x64_LOOP if one_wave and _whole_k_tiles(problem, WT128x64_LOOP) else WT128x64
     return name
 
 

@@ -64,7 +64,9 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
     assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
-    assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # half of a 256-wide tile idle
+    assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
+    assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
+    assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
     assert choose(4096, 16, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
     assert choose(768, 768, 768).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
