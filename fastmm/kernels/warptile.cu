@@ -291,19 +291,21 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     const unsigned b_frag0 = smem0 + 4 * (BK * LDA_S + wn0 + tx * 4);
     unsigned a_frag = a_frag0, b_frag = b_frag0;
     float af[2][TM], bf[2][TN];
-    // Fragments of step k of the stage being read into buffer buf.
-    auto load_fragments = [&](int buf, int k) {
+    // Fragments into buffer buf from the row of a stage at shared addresses a_at (A) and b_at (B).
+    auto load_at = [&](int buf, unsigned a_at, unsigned b_at) {
 #pragma unroll
         for (int i = 0; i < RM; ++i) {
-            const float4 v = lds128(a_frag + 4 * (k * LDA_S + i * (WM / RM)));
+            const float4 v = lds128(a_at + 4 * (i * (WM / RM)));
             af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
         }
 #pragma unroll
         for (int j = 0; j < RN; ++j) {
-            const float4 v = lds128(b_frag + 4 * (k * LDB_S + j * (WN / RN)));
+            const float4 v = lds128(b_at + 4 * (j * (WN / RN)));
             bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
         }
     };
+    // Fragments of step k of the stage being read into buffer buf.
+    auto load_fragments = [&](int buf, int k) { load_at(buf, a_frag + 4 * k * LDA_S, b_frag + 4 * k * LDB_S); };
 
     if (num_k_tiles > 0) {
         // Prologue: STAGES - 1 tiles in flight, then wait for the first and read its first fragments.
@@ -400,19 +402,6 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         constexpr int SUB_COPIES = CopyA::SUB_COUNT + CopyB::SUB_COUNT;
         constexpr int SUB_PER_STEP = (SUB_COPIES + SUB_K - 2) / (SUB_K - 1);  // from step 1 on
         constexpr unsigned A_ROWS = 4 * SUB_K * LDA_S, B_ROWS = 4 * SUB_K * LDB_S;  // a sub-slice, in bytes
-        // Fragments of step k from addresses a_at, b_at (row k of a stage's sub-slice, or a later one).
-        auto load_at = [&](int buf, unsigned a_at, unsigned b_at) {
-#pragma unroll
-            for (int i = 0; i < RM; ++i) {
-                const float4 v = lds128(a_at + 4 * (i * (WM / RM)));
-                af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
-            }
-#pragma unroll
-            for (int j = 0; j < RN; ++j) {
-                const float4 v = lds128(b_at + 4 * (j * (WN / RN)));
-                bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
-            }
-        };
         for (int it = 0; it < num_k_tiles * SUBS; ++it) {
             const int sub = it % SUBS;
             // Copies of this body go to K-tile it / SUBS + STAGES - 1, into the stage at write_stage.
