@@ -122,7 +122,10 @@ _DEEP_WAVES = 2
 # tile's 8-step loop, from K = 1024: H100, 2048^3 1.01x cuBLAS against 0.95x for the unrolled 16-deep tile,
 # 4096^3 1.00-1.01x against 0.98x for the unrolled 32-deep one; at K = 256 (batch 64 x 256^3) 0.96x, where
 # the 16-deep tile looping over whole K-tiles runs 1.00x (A^T.B 4096^3: 1.02x), and at K = 64 1.17x against
-# the unrolled 32-deep tile's 1.25x. The 128x64 tile's 8-step loop below one wave of blocks (three per SM):
+# the unrolled 32-deep tile's 1.25x. With B transposed (x @ w.T) the 16-step bodies ran 2-3% ahead of the
+# 8-step ones in every round (4096^3 0.98-0.99x against 0.97x, 8192^3 0.96x against 0.93x, 2048^3 1.03x
+# against 1.00x; both transposed 1.04x against 0.99x), and K an odd multiple of 16 keeps the loop too. The
+# 128x64 tile's 8-step loop below one wave of blocks (three per SM):
 # 1024^3 (0.3 waves) 0.98x against 0.94x, 2048x1024x2048 (0.65) 0.96x against 0.85x; from about three waves
 # the unrolled tile, with two more blocks per SM to hide its fetch stalls, is ahead: 3072^3 1.05x against
 # 1.03x, 4096^3 0.88x against 0.87x (65536x128x128, 2.6 waves of K = 128: 0.99x against 1.01x).
@@ -173,7 +176,8 @@ def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
     Measured (docs/kernels.md, H100): 128x256 tiles from 2048^3 up: with the 8-step sub-tile loop where K is a
-    long multiple of 32 (2048^3 1.01x cuBLAS, 4096^3 1.00x, 8192^3 1.01x), else unrolled and 32 deep from two
+    long multiple of 32 (2048^3 1.01x cuBLAS, 4096^3 1.00x, 8192^3 1.01x), the 16-deep loop for long K with an
+    operand transposed (A^T.B 1.02x, A.B^T 0.98x), else unrolled and 32 deep from two
     waves (16384x16384x64 1.25x), else 16 deep, looping over whole K-tiles where K allows (batch 64 x 256^3
     1.00x, A^T.B 1.02x); 128x64 tiles where 128x256 would leave a ragged last wave (3000^3 1.05x), at
     768^3-1024^3, 4097^3 (0.93x) and 65536x128x128 (0.99x), with the sub-tile loop below one wave of blocks
@@ -185,8 +189,11 @@ def _fill(problem: Problem, device: Device) -> str:
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
     if _fits(problem, device, WT256) and not ragged:
-        if not problem.a_t and problem.k >= _LOOP_MIN_K and _whole_k_tiles(problem, WT256_LOOP):
+        long_k = problem.k >= _LOOP_MIN_K
+        if long_k and not problem.a_t and not problem.b_t and _whole_k_tiles(problem, WT256_LOOP):
             return WT256_LOOP
+        if long_k and _whole_k_tiles(problem, WT256_LOOP16):  # a transposed operand, or K an odd multiple of 16
+            return WT256_LOOP16
         if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t:
             return WT256_32
         return WT256_LOOP16 if _whole_k_tiles(problem, WT256_LOOP16) else WT256

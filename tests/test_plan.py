@@ -53,7 +53,12 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
     assert choose(2048, 2048, 2048).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
     # K not a multiple of the stage depth, or short: the unrolled tiles, 32 deep from two waves.
-    assert choose(8192, 8192, 8176).name == "warptile_128x256x32_64x64_8x16_s4_spread"
+    assert choose(8192, 8192, 8184).name == "warptile_128x256x32_64x64_8x16_s4_spread"
+    # Long K with B transposed, or an odd multiple of 16: the 16-deep tile looping over whole K-tiles.
+    for b_t in (False, True):
+        assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert choose(4096, 4096, 4096, b_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert choose(8192, 8192, 8176).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(16384, 16384, 64).name == "warptile_128x256x32_64x64_8x16_s4_spread"
     assert choose(2048, 2048, 2040).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
     # ... or, K a multiple of 16, the 16-deep tile looping over whole K-tiles.
