@@ -117,6 +117,9 @@ _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
 # up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
 _DEEP_WAVES = 2
+# ... except for A with unit stride along m (A^T.B of C-ordered arrays), where both operands copy in 16-byte
+# pieces and the 16-deep tile ran faster in every run (H100, 4096^3: 1.01-1.03x cuBLAS against 0.96x; 8192^3:
+# 1.00x against 0.96x).
 # Sub-tile loops (loop bodies that the instruction cache holds; docs/kernels.md, third round) serve products
 # whose K is a multiple of the K-tile (others would run the unrolled edge path throughout). The 32-deep large
 # tile's 8-step loop, from K = 1024: H100, 2048^3 1.01x cuBLAS against 0.95x for the unrolled 16-deep tile,
@@ -130,9 +133,6 @@ _DEEP_WAVES = 2
 # the unrolled tile, with two more blocks per SM to hide its fetch stalls, is ahead: 3072^3 1.05x against
 # 1.03x, 4096^3 0.88x against 0.87x (65536x128x128, 2.6 waves of K = 128: 0.99x against 1.01x).
 _LOOP_MIN_K = 1024
-# ... except for A with unit stride along m (A^T.B of C-ordered arrays), where both operands copy in 16-byte
-# pieces and the 16-deep tile ran faster in every run (H100, 4096^3: 1.01-1.03x cuBLAS against 0.96x; 8192^3:
-# 1.00x against 0.96x).
 # Past one wave, a large tile whose last wave leaves more than this fraction of the SMs' time idle gives way to
 # the 128x64 tile, three blocks to an SM (3000^3: 288 tiles of 128x256 are 2.2 waves, 0.85x cuBLAS; 1128 of
 # 128x64 are 2.85 waves of 396 blocks, 1.05x).
@@ -177,13 +177,12 @@ def _fill(problem: Problem, device: Device) -> str:
 
     Measured (docs/kernels.md, H100): 128x256 tiles from 2048^3 up: with the 8-step sub-tile loop where K is a
     long multiple of 32 (2048^3 1.01x cuBLAS, 4096^3 1.00x, 8192^3 1.01x), the 16-deep loop for long K with an
-    operand transposed (A^T.B 1.02x, A.B^T 0.98x), else unrolled and 32 deep from two
-    waves (16384x16384x64 1.25x), else 16 deep, looping over whole K-tiles where K allows (batch 64 x 256^3
-    1.00x, A^T.B 1.02x); 128x64 tiles where 128x256 would leave a ragged last wave (3000^3 1.05x), at
-    768^3-1024^3, 4097^3 (0.93x) and 65536x128x128 (0.99x), with the sub-tile loop below one wave of blocks
-    where K is a multiple of 16;
-    64x64 tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory tiles
-    included (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0).
+    operand transposed (A^T.B 1.02x, A.B^T 1.00x), else unrolled and 32 deep from two waves (16384x16384x64
+    1.25x), else 16 deep, looping over whole K-tiles where K allows (batch 64 x 256^3 1.00x); 128x64 tiles
+    where 128x256 would leave a ragged last wave (3000^3 1.05x), at 768^3-1024^3, 4097^3 (0.93x) and
+    65536x128x128 (0.99x), with the sub-tile loop below one wave of blocks where K is a multiple of 16; 64x64
+    tiles for everything smaller or skinnier, where they beat every other kernel, shared-memory tiles included
+    (512^3: 13.3 TFLOP/s against smem_32's 7.8; 4096x16x4096: 4.0 against smem_16's 3.0).
     """
     big = get_config(WT256)
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
@@ -425,6 +424,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
 
 
 # Names the rules use must exist: catch a renamed configuration at import, not at the first product.
-for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_32, WT256, WT128x64, WT128x64_SUMS, WT64):
+for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_LOOP, WT256_32, WT256_LOOP16, WT256,
+              WT128x64_LOOP, WT128x64, WT128x64_SUMS, WT64):
     get_config(_name)
 assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(WT64), WarpTile)
