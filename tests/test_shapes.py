@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from fastmm import _dispatch
+from fastmm import _gemm, _rules
 
 
 def numpy_outcome(fn, ashape, bshape):
@@ -29,12 +29,12 @@ MATMUL_CASES = [
 def test_matmul_shapes_match_numpy(ashape, bshape):
     want, err = numpy_outcome(np.matmul, ashape, bshape)
     if err is None:
-        out_shape, m, n, k = _dispatch.matmul_shapes(ashape, bshape)
+        out_shape, m, n, k = _rules.matmul_shapes(ashape, bshape)
         assert out_shape == want
         assert k == ashape[-1]
     else:
         with pytest.raises(ValueError, match=re.escape(err)):
-            _dispatch.matmul_shapes(ashape, bshape)
+            _rules.matmul_shapes(ashape, bshape)
 
 
 @pytest.mark.parametrize("ashape,bshape", [((), (3, 3)), ((3, 3), ())])
@@ -42,7 +42,7 @@ def test_matmul_rejects_scalars_like_numpy(ashape, bshape):
     _, err = numpy_outcome(np.matmul, ashape, bshape)
     assert err is not None
     with pytest.raises(ValueError, match=re.escape(err)):
-        _dispatch.matmul_shapes(ashape, bshape)
+        _rules.matmul_shapes(ashape, bshape)
 
 
 DOT_CASES = [
@@ -55,10 +55,10 @@ DOT_CASES = [
 def test_dot_shapes_match_numpy(ashape, bshape):
     want, err = numpy_outcome(np.dot, ashape, bshape)
     if err is None:
-        assert _dispatch.dot_shapes(ashape, bshape) == want
+        assert _rules.dot_shapes(ashape, bshape) == want
     else:
         with pytest.raises(ValueError, match=re.escape(err)):
-            _dispatch.dot_shapes(ashape, bshape)
+            _rules.dot_shapes(ashape, bshape)
 
 
 @pytest.mark.parametrize("ashape,bshape", [((3, 4), (5, 4)), ((4,), (4,)), ((2, 3, 4), (5, 4)), ((2, 3), (4, 5)),
@@ -66,10 +66,10 @@ def test_dot_shapes_match_numpy(ashape, bshape):
 def test_inner_shapes_match_numpy(ashape, bshape):
     want, err = numpy_outcome(np.inner, ashape, bshape)
     if err is None:
-        assert _dispatch.inner_shapes(ashape, bshape) == want
+        assert _rules.inner_shapes(ashape, bshape) == want
     else:
         with pytest.raises(ValueError, match=re.escape(err)):
-            _dispatch.inner_shapes(ashape, bshape)
+            _rules.inner_shapes(ashape, bshape)
 
 
 @pytest.mark.parametrize("andim,bndim,axes,want", [
@@ -77,12 +77,12 @@ def test_inner_shapes_match_numpy(ashape, bshape):
     (3, 3, ([0, -1], [2, 1]), ([0, 2], [2, 1])), (2, 2, (1, 0), ([1], [0])), (2, 2, 0, ([], [])),
 ])
 def test_tensordot_axes(andim, bndim, axes, want):
-    assert _dispatch.tensordot_axes(andim, bndim, axes) == want
+    assert _rules.tensordot_axes(andim, bndim, axes) == want
 
 
 def test_tensordot_axes_length_mismatch():
     with pytest.raises(ValueError, match="shape-mismatch for sum"):
-        _dispatch.tensordot_axes(2, 2, ([0, 1], [0]))
+        _rules.tensordot_axes(2, 2, ([0, 1], [0]))
 
 
 @pytest.mark.parametrize("spec,ashape,bshape,is_gemm", [
@@ -101,7 +101,7 @@ def test_tensordot_axes_length_mismatch():
     ("...ij,...jk->...ik", (2, 3), (3, 4), False),
 ])
 def test_einsum_recognises_single_products(spec, ashape, bshape, is_gemm):
-    got = _dispatch.einsum_as_gemm(spec, ashape, bshape)
+    got = _rules.einsum_as_gemm(spec, ashape, bshape)
     assert (got is not None) == is_gemm
     if is_gemm:
         # Same result as NumPy when evaluated the way fastmm would (here with NumPy as the GEMM engine).
@@ -124,10 +124,10 @@ def test_batch_dims_collapse_and_broadcast():
     c = A((4, 6, 3, 5), (6 * 15 * 4, 15 * 4, 5 * 4, 4))
     a = A((4, 6, 3, 2), (6 * 6 * 4, 6 * 4, 2 * 4, 4))      # contiguous batch: collapses to one axis
     b = A((2, 5), (20, 4))                                    # broadcast: stride 0
-    dims = _dispatch._batch_dims(c.shape[:-2], a, b, c)
+    dims = _gemm._batch_dims(c.shape[:-2], a, b, c)
     assert dims == [(24, [6, 0, 15])]
     a2 = A((4, 1, 3, 2), (6 * 4, 0, 2 * 4, 4))                # broadcast in the inner batch axis only
-    dims = _dispatch._batch_dims(c.shape[:-2], a2, b, c)
+    dims = _gemm._batch_dims(c.shape[:-2], a2, b, c)
     assert dims == [(4, [6, 0, 90]), (6, [0, 0, 15])]
 
 
@@ -136,9 +136,9 @@ def test_core_layout_rules():
         def __init__(self, shape, strides):
             self.shape, self.strides = shape, strides
 
-    assert _dispatch._core_layout(A((3, 5), (20, 4))) == (False, 5)     # row-major
-    assert _dispatch._core_layout(A((3, 5), (4, 12))) == (True, 3)      # a transposed view
-    assert _dispatch._core_layout(A((3, 5), (-20, 4))) == (False, -5)   # reversed rows need no copy
-    assert _dispatch._core_layout(A((1, 5), (999, 4))) == (False, 0)    # a single row has no row stride
-    assert _dispatch._core_layout(A((3, 5), (40, 8))) is None           # a[::2, ::2]: copied
-    assert _dispatch._core_layout(A((3, 5), (10, 2))) is None           # not float32-strided
+    assert _gemm._core_layout(A((3, 5), (20, 4))) == (False, 5)     # row-major
+    assert _gemm._core_layout(A((3, 5), (4, 12))) == (True, 3)      # a transposed view
+    assert _gemm._core_layout(A((3, 5), (-20, 4))) == (False, -5)   # reversed rows need no copy
+    assert _gemm._core_layout(A((1, 5), (999, 4))) == (False, 0)    # a single row has no row stride
+    assert _gemm._core_layout(A((3, 5), (40, 8))) is None           # a[::2, ::2]: copied
+    assert _gemm._core_layout(A((3, 5), (10, 2))) is None           # not float32-strided

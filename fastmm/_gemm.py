@@ -1,0 +1,324 @@
+"""float32 device arrays -> GEMM problems -> launches of fastmm's kernels.
+
+Layouts: every kernel reads A and B through (row stride, column stride) pairs, so transposed, sliced,
+negatively strided and broadcast views need no copy as long as one of the two core axes of each operand has
+unit stride. Only an operand with no unit-stride axis (e.g. ``a[::2, ::2]``) is copied, with a
+PerformanceWarning. C needs unit stride along n; an output with unit stride along m is handled by computing
+C^T = B^T A^T instead, and anything else is computed into a temporary and copied.
+
+Replays: a product's launches depend only on shapes, strides, alignment, device and forced kernel, so the
+steps of one call are recorded and later calls with the same signature replay them with new pointers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _errors, _plan
+from ._rules import _fmt, matmul_shapes
+
+__all__ = ["problem_for", "plan_matmul", "gemm", "empty", "may_overlap", "Recorder", "replay", "signature",
+           "replays"]
+
+_F32 = np.dtype(np.float32)
+
+_cp = None
+
+
+def _cupy():
+    global _cp
+    if _cp is None:
+        import cupy
+
+        _cp = cupy
+    return _cp
+
+
+
+def empty(shape, dtype=_F32):
+    cp = _cupy()
+    try:
+        return cp.empty(shape, dtype)
+    except cp.cuda.memory.OutOfMemoryError as e:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        raise _errors.OutOfMemoryError(
+            f"out of GPU memory allocating a {_fmt(shape)} {np.dtype(dtype)} result ({nbytes / 2**20:.1f} MiB): "
+            f"{e}") from None
+
+
+def _extent(x) -> tuple[int, int]:
+    """[low, high) byte range that x's elements can touch."""
+    lo = hi = x.data.ptr
+    for s, st in zip(x.shape, x.strides):
+        if st > 0:
+            hi += (s - 1) * st
+        else:
+            lo += (s - 1) * st
+    return lo, hi + x.itemsize
+
+
+def may_overlap(x, y) -> bool:
+    if x.size == 0 or y.size == 0:
+        return False
+    (a0, a1), (b0, b1) = _extent(x), _extent(y)
+    return a0 < b1 and b0 < a1
+
+
+def _core_layout(x) -> tuple[bool, int] | None:
+    """(transposed?, leading dimension) of x's last two axes, or None when neither has unit stride.
+
+    A size-1 axis has no meaningful stride, so it never forces a copy: its stride is reported as 0.
+    """
+    rows, cols = x.shape[-2:]
+    sr, sc = (s // 4 if s % 4 == 0 else None for s in x.strides[-2:])
+    if (sc == 1 or cols == 1) and (sr is not None or rows == 1):
+        return False, (sr if rows > 1 else 0)
+    if (sr == 1 or rows == 1) and sc is not None:
+        return True, (sc if cols > 1 else 0)
+    return None
+
+
+def _laid_out(x, name: str):
+    """x and its core layout; a contiguous copy of x (with a PerformanceWarning) when no layout fits."""
+    layout = _core_layout(x)
+    if layout is not None and all(s % 4 == 0 for s in x.strides[:-2]):
+        return x, layout
+    _errors.warn_once(f"copy-{name}", f"operand {name} has no unit-stride axis (strides {x.strides}); fastmm copies "
+                      "it to a contiguous array first")
+    x = _cupy().ascontiguousarray(x)
+    return x, _core_layout(x)
+
+
+def _batch_dims(c_batch, *operands) -> list[tuple[int, list[int]]]:
+    """Collapse the broadcast batch axes to as few (size, [element stride per operand]) axes as possible."""
+    dims = []
+    for axis, size in enumerate(c_batch):
+        if size == 1:
+            continue
+        strides = []
+        for x in operands:
+            xb = x.ndim - 2
+            j = axis - (len(c_batch) - xb)
+            strides.append(0 if j < 0 or x.shape[j] == 1 else x.strides[j] // 4)
+        if dims and all(p == s * size for p, s in zip(dims[-1][1], strides)):
+            dims[-1] = (dims[-1][0] * size, strides)
+        else:
+            dims.append((size, strides))
+    return dims
+
+
+def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
+    """Describe ``c = a @ b`` (float32 device arrays, c with unit stride along n) for the plan and the launch."""
+    a0, b0 = a, b
+    a, (a_t, lda) = _laid_out(a, "a") if not isinstance(a, _Meta) else (a, _core_layout(a))
+    b, (b_t, ldb) = _laid_out(b, "b") if not isinstance(b, _Meta) else (b, _core_layout(b))
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    dims = _batch_dims(c.shape[:-2], a, b, c)
+    outer, inner = dims[:-2], dims[-2:]
+    if len(inner) == 0:
+        inner = [(1, [0, 0, 0]), (1, [0, 0, 0])]
+    elif len(inner) == 1:
+        inner = [(1, [0, 0, 0]), inner[0]]
+    (n0, s0), (n1, s1) = inner
+    ldc = c.strides[-2] // 4 if m > 1 else 0
+    a_sm, a_sk = (1, lda) if a_t else (lda, 1)
+    b_sk, b_sn = (1, ldb) if b_t else (ldb, 1)
+    strides = [lda, ldb, ldc, *s0, *s1, *(s for _, st in outer for s in st)]
+    ptrs = (a.data.ptr, b.data.ptr, c.data.ptr)
+    aligned = all(p % 16 == 0 for p in ptrs) and all(s % 4 == 0 for s in strides)
+    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, aligned)
+    args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
+                c=ptrs[2], c_sm=ldc, c_sn=1, batch=n0 * n1, batch_inner=n1,
+                batch_strides=(s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]))
+    # `keep` holds any contiguous copies alive until the caller has launched on them.
+    return problem, dict(args=args, outer=outer, copied=a is not a0 or b is not b0, keep=(a, b))
+
+
+class Recorder(list):
+    """The steps of one product, kept so that later products of the same signature can replay them.
+
+    Steps are (Launch, a offset, b offset, c offset), offsets in bytes from the data pointers `base` of the
+    top-level a, b and c, or a `_SplitKReplay`. A None step means the product went through a copy or a
+    temporary whose address changes per call: such a product is not replayed.
+    """
+
+    def __init__(self, a_ptr: int, b_ptr: int, c_ptr: int):
+        super().__init__()
+        self.base = (a_ptr, b_ptr, c_ptr)
+
+    def launch(self, prepared, pa: int, pb: int, pc: int) -> None:
+        self.append((prepared, pa - self.base[0], pb - self.base[1], pc - self.base[2]))
+
+
+def replay(steps, a, b, c) -> None:
+    pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
+    for step in steps:
+        if type(step) is tuple:
+            prepared, da, db, dc = step
+            prepared(pa + da, pb + db, pc + dc)
+        else:
+            step(a, b, c)
+
+
+def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
+    """c[...] = a @ b for float32 device arrays a (..., m, k), b (..., k, n), c (batch..., m, n).
+
+    With `record`, the steps are recorded for replay (see `Recorder`).
+    """
+    from . import _cuda
+
+    m, n = c.shape[-2:]
+    if c.size == 0:
+        return
+    if a.shape[-1] == 0:  # an empty sum: zeros, with no kernel (and no layout to speak of)
+        c.fill(0)
+        if record is not None:
+            record.append(None)
+        return
+    if may_overlap(c, a) or may_overlap(c, b):
+        return _via_temporary(a, b, c, kernel, record)
+    sm, sn = c.strides[-2:]
+    if not (sn == 4 or n == 1):
+        if sm == 4 or m == 1:  # C is column-major: C^T = B^T A^T is row-major
+            if record is not None:
+                record.append(None)  # operands swap roles: not a replay of (a, b, c)
+            return gemm(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2), kernel)
+        return _via_temporary(a, b, c, kernel, record)
+    problem, launch = problem_for(a, b, c)
+    device_id = c.device.id
+    choice = _plan.choose(problem, _cuda.device(device_id), kernel)
+    if choice.splits > 1:
+        return _split_k(a, b, c, choice, record)
+    args = launch["args"]
+    ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
+    prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args)
+    for index in np.ndindex(*(size for size, _ in launch["outer"])):
+        offs = [sum(i * st[j] for i, (_, st) in zip(index, launch["outer"])) * 4 for j in range(3)]
+        pa, pb, pc = (p + o for p, o in zip(ptrs, offs))
+        prepared(pa, pb, pc)
+        if record is not None:
+            if launch["copied"]:
+                record.append(None)
+            else:
+                record.launch(prepared, pa, pb, pc)
+
+
+class _SplitKReplay:
+    """Replay of a split-K product: a fresh workspace, the recorded slice launches, the ordered reduction."""
+
+    def __init__(self, steps, ws_shape, c_offset, c_shape, c_strides):
+        self.steps, self.ws_shape = steps, ws_shape
+        self.c_offset, self.c_shape, self.c_strides = c_offset, c_shape, c_strides
+
+    def __call__(self, a, b, c):
+        cp = _cupy()
+        ws = empty(self.ws_shape)
+        replay(self.steps, a, b, ws)
+        view = cp.ndarray(self.c_shape, _F32, memptr=c.data + self.c_offset, strides=self.c_strides)
+        cp.sum(ws, axis=0, out=view)
+
+
+def _split_k(a, b, c, choice, record: Recorder | None = None) -> None:
+    """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
+
+    The slices are strided views of a and b (no copies); their products land in a (splits, m, n) workspace
+    that CuPy reduces over its first axis in a fixed order, so the result is deterministic run to run.
+    """
+    cp = _cupy()
+    # The plan splits only single products: any batch axes here have size 1 and drop out as views.
+    a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
+    (m, k), n = a.shape, b.shape[1]
+    depth = -(-k // choice.splits)
+    depth += -depth % 8  # whole BK steps per slice
+    full = k // depth
+    tail = k - full * depth
+    ws = empty((full + (tail > 0), m, n))
+    strided = cp.lib.stride_tricks.as_strided
+    a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))
+    b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
+    # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
+    sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
+    gemm(a_slices, b_slices, ws[:full], choice.config.name, sub)
+    if tail:
+        gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name, sub)
+    cp.sum(ws, axis=0, out=c)
+    if record is not None:
+        base_a, base_b, base_c = record.base
+        if None in sub or a.data.ptr != base_a or b.data.ptr != base_b:
+            record.append(None)
+        else:
+            record.append(_SplitKReplay(tuple(sub), ws.shape, c.data.ptr - base_c, c.shape, c.strides))
+
+
+def _via_temporary(a, b, c, kernel, record):
+    tmp = empty(c.shape)
+    gemm(a, b, tmp, kernel)
+    c[...] = tmp
+    if record is not None:
+        record.append(None)
+
+
+class _Meta:
+    """Shape, strides and address of an array that need not exist: what `explain` plans with."""
+
+    def __init__(self, shape, strides, ptr=0):
+        self.shape, self.strides, self.ndim = tuple(shape), tuple(strides), len(shape)
+        self.size = math.prod(shape)
+        self.data = type("ptr", (), {"ptr": ptr})
+
+    def swapaxes(self, i, j):
+        shape, strides = list(self.shape), list(self.strides)
+        shape[i], shape[j], strides[i], strides[j] = shape[j], shape[i], strides[j], strides[i]
+        return _Meta(shape, strides, self.data.ptr)
+
+
+def _meta(x, shape=None) -> _Meta:
+    """A float32 stand-in for x: a device array as it is; host data as the upload will lay it out (CuPy keeps
+    a Fortran-ordered NumPy array Fortran-ordered, and makes anything else C-ordered)."""
+    shape = tuple(np.shape(x)) if shape is None else shape
+    if hasattr(x, "strides") and hasattr(x, "data") and hasattr(x.data, "ptr") and x.dtype == _F32:
+        return _Meta(x.shape, x.strides, x.data.ptr)
+    fortran = isinstance(x, np.ndarray) and x.flags.f_contiguous and not x.flags.c_contiguous
+    order = shape if fortran else shape[::-1]
+    strides = tuple(int(s) * 4 for s in np.cumprod((1,) + order[:-1])) if shape else ()
+    return _Meta(shape, strides if fortran else strides[::-1])
+
+
+def plan_matmul(a, b, device: _plan.Device, kernel=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
+    """The plan `matmul(a, b)` would follow, from shapes and strides alone (no GPU work, no copies)."""
+    # Device arrays have a dtype; only host data (lists, scalars) is asked for one through NumPy.
+    dtype = np.result_type(*(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b)))
+    out_shape, m, n, k = matmul_shapes(np.shape(a), np.shape(b))
+    if dtype != _F32:
+        return f"{dtype} product: CuPy (cuBLAS); fastmm's own kernels are float32"
+    ma, mb = _meta(a), _meta(b)
+    if ma.ndim == 1:
+        ma = _Meta((1,) + ma.shape, (0,) + ma.strides, ma.data.ptr)
+    if mb.ndim == 1:
+        mb = _Meta(mb.shape + (1,), mb.strides + (0,), mb.data.ptr)
+    c = _meta(None, tuple(np.broadcast_shapes(ma.shape[:-2], mb.shape[:-2])) + (m, n))
+    notes = []
+    for name, x in (("a", ma), ("b", mb)):
+        if _core_layout(x) is None:
+            notes.append(f"operand {name} has no unit-stride axis and is copied first")
+            x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
+    problem, _ = problem_for(ma, mb, c)
+    return problem, _plan.choose(problem, device, kernel), notes
+
+
+
+# Replays of earlier float32 products, per call signature: shapes, strides, 16-byte alignment of both operands,
+# device and forced kernel determine everything but the three pointers (see _cuda.Launch).
+replays: dict[tuple, tuple] = {}
+REPLAYS_MAX = 1024
+_plan.on_reload(replays.clear)  # a new autotune entry can change what a signature should run
+
+
+def signature(a, b, out, kernel):
+    return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, a.device.id,
+            kernel if kernel is not None else _plan.forced_kernel(),
+            None if out is None else (out.strides, out.data.ptr & 15))
+
