@@ -5,7 +5,11 @@ Used by the runtime (fastmm/_cuda.py, which loads the cubin with PyCUDA) and by 
 
 Compiled cubins are cached on disk, keyed on the full source text (macros included), the nvcc options,
 the target architecture and the identity of the nvcc binary, so a second process loads a kernel in
-milliseconds instead of recompiling it.
+milliseconds instead of recompiling it. The cache can never poison a process: the driver loads a cubin
+from a bare pointer (no length), so a truncated or damaged file would crash it. Each entry is therefore one
+file holding a SHA-256 digest of its contents, written to a temporary name and renamed into place; a read
+that fails the digest or a structural check of the cubin counts as a miss (recompiled and replaced), and a
+directory that cannot be written (read-only, full) only costs recompiles, said once per process.
 """
 
 from __future__ import annotations
@@ -15,26 +19,22 @@ import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
+import threading
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from .._errors import CompileError, NvccNotFoundError, warn_once
 from .configs import Variant, _Config
 
-__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "find_nvcc", "cache_dir"]
+__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "find_nvcc", "cache_dir",
+           "cache_path", "is_cubin"]
 
 # -lineinfo costs nothing at run time and lets compute-sanitizer and ncu point at source lines.
 NVCC_OPTIONS = ("-O3", "-lineinfo", "-std=c++17")
-
-
-class CompileError(RuntimeError):
-    """nvcc failed; the message carries nvcc's own log."""
-
-
-class NvccNotFoundError(RuntimeError):
-    """No CUDA compiler: fastmm compiles its kernels at run time and needs nvcc from a CUDA toolkit."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Compiled:
     spill_loads: int
     stack_bytes: int
     log: str
+    cached: bool = False  # read from the disk cache (rather than compiled by this call)
 
 
 @lru_cache(maxsize=None)
@@ -98,38 +99,136 @@ def _nvcc_identity(nvcc: str) -> str:
     return f"{os.path.realpath(nvcc)}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def compile_cubin(config: _Config, variant: Variant = Variant(), arch: str = "sm_90",
-                  *, use_cache: bool = True) -> Compiled:
-    """Compile one binary with ``nvcc -cubin -Xptxas -v``; return the cubin and ptxas' resource figures."""
+def _options(arch: str) -> list[str]:
+    return [*NVCC_OPTIONS, f"-arch={arch}", "-Xptxas", "-v"]
+
+
+def cache_path(config: _Config, variant: Variant = Variant(), arch: str = "sm_90") -> Path:
+    """The cache entry of one binary: its name, architecture and a hash of everything that shapes it."""
     nvcc = find_nvcc()
-    source = source_for(config, variant)
-    options = [*NVCC_OPTIONS, f"-arch={arch}", "-Xptxas", "-v"]
-    key = hashlib.sha256("\0".join([source, *options, _nvcc_identity(nvcc)]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([source_for(config, variant), *_options(arch), _nvcc_identity(nvcc)]).encode())
+    return cache_dir() / f"{config.binary_name(variant)}-{arch}-{key.hexdigest()[:32]}.entry"
+
+
+# ELF64 file header after e_ident: type, machine, version, entry, phoff, shoff, flags, ehsize, phentsize,
+# phnum, shentsize, shnum, shstrndx. Section header: name, type, flags, addr, offset, size, ...
+_ELF_HEADER = struct.Struct("<HHIQQQIHHHHHH")
+_ELF_SECTION = struct.Struct("<IIQQQQ")
+_EM_CUDA = 190
+_SHT_NOBITS = 8
+
+
+def is_cubin(data: bytes) -> bool:
+    """Whether `data` is a whole CUDA ELF image: header, and every section and program header inside it.
+
+    The driver reads a cubin through a bare pointer, so a truncated one makes it read past the buffer; this
+    check is what keeps a damaged binary from ever reaching it.
+    """
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # 64-bit, little-endian
+        return False
+    (_, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _ELF_HEADER.unpack_from(data, 16)
+    if machine != _EM_CUDA or shnum == 0 or shentsize < _ELF_SECTION.size:
+        return False
+    if shoff + shnum * shentsize > len(data) or phoff + phnum * phentsize > len(data):
+        return False
+    for i in range(shnum):
+        _, kind, _, _, offset, size = _ELF_SECTION.unpack_from(data, shoff + i * shentsize)
+        if kind != _SHT_NOBITS and offset + size > len(data):
+            return False
+    return True
+
+
+# One cache entry, one file: magic line, "<sha256 of the rest> <log bytes> <cubin bytes>" line, log, cubin.
+_MAGIC = b"fastmm kernel cache entry 1\n"
+
+
+def _entry_bytes(log: str, cubin: bytes) -> bytes:
+    body = log.encode() + cubin
+    header = f"{hashlib.sha256(body).hexdigest()} {len(body) - len(cubin)} {len(cubin)}\n".encode()
+    return _MAGIC + header + body
+
+
+def _read_entry(path: Path) -> tuple[str, bytes] | None:
+    """(log, cubin) of a cache entry, or None when it is absent, unreadable or fails any check."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(_MAGIC):
+        return None
+    end = data.find(b"\n", len(_MAGIC))
+    if end < 0:
+        return None
+    try:
+        digest, n_log, n_cubin = data[len(_MAGIC):end].decode("ascii").split()
+        n_log, n_cubin = int(n_log), int(n_cubin)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    body = data[end + 1:]
+    if len(body) != n_log + n_cubin or hashlib.sha256(body).hexdigest() != digest:
+        return None
+    cubin = body[n_log:]
+    if not is_cubin(cubin):
+        return None
+    try:
+        return body[:n_log].decode(), cubin
+    except UnicodeDecodeError:
+        return None
+
+
+def _write_entry(path: Path, log: str, cubin: bytes) -> None:
+    """Write-then-rename, so that a concurrent reader sees the old entry, the new one or none, never a part."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_bytes(_entry_bytes(log, cubin))
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        warn_once("kernel-cache-write",
+                  f"fastmm could not write its kernel cache in {path.parent} ({e.strerror or e}); it compiles its "
+                  "kernels again in every process until it can: free space there, make it writable, or point "
+                  "FASTMM_CACHE_DIR at a writable directory", stacklevel=5)
+
+
+def compile_cubin(config: _Config, variant: Variant = Variant(), arch: str = "sm_90",
+                  *, use_cache: bool = True, refresh: bool = False) -> Compiled:
+    """Compile one binary with ``nvcc -cubin -Xptxas -v``; return the cubin and ptxas' resource figures.
+
+    Parameters
+    ----------
+    use_cache : bool
+        Read and write the disk cache (`cache_dir`). A damaged entry is never returned: it is recompiled and
+        replaced.
+    refresh : bool
+        Compile even when the cache holds an entry, and replace it (the runtime's answer to a cached cubin
+        that passed every check but that the driver would not load).
+    """
+    nvcc = find_nvcc()
     name = config.binary_name(variant)
-    cached = cache_dir() / f"{name}-{arch}-{key}"
-    if use_cache and cached.with_suffix(".cubin").exists() and cached.with_suffix(".log").exists():
-        log = cached.with_suffix(".log").read_text()
-        return Compiled(name, arch, cached.with_suffix(".cubin").read_bytes(), **_parse_ptxas(log), log=log)
+    path = cache_path(config, variant, arch)
+    if use_cache and not refresh:
+        entry = _read_entry(path)
+        if entry is not None:
+            log, cubin = entry
+            return Compiled(name, arch, cubin, **_parse_ptxas(log), log=log, cached=True)
 
     with tempfile.TemporaryDirectory(prefix="fastmm-nvcc-") as tmp:
         src = Path(tmp) / f"{name}.cu"
         out = Path(tmp) / f"{name}.cubin"
-        src.write_text(source)
-        proc = subprocess.run([nvcc, "-cubin", *options, "-o", str(out), str(src)],
+        src.write_text(source_for(config, variant))
+        proc = subprocess.run([nvcc, "-cubin", *_options(arch), "-o", str(out), str(src)],
                               capture_output=True, text=True)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed to compile {name} for {arch} (exit {proc.returncode}):\n{log}")
         cubin = out.read_bytes()
-
+    if not is_cubin(cubin):
+        raise CompileError(f"nvcc compiled {name} for {arch} but wrote no complete cubin ({len(cubin)} bytes); "
+                           f"check the disk space of {tempfile.gettempdir()} and the CUDA toolkit ({nvcc}):\n{log}")
     if use_cache:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            # Write-then-rename so a concurrent process never reads half a file.
-            for suffix, data in ((".log", log.encode()), (".cubin", cubin)):
-                tmp_path = cached.with_suffix(suffix + f".{os.getpid()}.tmp")
-                tmp_path.write_bytes(data)
-                os.replace(tmp_path, cached.with_suffix(suffix))
-        except OSError:
-            pass  # a read-only cache only costs recompiles
+        _write_entry(path, log, cubin)
     return Compiled(name, arch, cubin, **_parse_ptxas(log), log=log)
