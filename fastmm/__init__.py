@@ -10,8 +10,8 @@ Planning (`explain`, `kernel_names`, `use_kernel`) works without a GPU; arrays n
 
 from __future__ import annotations
 
-from ._errors import (CompileError, CUDAUnavailableError, NvccNotFoundError, OutOfMemoryError,
-                      PerformanceWarning)
+from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFaultError, KernelLoadError, LaunchError,
+                      NvccNotFoundError, OutOfMemoryError, PerformanceWarning)
 from ._plan import kernel_names, use_kernel
 
 __version__ = "0.1.0"
@@ -20,7 +20,8 @@ __all__ = [
     "ndarray", "asarray", "asnumpy",
     "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
     "explain", "use_kernel", "kernel_names",
-    "CompileError", "CUDAUnavailableError", "NvccNotFoundError", "OutOfMemoryError", "PerformanceWarning",
+    "CompileError", "CUDAError", "CUDAUnavailableError", "DeviceFaultError", "KernelLoadError", "LaunchError",
+    "NvccNotFoundError", "OutOfMemoryError", "PerformanceWarning",
 ]
 
 _ARRAY_NAMES = {"ndarray", "asarray", "asnumpy"}
