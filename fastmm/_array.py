@@ -29,9 +29,17 @@ __all__ = ["ndarray", "asarray", "asnumpy"]
 
 
 def _wrap(x):
-    """CuPy results (arrays, tuples, lists of them) as fastmm arrays; anything else untouched."""
+    """CuPy results (arrays, tuples, lists of them) as fastmm arrays; anything else untouched.
+
+    `base` stays what CuPy would give: a result that owns its memory becomes a fastmm array that owns it (base
+    None) rather than a view of a hidden CuPy array, and a view keeps the base of the array it views.
+    """
     if isinstance(x, _cp.ndarray):
-        return x if isinstance(x, ndarray) else x.view(ndarray)
+        if isinstance(x, ndarray):
+            return x
+        if x.base is None:
+            return ndarray(x.shape, x.dtype, x.data, x.strides)
+        return x.view(ndarray)
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     if isinstance(x, list):
@@ -82,6 +90,27 @@ for _name in ("matvec", "vecmat", "vecdot"):
         _GEMM_FUNCTIONS[getattr(np.linalg, _name)] = getattr(_dispatch, _name)
 
 
+def _defers_to(self, other, inplace=False) -> bool:
+    """NumPy's rule for a binary operator (NEP 13): give the other operand its turn (return NotImplemented)?
+
+    Not for arrays of our own type, NumPy arrays or scalars. An operand that defines ``__array_ufunc__`` gets its
+    turn only if it set it to None (and never for an in-place operator); one that does not define it gets its
+    turn when its ``__array_priority__`` is higher than ours and it is not a subclass of ours.
+    """
+    if other is None or type(other) is type(self) or type(other) is np.ndarray \
+            or isinstance(other, (int, float, complex, np.generic)):
+        return False
+    attr = getattr(type(other), "__array_ufunc__", _MISSING)
+    if attr is not _MISSING:
+        return not inplace and attr is None
+    if isinstance(other, type(self)):
+        return False
+    return self.__array_priority__ < getattr(other, "__array_priority__", -1e6)
+
+
+_MISSING = object()
+
+
 class ndarray(_cp.ndarray):
     """A CuPy array on which NumPy's matrix products run fastmm's SGEMM kernels.
 
@@ -94,10 +123,8 @@ class ndarray(_cp.ndarray):
         impl = _GEMM_UFUNCS.get(ufunc.__name__) if method == "__call__" else None
         if impl is not None:
             out = _one_out(kwargs)
-            for key in ("order", "subok", "signature", "axes", "axis", "keepdims"):
-                if key in kwargs:
-                    raise TypeError(f"fastmm's {ufunc.__name__} does not take {key}=; use cupy.{ufunc.__name__}")
-            return _returned(impl(*inputs, out=out, **kwargs), out)
+            result = impl(*inputs, out=out, **kwargs)
+            return result if out is None and kwargs.get("subok", True) is False else _returned(result, out)
         inputs = _upload(inputs)
         if "out" in kwargs:
             kwargs["out"] = _upload(kwargs["out"])
@@ -110,12 +137,17 @@ class ndarray(_cp.ndarray):
         return _wrap(_cp.ndarray.__array_function__(self, func, types, _upload(args), _upload(kwargs)))
 
     def __matmul__(self, other):
+        if _defers_to(self, other):
+            return NotImplemented
         return _wrap(_dispatch.matmul(self, other))
 
     def __rmatmul__(self, other):
+        # The reflected operator is the last chance: NumPy never defers here (the ufunc raises instead).
         return _wrap(_dispatch.matmul(other, self))
 
     def __imatmul__(self, other):
+        if _defers_to(self, other, inplace=True):
+            return NotImplemented
         # NumPy semantics: in place, so the result must have a's shape (and a must be writable).
         _dispatch.matmul(self, other, out=self)
         return self
@@ -133,8 +165,9 @@ class ndarray(_cp.ndarray):
         return "fastmm." + repr(self.get())
 
 
-# CuPy keeps the subclass through views and elementwise operations, but its reductions and a few other
-# methods return plain cupy.ndarray: wrap those so that results stay fastmm arrays.
+# CuPy keeps the subclass through views (``view`` too, unless asked for another type) and elementwise
+# operations, but its reductions and a few other methods return plain cupy.ndarray: wrap those so that results
+# stay fastmm arrays.
 def _returning_fastmm(method):
     def wrapper(self, *args, **kwargs):
         return _wrap(method(self, *args, **kwargs))
@@ -146,7 +179,7 @@ def _returning_fastmm(method):
 for _name in ("all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose", "clip", "compress",
               "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal", "flatten", "max", "mean", "min",
               "nonzero", "partition", "prod", "ptp", "ravel", "repeat", "reshape", "round", "squeeze", "std", "sum",
-              "swapaxes", "take", "trace", "transpose", "var", "view"):
+              "swapaxes", "take", "trace", "transpose", "var"):
     if hasattr(_cp.ndarray, _name):
         setattr(ndarray, _name, _returning_fastmm(getattr(_cp.ndarray, _name)))
 

@@ -1,24 +1,38 @@
 """NumPy's matrix-product functions on device arrays: float32 products on fastmm's kernels, others on CuPy.
 
-The shape, dtype and ``out=`` rules live in `_rules` (pure, tested against NumPy); building and launching the
+The shape, dtype and keyword rules live in `_rules` (pure, tested against NumPy); building and launching the
 GEMM problems of float32 products lives in `_gemm`. Results are plain CuPy arrays; `fastmm._array` wraps them.
+
+Every call into CuPy goes through `_plain` views of the operands. A fastmm array is a ``cupy.ndarray`` whose
+matrix-product methods are fastmm's, and some CuPy routines call methods of their arguments (``cupy.dot(a, b)``
+is ``a.dot(b)``): handed a fastmm array, CuPy would call fastmm back, which would call CuPy again, forever.
+A plain view shares the memory (and, as CuPy's views do, points its ``base`` at the array that owns it).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
 from . import _errors, _gemm
-from ._rules import (_gufunc_core_error, _too_few_dims, check_dot_out, check_out, dot_shapes,
-                     einsum_as_gemm, inner_shapes, input_dtype, matmul_shapes, tensordot_axes)
-from ._gemm import _cupy, empty, problem_for, plan_matmul  # noqa: F401  (plan_matmul: public through here)
+from ._gemm import _cupy, empty, plan_matmul, problem_for  # noqa: F401  (plan_matmul: public through here)
+from ._rules import (_MATMUL_SIG, _fmt, _gufunc_core_error, _too_few_dims, check_dot_out, check_gufunc_keywords,
+                     dot_shapes, einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype,
+                     matmul_shapes, tensordot_axes, ufunc_dtypes)
 
 __all__ = ["to_device", "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
-           "problem_for", "plan_matmul"]
+           "problem_for", "plan_matmul", "plain", "current_device"]
 
 _F32 = np.dtype(np.float32)
+# The dtypes a CuPy array can have (NumPy's longdouble, object, string and void types have no GPU form).
+_GPU_KINDS = frozenset("?bBhHiIlLqQefdFD")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Operands
+# --------------------------------------------------------------------------------------------------------
 
 def to_device(x, dtype=None):
     """Any array-like as a CuPy array: device arrays without a copy, host data uploaded once."""
@@ -32,12 +46,71 @@ def to_device(x, dtype=None):
             dev_type, _ = x.__dlpack_device__()
             if dev_type in (2, 13):  # kDLCUDA, kDLCUDAManaged: zero-copy on the GPU
                 return cp.from_dlpack(x) if dtype is None else cp.from_dlpack(x).astype(dtype, copy=False)
-        return cp.asarray(np.asarray(x), dtype=dtype)
+        host = np.asarray(x)
+        if host.dtype.char not in _GPU_KINDS:
+            raise TypeError(f"a {host.dtype} array cannot live on the GPU: CuPy (and fastmm) arrays hold bool, "
+                            "integer, float16/32/64 and complex64/128 data; convert it with .astype() first")
+        return cp.asarray(host, dtype=dtype)
     except cp.cuda.memory.OutOfMemoryError as e:
         raise _errors.OutOfMemoryError(str(e)) from None
     except cp.cuda.runtime.CUDARuntimeError as e:
         raise _errors.CUDAUnavailableError(f"fastmm needs a CUDA GPU and could not use one: {e}") from None
 
+
+def plain(x):
+    """`x` as a plain ``cupy.ndarray`` sharing its memory (see the module's docstring); anything else as it is."""
+    cp = _cupy()
+    if type(x) is not cp.ndarray and isinstance(x, cp.ndarray):
+        return cp.ndarray.view(x, type=cp.ndarray)
+    return x
+
+
+def _dtype_of(x) -> np.dtype:
+    """The dtype `x` has, or would have as an array, without uploading it."""
+    dt = getattr(x, "dtype", None)
+    return dt if isinstance(dt, np.dtype) else np.asarray(x).dtype
+
+
+def _check_ufunc_operands(*operands) -> None:
+    for x in operands:
+        if getattr(type(x), "__array_ufunc__", 0) is None:
+            raise TypeError(f"operand '{type(x).__name__}' does not support ufuncs (__array_ufunc__=None)")
+
+
+_peers: dict[tuple[int, int], bool] = {}
+
+
+def _peer_access(device_id: int, other: int) -> None:
+    """CuPy's rule for an array on another device: readable through peer access (enabled once, with a warning,
+    as CuPy enables it), or CuPy's ValueError."""
+    cp = _cupy()
+    msg = f"The device where the array resides ({other}) is different from the current device ({device_id})."
+    ok = _peers.get((device_id, other))
+    if ok is None:
+        rt = cp.cuda.runtime
+        ok = bool(rt.deviceCanAccessPeer(device_id, other))
+        if ok:
+            try:
+                rt.deviceEnablePeerAccess(other)  # from the current device, which is `device_id`
+            except rt.CUDARuntimeError as e:
+                ok = "PeerAccessAlreadyEnabled" in str(e)
+        _peers[(device_id, other)] = ok
+        if ok:
+            warnings.warn(f"{msg} Peer access has been activated automatically.", _errors.PerformanceWarning,
+                          stacklevel=4)
+    if not ok:
+        raise ValueError(f"{msg} Peer access is unavailable between these devices.")
+
+
+def current_device(*arrays) -> int:
+    """The device that runs a product: the current one, as in CuPy. Operands (and `out`) on another device must
+    be readable from it through peer access, as CuPy requires."""
+    cp = _cupy()
+    device_id = cp.cuda.runtime.getDevice()
+    for x in arrays:
+        if isinstance(x, cp.ndarray) and x.data.device_id != device_id:
+            _peer_access(device_id, x.data.device_id)
+    return device_id
 
 
 def _deliver(result, out):
@@ -51,76 +124,257 @@ def _deliver(result, out):
     return out
 
 
+def _cupy_product(func, a, b, dtype, *args):
+    """CuPy's `func` on plain views of `a` and `b` cast to `dtype`.
 
-def matmul(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
-    """``np.matmul`` with NumPy's rules; float32 products run on fastmm's kernels, others on CuPy."""
+    Boolean products are computed on integers and compared with zero: NumPy's bool matmul/dot is an OR of ANDs,
+    which CuPy does not compute for bool operands.
+    """
+    a, b = plain(a), plain(b)  # first: then astype is CuPy's own method, with no fastmm wrapping in between
+    if dtype == np.bool_:
+        i32 = np.dtype(np.int32)
+        return func(a.astype(i32, copy=False), b.astype(i32, copy=False), *args) != 0
+    return func(a.astype(dtype, copy=False), b.astype(dtype, copy=False), *args)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The matmul family: generalised ufuncs (matmul, matvec, vecmat, vecdot)
+# --------------------------------------------------------------------------------------------------------
+
+class _Gufunc:
+    """What differs between the four products that are NumPy gufuncs: name, signature, core dimensions, and how
+    an operand pair becomes one batched matmul (a2 @ b2) whose result `unview` turns into the gufunc's."""
+
+    def __init__(self, name, sig, cores, promote, unview, conj_a):
+        self.name, self.sig, self.cores, self.promote, self.unview, self.conj_a = \
+            name, sig, cores, promote, unview, conj_a
+        self.ufunc = getattr(np, name, None)  # matvec, vecmat, vecdot: NumPy >= 2.2
+
+
+def _matmul_cores(andim, bndim):
+    ca, cb = min(andim, 2), min(bndim, 2)
+    return ca, cb, (ca == 2) + (cb == 2)
+
+
+_MATMUL = _Gufunc("matmul", _MATMUL_SIG, _matmul_cores,
+                  lambda a, b: (a[None, :] if a.ndim == 1 else a, b[:, None] if b.ndim == 1 else b), None, False)
+_MATVEC = _Gufunc("matvec", "(m,n),(n)->(m)", lambda andim, bndim: (2, 1, 1),
+                  lambda a, b: (a, b[..., None]), lambda c: c[..., 0], False)
+_VECMAT = _Gufunc("vecmat", "(n),(n,m)->(m)", lambda andim, bndim: (1, 2, 1),
+                  lambda a, b: (a[..., None, :], b), lambda c: c[..., 0, :], True)
+_VECDOT = _Gufunc("vecdot", "(n),(n)->()", lambda andim, bndim: (1, 1, 0),
+                  lambda a, b: (a[..., None, :], b[..., :, None]), lambda c: c[..., 0, 0], True)
+
+
+def _gufunc_shape(g: _Gufunc, ashape, bshape) -> tuple[int, ...]:
+    """The gufunc's output shape for core-last operands, or NumPy's ValueError."""
+    if g is _MATMUL:
+        return matmul_shapes(ashape, bshape)[0]
+    ca, cb, _ = g.cores(len(ashape), len(bshape))
+    for i, (shape, need) in enumerate(((ashape, ca), (bshape, cb))):
+        if len(shape) < need:
+            raise _too_few_dims(g.name, g.sig, i, len(shape), need)
+    ka, kb = ashape[-1], bshape[-1] if cb == 1 else bshape[-2]
+    if ka != kb:
+        raise _gufunc_core_error(g.name, g.sig, 1, 0, kb, ka)
+    abatch, bbatch = ashape[:len(ashape) - ca], bshape[:len(bshape) - cb]
+    core = (ashape[-2],) if g is _MATVEC else (bshape[-1],) if g is _VECMAT else ()
+    try:
+        return tuple(np.broadcast_shapes(abatch, bbatch)) + core
+    except ValueError:
+        raise ValueError(f"operands could not be broadcast together with remapped shapes [original->remapped]: "
+                         f"{_fmt(ashape)}->{_fmt(abatch)} {_fmt(bshape)}->{_fmt(bbatch)}") from None
+
+
+def _f32_product(g: _Gufunc, a, b, c, kernel) -> None:
+    """c[...] = g(a, b) for float32 core-last device arrays, on fastmm's kernels, c with g's output shape."""
+    a2, b2 = g.promote(a, b)  # float32 vectors are real: conjugating the first one changes nothing
+    if g is _MATMUL:
+        # Views of c (never reshapes, which could copy a user's `out`) with the promoted axes put back.
+        c2 = c[None, None] if a.ndim == 1 and b.ndim == 1 else c[..., None, :] if a.ndim == 1 else \
+            c[..., None] if b.ndim == 1 else c
+    else:
+        c2 = c[..., None, None] if g is _VECDOT else c[..., None] if g is _MATVEC else c[..., None, :]
+    _gemm.gemm(a2, b2, c2, kernel)
+
+
+def _core_last(x, core: tuple[int, ...]):
+    """A view of x with the axes `core` moved to the end, in that order (the layout the products expect)."""
+    if core == tuple(range(x.ndim - len(core), x.ndim)):
+        return x
+    return x.transpose([i for i in range(x.ndim) if i not in core] + list(core))
+
+
+def _core_at(x, core: tuple[int, ...]):
+    """The inverse of `_core_last`: a view of x whose last len(core) axes sit at the positions `core`."""
+    if core == tuple(range(x.ndim - len(core), x.ndim)):
+        return x
+    order = [i for i in range(x.ndim) if i not in core] + list(core)
+    return x.transpose([order.index(i) for i in range(x.ndim)])
+
+
+def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
+    """A matmul-family call with any of NumPy's gufunc keywords: the general path."""
     cp = _cupy()
-    fast = dtype is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) \
-        and a.dtype == _F32 and b.dtype == _F32 and (out is None or isinstance(out, cp.ndarray) and out.dtype == _F32)
-    if fast:
-        key = _gemm.signature(a, b, out, kernel)
-        hit = _gemm.replays.get(key)
-        # A replay needs what the signature cannot promise: an `out` of the right shape that shares no memory
-        # with the operands (else the full path below raises NumPy's error or goes through a temporary).
-        if hit is not None and (out is None or out.shape == hit[0] and not (_gemm.may_overlap(out, a)
-                                                                             or _gemm.may_overlap(out, b))):
-            out_shape, steps = hit
-            c = empty(out_shape) if out is None else out
-            _gemm.replay(steps, a, b, c)
-            return c
+    check_gufunc_keywords(g.name, kwargs)
+    if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
+        raise TypeError("return arrays must be of ArrayType")
+    _check_ufunc_operands(a, b)
+    dtype, casting = kwargs.get("dtype"), kwargs.get("casting", "same_kind")
+    in_dtypes = (_dtype_of(a), _dtype_of(b))
+    if g.ufunc is not None:
+        loop = ufunc_dtypes(g.ufunc, in_dtypes, None if out is None else out.dtype, dtype,
+                            kwargs.get("signature"), casting)
+    else:  # NumPy without this ufunc: NumPy's promotion rules
+        res = input_dtype(*(np.empty(0, d) for d in in_dtypes), dtype, casting, g.name)
+        loop = (res, res, res)
+    if any(d.char not in _GPU_KINDS for d in loop):
+        raise TypeError(f"{g.name}: fastmm computes on the GPU, which has no {loop[2]} loop (CuPy's dtypes are bool, "
+                        "integers, float16/32/64 and complex64/128)")
     a, b = to_device(a), to_device(b)
-    out_shape, m, n, k = matmul_shapes(a.shape, b.shape)
-    res = input_dtype(a, b, dtype, casting, "matmul")
-    check_out(out, out_shape, res, casting, "matmul")
-    if res != _F32:
-        cp = _cupy()
-        r = cp.matmul(a.astype(res, copy=False), b.astype(res, copy=False))
+    current_device(a, b, out)
+    if g is _MATMUL:
+        for i, x in enumerate((a, b)):
+            if x.ndim == 0:
+                raise _too_few_dims(g.name, g.sig, i, 0, 1)
+    ca, cb, cout = g.cores(a.ndim, b.ndim)
+    out_ndim = max(a.ndim - ca, b.ndim - cb) + cout
+    keepdims = bool(kwargs.get("keepdims", False))
+    (axa, axb, axc), keepdims = gufunc_axes(g.name, g.sig, (ca, cb, cout), (a.ndim, b.ndim, out_ndim),
+                                           axes=kwargs.get("axes"), axis=kwargs.get("axis"), keepdims=keepdims)
+    a0, b0 = a, b
+    a, b = _core_last(a, axa), _core_last(b, axb)
+    try:
+        shape = _gufunc_shape(g, a.shape, b.shape)
+    except ValueError as e:
+        if not str(e).startswith("operands could not be broadcast"):
+            raise
+        # NumPy names the operands' shapes as given, before axes= moved their core dimensions.
+        raise ValueError(str(e).replace(f"{_fmt(a.shape)}->", f"{_fmt(a0.shape)}->", 1)
+                         .replace(f" {_fmt(b.shape)}->", f" {_fmt(b0.shape)}->", 1)) from None
+    a, b = a.astype(loop[0], copy=False), b.astype(loop[1], copy=False)
+    if loop[2] == _F32:
+        r = empty(shape)
+        _f32_product(g, a, b, r, kernel)
+    else:
+        if g.conj_a and loop[0].kind == "c":
+            a = a.conj()
+        a2, b2 = g.promote(a, b)
+        r = _cupy_product(cp.matmul, a2, b2, loop[2])
+        r = g.unview(r) if g.unview is not None else r.reshape(shape)
+    if keepdims:
+        r = r[..., None]
+    r = _core_at(r, axc)
+    order = str(kwargs.get("order") or "K").upper()
+    if order == "F" or order == "A" and all(x.flags.f_contiguous and not x.flags.c_contiguous for x in (a, b)):
+        r = cp.asfortranarray(r)
+    if out is not None:
+        if tuple(out.shape) != r.shape:
+            raise ValueError(f"non-broadcastable output operand with shape {_fmt(out.shape)} doesn't match the "
+                             f"broadcast shape {_fmt(r.shape)}")
         return _deliver(r, out)
-    a = a.astype(_F32, copy=False)
-    b = b.astype(_F32, copy=False)
-    # Write straight into a device `out` of our dtype; anything else goes through a fresh result.
+    return r
+
+
+def matmul(a, b, out=None, *, kernel=None, **kwargs):
+    """``np.matmul`` with NumPy's rules and keywords; float32 products run on fastmm's kernels, others on CuPy."""
     cp = _cupy()
-    direct = out is not None and isinstance(out, cp.ndarray) and out.dtype == _F32
-    c = out if direct else empty(out_shape)
-    a2 = a[None, :] if a.ndim == 1 else a
-    b2 = b[:, None] if b.ndim == 1 else b
-    # Views of c (never reshapes, which could copy a user's `out`) with the promoted axes put back.
+    if kwargs or not (isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray)):
+        return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
+    if not (a.dtype == _F32 and b.dtype == _F32 and (out is None or isinstance(out, cp.ndarray)
+                                                     and out.dtype == _F32)):
+        # Device operands of other dtypes with no keywords (float64 `x @ w`): NumPy's loop for a matmul of two
+        # GPU dtypes is their promoted type, so the general path's dtype resolution can be skipped.
+        res = np.result_type(a.dtype, b.dtype)
+        if out is not None or res == _F32 or a.ndim == 0 or b.ndim == 0 or res.char not in _GPU_KINDS:
+            return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
+        current_device(a, b)
+        matmul_shapes(a.shape, b.shape)
+        return _cupy_product(cp.matmul, a, b, res)
+    # The common case, kept short: float32 device operands, no keywords.
+    device_id = cp.cuda.runtime.getDevice()
+    if a.data.device_id != device_id or b.data.device_id != device_id or \
+            out is not None and out.data.device_id != device_id:
+        current_device(a, b, out)
+    key = _gemm.signature(a, b, out, kernel, device_id)
+    hit = _gemm.replays.get(key)
+    # A replay needs what the signature cannot promise: an `out` of the right shape that shares no memory
+    # with the operands (else the full path below raises NumPy's error or goes through a temporary).
+    if hit is not None and (out is None or out.shape == hit[0] and not (_gemm.may_overlap(out, a)
+                                                                         or _gemm.may_overlap(out, b))):
+        out_shape, steps = hit
+        c = empty(out_shape) if out is None else out
+        _gemm.replay(steps, a, b, c)
+        return c
+    for i, x in enumerate((a, b)):
+        if x.ndim == 0:
+            raise _too_few_dims("matmul", _MATMUL_SIG, i, 0, 1)
+    out_shape = matmul_shapes(a.shape, b.shape)[0]
+    if out is not None and tuple(out.shape) != out_shape:
+        raise ValueError(f"non-broadcastable output operand with shape {_fmt(out.shape)} doesn't match the "
+                         f"broadcast shape {_fmt(out_shape)}")
+    c = empty(out_shape) if out is None else out
+    a2, b2 = _MATMUL.promote(a, b)
     c2 = c[None, None] if a.ndim == 1 and b.ndim == 1 else c[..., None, :] if a.ndim == 1 else \
         c[..., None] if b.ndim == 1 else c
-    record = _gemm.Recorder(a.data.ptr, b.data.ptr, c.data.ptr) if fast else None
+    record = _gemm.Recorder(a.data.ptr, b.data.ptr, c.data.ptr)
     _gemm.gemm(a2, b2, c2, kernel, record)
-    if fast and None not in record:
+    if None not in record:
         if len(_gemm.replays) >= _gemm.REPLAYS_MAX:
             _gemm.replays.clear()
         _gemm.replays[key] = (out_shape, tuple(record))
-    return _deliver(c, out) if not direct else out
+    return c
 
 
-def _scalar_multiply(a, b, out):
-    cp = _cupy()
-    r = cp.multiply(a, b)
-    return _deliver(r, out)
+def matvec(a, b, out=None, *, kernel=None, **kwargs):
+    """``np.matvec``: (..., m, n) x (..., n) -> (..., m), as a matmul with the vector as a column."""
+    return _gufunc(_MATVEC, a, b, out, kernel, kwargs)
 
+
+def vecmat(a, b, out=None, *, kernel=None, **kwargs):
+    """``np.vecmat``: (..., n) x (..., n, m) -> (..., m), conjugating the vector."""
+    return _gufunc(_VECMAT, a, b, out, kernel, kwargs)
+
+
+def vecdot(a, b, out=None, *, kernel=None, **kwargs):
+    """``np.vecdot``: (..., n) x (..., n) -> (...), conjugating the first vector."""
+    return _gufunc(_VECDOT, a, b, out, kernel, kwargs)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The other products: dot, inner, vdot, tensordot, einsum (NumPy functions, not ufuncs)
+# --------------------------------------------------------------------------------------------------------
+
+def _operands(*xs):
+    xs = tuple(to_device(x) for x in xs)
+    current_device(*xs)
+    return xs
 
 
 def dot(a, b, out=None, *, kernel=None):
     """``np.dot``: N-D operands contract a's last axis with b's second-to-last, as one batched product."""
-    a, b = to_device(a), to_device(b)
-    if a.ndim == 0 or b.ndim == 0:
-        return _scalar_multiply(a, b, out)
+    cp = _cupy()
+    a, b = _operands(a, b)
+    if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
+        raise TypeError("'out' must be an array")
+    if a.ndim == 0 or b.ndim == 0:  # NumPy: a product with a scalar is np.multiply
+        return _deliver(cp.multiply(plain(a), plain(b)), out)
     shape = dot_shapes(a.shape, b.shape)
     res = np.result_type(a.dtype, b.dtype)
     check_dot_out(out, shape, res)
-    if res != _F32 or a.ndim <= 2 and b.ndim <= 2:
-        if res != _F32:
-            return _deliver(_cupy().dot(a, b), out)
+    current_device(out)
+    if res != _F32:
+        return _deliver(_cupy_product(cp.dot, a, b, res), out)
+    if a.ndim <= 2 and b.ndim <= 2:
+        if isinstance(out, np.ndarray):
+            return _deliver(matmul(a, b, kernel=kernel), out)
         return matmul(a, b, out=out, kernel=kernel)
     # a (..., k) x b (p..., k, n): every batch item of b meets all rows of a, and lands in c[..., p..., n].
     k = a.shape[-1]
     n = 1 if b.ndim == 1 else b.shape[-1]
     a2 = a.reshape(-1, k)
     b3 = b.reshape(-1, k, n)
-    c = out if out is not None and isinstance(out, _cupy().ndarray) else empty(shape)
+    c = out if isinstance(out, cp.ndarray) else empty(shape)
     c3 = c.reshape(a2.shape[0], b3.shape[0], n).swapaxes(0, 1)
     _gemm.gemm(a2[None], b3, c3, kernel)
     return _deliver(c, out)
@@ -128,12 +382,14 @@ def dot(a, b, out=None, *, kernel=None):
 
 def inner(a, b, *, kernel=None):
     """``np.inner``: contract the last axes, i.e. a2 @ b2.T without copying b."""
-    a, b = to_device(a), to_device(b)
+    cp = _cupy()
+    a, b = _operands(a, b)
     if a.ndim == 0 or b.ndim == 0:
-        return _scalar_multiply(a, b, None)
+        return cp.multiply(plain(a), plain(b))
     shape = inner_shapes(a.shape, b.shape)
-    if np.result_type(a.dtype, b.dtype) != _F32:
-        return _cupy().inner(a, b)
+    res = np.result_type(a.dtype, b.dtype)
+    if res != _F32:
+        return _cupy_product(cp.inner, a, b, res)
     k = a.shape[-1]
     c = matmul(a.reshape(-1, k), b.reshape(-1, k).T, kernel=kernel)
     return c.reshape(shape)
@@ -141,23 +397,27 @@ def inner(a, b, *, kernel=None):
 
 def vdot(a, b, *, kernel=None):
     """``np.vdot``: the dot product of the flattened operands (conjugating a) as a 1 x k x 1 product."""
-    a, b = to_device(a), to_device(b)
+    cp = _cupy()
+    a, b = _operands(a, b)
     if a.size != b.size:
         raise ValueError(f"vdot: the operands have {a.size} and {b.size} elements; they must have the same number")
-    if np.result_type(a.dtype, b.dtype) != _F32:
-        return _cupy().vdot(a, b)
+    res = np.result_type(a.dtype, b.dtype)
+    if res != _F32:
+        return _cupy_product(cp.vdot, a, b, res)
     return matmul(a.ravel(), b.ravel(), kernel=kernel)
 
 
 def tensordot(a, b, axes=2, *, kernel=None):
     """``np.tensordot`` as one product: move the summed axes together, flatten, multiply, unflatten."""
-    a, b = to_device(a), to_device(b)
+    cp = _cupy()
+    a, b = _operands(a, b)
     axes_a, axes_b = tensordot_axes(a.ndim, b.ndim, axes)
     for ia, ib in zip(axes_a, axes_b):
         if a.shape[ia] != b.shape[ib]:
             raise ValueError("shape-mismatch for sum")
-    if np.result_type(a.dtype, b.dtype) != _F32:
-        return _cupy().tensordot(a, b, axes)
+    res = np.result_type(a.dtype, b.dtype)
+    if res != _F32:
+        return _cupy_product(cp.tensordot, a, b, res, axes)
     free_a = [i for i in range(a.ndim) if i not in axes_a]
     free_b = [i for i in range(b.ndim) if i not in axes_b]
     k = math.prod(a.shape[i] for i in axes_a)
@@ -167,59 +427,34 @@ def tensordot(a, b, axes=2, *, kernel=None):
     return c.reshape([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b])
 
 
-def einsum(subscripts, *operands, kernel=None, **kwargs):
-    """``np.einsum``: a two-operand contraction that is one batched product runs on fastmm, the rest on CuPy."""
+def einsum(*args, kernel=None, **kwargs):
+    """``np.einsum`` in both call forms (subscripts string, or operands with sublists): a two-operand
+    contraction that is one batched float32 product runs on fastmm, everything else on CuPy."""
     cp = _cupy()
-    ops = [to_device(x) for x in operands]
+    subscripts, operands = einsum_subscripts(args)
+    ops = _operands(*operands)
+    out = kwargs.pop("out", None)
+    casting = kwargs.get("casting", "safe")
     spec = None
-    if len(ops) == 2 and isinstance(subscripts, str) and not kwargs:
+    if len(ops) == 2 and not set(kwargs) - {"optimize"}:
         spec = einsum_as_gemm(subscripts, ops[0].shape, ops[1].shape)
     if spec is None or np.result_type(*(x.dtype for x in ops)) != _F32:
-        return cp.einsum(subscripts, *ops, **kwargs)
-    la, lb, batch, m, k, n, out, sizes = spec
-    a, b = ops
-    size = lambda labels: math.prod(sizes[c] for c in labels)  # noqa: E731
-    a3 = a.transpose([la.index(c) for c in batch + m + k]).reshape(size(batch), size(m), size(k))
-    b3 = b.transpose([lb.index(c) for c in batch + k + n]).reshape(size(batch), size(k), size(n))
-    c = matmul(a3, b3, kernel=kernel).reshape([sizes[c] for c in batch + m + n])
-    order = batch + m + n
-    return c.transpose([order.index(c) for c in out])
-
-
-_MATVEC_SIG, _VECMAT_SIG, _VECDOT_SIG = "(m,n),(n)->(m)", "(n),(n,m)->(m)", "(n),(n)->()"
-
-
-def _vector_product(name, sig, a, b, a_core, b_core, kdims, out, dtype, casting, kernel, conj_a):
-    a, b = to_device(a), to_device(b)
-    for i, (x, need) in enumerate(((a, a_core), (b, b_core))):
-        if x.ndim < need:
-            raise _too_few_dims(name, sig, i, x.ndim, need)
-    ka, kb = a.shape[kdims[0]], b.shape[kdims[1]]
-    if ka != kb:
-        raise _gufunc_core_error(name, sig, 1, 0, kb, ka)
-    res = input_dtype(a, b, dtype, casting, name)
-    if conj_a and res.kind == "c":
-        a = a.conj()
-    return a, b, res
-
-
-def matvec(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
-    """``np.matvec``: (..., m, n) x (..., n) -> (..., m), as a matmul with the vector as a column."""
-    a, b, res = _vector_product("matvec", _MATVEC_SIG, a, b, 2, 1, (-1, -1), out, dtype, casting, kernel, False)
-    r = matmul(a, b[..., None], dtype=res, casting=casting, kernel=kernel)[..., 0]
+        kwargs.pop("order", None)  # CuPy's einsum has no order=; results are laid out as CuPy lays them out
+        r = cp.einsum(subscripts, *(plain(x) for x in ops), **kwargs)
+    else:
+        la, lb, batch, m, k, n, out_labels, sizes = spec
+        a, b = ops
+        size = lambda labels: math.prod(sizes[c] for c in labels)  # noqa: E731
+        a3 = a.transpose([la.index(c) for c in batch + m + k]).reshape(size(batch), size(m), size(k))
+        b3 = b.transpose([lb.index(c) for c in batch + k + n]).reshape(size(batch), size(k), size(n))
+        c = matmul(a3, b3, kernel=kernel).reshape([sizes[c] for c in batch + m + n])
+        order = batch + m + n
+        r = c.transpose([order.index(c) for c in out_labels])
+    if out is None:
+        return r
+    if tuple(out.shape) != r.shape:
+        raise ValueError(f"einsum: the output has shape {_fmt(out.shape)}, the result {_fmt(r.shape)}")
+    if not np.can_cast(r.dtype, out.dtype, casting=casting):
+        raise TypeError(f"Cannot cast array data from {r.dtype!r} to {out.dtype!r} according to the rule "
+                        f"{casting!r}")
     return _deliver(r, out)
-
-
-def vecmat(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
-    """``np.vecmat``: (..., n) x (..., n, m) -> (..., m), conjugating the vector."""
-    a, b, res = _vector_product("vecmat", _VECMAT_SIG, a, b, 1, 2, (-1, -2), out, dtype, casting, kernel, True)
-    r = matmul(a[..., None, :], b, dtype=res, casting=casting, kernel=kernel)[..., 0, :]
-    return _deliver(r, out)
-
-
-def vecdot(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
-    """``np.vecdot``: (..., n) x (..., n) -> (...), conjugating the first vector."""
-    a, b, res = _vector_product("vecdot", _VECDOT_SIG, a, b, 1, 1, (-1, -1), out, dtype, casting, kernel, True)
-    r = matmul(a[..., None, :], b[..., :, None], dtype=res, casting=casting, kernel=kernel)[..., 0, 0]
-    return _deliver(r, out)
-

@@ -188,7 +188,8 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             return gemm(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2), kernel)
         return _via_temporary(a, b, c, kernel, record)
     problem, launch = problem_for(a, b, c)
-    device_id = c.device.id
+    # The current device runs the product (CuPy's rule); operands elsewhere were checked for peer access.
+    device_id = _cupy().cuda.runtime.getDevice()
     choice = _plan.choose(problem, _cuda.device(device_id), kernel)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, record)
@@ -317,8 +318,8 @@ REPLAYS_MAX = 1024
 _plan.on_reload(replays.clear)  # a new autotune entry can change what a signature should run
 
 
-def signature(a, b, out, kernel):
-    return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, a.device.id,
+def signature(a, b, out, kernel, device_id):
+    return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, device_id,
             kernel if kernel is not None else _plan.forced_kernel(),
             None if out is None else (out.strides, out.data.ptr & 15))
 

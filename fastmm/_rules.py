@@ -7,6 +7,7 @@ tested against NumPy itself on any machine.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -175,3 +176,172 @@ def check_dot_out(out, shape, dtype):
         raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, "
                          "and be a C-Array)")
 
+
+
+# --------------------------------------------------------------------------------------------------------
+# Generalised-ufunc keywords: dtype/signature/casting, axes/axis/keepdims, order
+# --------------------------------------------------------------------------------------------------------
+
+_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+_ORDERS = ("C", "F", "A", "K")
+_GUFUNC_KEYWORDS = {"out", "dtype", "casting", "order", "subok", "signature", "axes", "axis", "keepdims"}
+
+
+def check_gufunc_keywords(name: str, kwargs: dict) -> None:
+    """NumPy's TypeError/ValueError for keywords a gufunc call does not take or takes with a bad value."""
+    for key in kwargs:
+        if key not in _GUFUNC_KEYWORDS:
+            raise TypeError(f"{name}() got an unexpected keyword argument '{key}'")
+    if kwargs.get("casting", "same_kind") not in _CASTINGS:
+        raise ValueError(f"casting must be one of 'no', 'equiv', 'safe', 'same_kind', 'unsafe' "
+                         f"(got {kwargs['casting']!r})")
+    order = kwargs.get("order", "K")
+    if order is not None and str(order).upper() not in _ORDERS:
+        raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+    if kwargs.get("dtype") is not None and kwargs.get("signature") is not None:
+        raise TypeError("cannot specify both 'signature' and 'dtype'")
+    if kwargs.get("axes") is not None and kwargs.get("axis") is not None:
+        raise TypeError("cannot specify both 'axis' and 'axes'")
+
+
+def ufunc_dtypes(ufunc, in_dtypes, out_dtype, dtype=None, signature=None, casting="same_kind"):
+    """The loop NumPy's `ufunc` would run: (input dtype, input dtype, output dtype), or NumPy's own TypeError.
+
+    NumPy's `resolve_dtypes` gives the loop and checks the cast to `out`; the casts of the inputs to the loop
+    are checked here, as the ufunc call does.
+    """
+    if dtype is not None:
+        signature = (None,) * len(in_dtypes) + (np.dtype(dtype),)
+    extra = {} if signature is None else {"signature": signature}
+    loop = ufunc.resolve_dtypes((*in_dtypes, out_dtype), casting=casting, **extra)
+    for i, (have, want) in enumerate(zip(in_dtypes, loop)):
+        if not np.can_cast(have, want, casting=casting):
+            raise TypeError(f"Cannot cast ufunc '{ufunc.__name__}' input {i} from {have!r} to {want!r} with casting "
+                            f"rule {casting!r}")
+    return loop
+
+
+def _axis_index(value, ndim: int) -> int:
+    i = operator.index(value)
+    if not -ndim <= i < ndim:
+        raise np.exceptions.AxisError(i, ndim)
+    return i % ndim
+
+
+def gufunc_axes(name: str, sig: str, cores: Sequence[int], ndims: Sequence[int], *, axes=None, axis=None,
+                keepdims=False) -> tuple[list[tuple[int, ...]], bool]:
+    """Normalise a gufunc's ``axes=``/``axis=``/``keepdims=`` to one tuple of core axes per operand.
+
+    `cores` and `ndims` list the number of core dimensions and the number of dimensions of each operand, inputs
+    first, then the output. The result holds, for each operand, the positions (non-negative) of its core axes
+    in its own order; ``keepdims`` is returned as given once NumPy's rules allow it. Errors are NumPy's.
+
+    >>> gufunc_axes("matmul", "(n?,k),(k,m?)->(n?,m?)", (2, 2, 2), (3, 3, 3), axes=[(0, 1), (0, 1), (0, 1)])
+    ([(0, 1), (0, 1), (0, 1)], False)
+    """
+    nin = len(cores) - 1
+    if keepdims:
+        # NumPy names the first operand that breaks the rule: an input whose core count differs from input 0's,
+        # else the output when it has core dimensions.
+        bad = next((i for i in range(1, nin) if cores[i] != cores[0]), None)
+        if bad is not None or cores[nin]:
+            which, count = (f"input {bad}", cores[bad]) if bad is not None else ("output 0", cores[nin])
+            raise TypeError(f"{name} does not support keepdims: its signature {sig} requires {which} to have "
+                            f"{count} core dimensions, but keepdims can only be used when all inputs have the same "
+                            "number of core dimensions and all outputs have no core dimensions.")
+    if axis is not None:
+        distinct = len({label for part in sig.replace("?", "").replace("->", ",").split(",")
+                        for label in part.strip("()").split(",") if label})
+        if distinct != 1:
+            raise TypeError(f"{name}: axis can only be used with a single shared core dimension, not with the "
+                            f"{distinct} distinct ones implied by signature {sig}.")
+        core_axes = [(_axis_index(axis, ndims[i]),) for i in range(nin)]
+        return core_axes + [(_axis_index(axis, ndims[nin] + 1),) if keepdims else ()], keepdims
+    if axes is None:
+        out_ndim = ndims[nin] + (1 if keepdims else 0)
+        default = [tuple(range(nd - c, nd)) for nd, c in zip(ndims[:nin], cores[:nin])]
+        return default + [tuple(range(out_ndim - cores[nin], out_ndim))], keepdims
+    if not isinstance(axes, list):
+        raise TypeError("axes should be a list.")
+    # Whether the output may be left out depends on the signature (matmul's (n?,m?) has core dimensions even
+    # when both are missing from a product of two vectors), not on this call's operands.
+    if len(axes) not in (len(cores), nin) or len(axes) == nin and not sig.endswith("->()"):
+        raise ValueError(f"axes should be a list with an entry for all {len(cores)} inputs and outputs; entries for "
+                         "outputs can only be omitted if none of them has core axes.")
+    result = []
+    for i, (core, nd) in enumerate(zip(cores, ndims)):
+        if i == len(axes):  # the output's entry omitted: it has no core axes
+            result.append(())
+            break
+        item = axes[i]
+        if not isinstance(item, tuple):
+            if core != 1 and not isinstance(item, (list, type(None))) and _is_integer(item):
+                raise np.exceptions.AxisError(f"{name}: operand {i} has {core} core dimensions, but the axes item "
+                                              "is a single integer.")
+            if not _is_integer(item):
+                raise TypeError(f"{name}: axes item {i} should be a tuple.")
+            item = (item,)
+        if len(item) != core:
+            raise np.exceptions.AxisError(f"{name}: operand {i} has {core} core dimensions, but {len(item)} "
+                                          "dimensions are specified by axes tuple.")
+        positions = tuple(_axis_index(v, nd) for v in item)
+        for j, p in enumerate(positions):
+            if p in positions[:j]:
+                raise ValueError(f"axes item {i} has value {p} repeated")
+        result.append(positions)
+    return result, keepdims
+
+
+def _is_integer(x) -> bool:
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------------
+# einsum's sublist form
+# --------------------------------------------------------------------------------------------------------
+
+_EINSUM_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _sublist_to_subscripts(sublist) -> str:
+    out = []
+    for s in sublist:
+        if s is Ellipsis:
+            out.append("...")
+            continue
+        if not _is_integer(s):
+            raise TypeError("each subscript must be either an integer or an ellipsis")
+        s = operator.index(s)
+        if not 0 <= s < len(_EINSUM_LETTERS):
+            raise ValueError(f"subscript is not within the valid range [0, {len(_EINSUM_LETTERS)})")
+        out.append(_EINSUM_LETTERS[s])
+    return "".join(out)
+
+
+def einsum_subscripts(args: Sequence[Any]) -> tuple[str, list[Any]]:
+    """``np.einsum``'s two call forms as (subscripts string, operands).
+
+    The sublist form ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` pairs each operand with a list of integer labels
+    (0-51, ``Ellipsis`` for ``...``) and may end with the output's list; it becomes the string form, labels
+    0-25 as ``A``-``Z`` and 26-51 as ``a``-``z`` as NumPy numbers them.
+
+    >>> einsum_subscripts([None, [0, 1], None, [1, Ellipsis], [Ellipsis, 0]])
+    ('AB,B...->...A', [None, None])
+    """
+    if not args:
+        raise TypeError("einsum() missing required argument 'subscripts' (pos 0)")
+    if isinstance(args[0], str):
+        return args[0], list(args[1:])
+    operands, labels = [], []
+    rest = list(args)
+    while len(rest) >= 2:
+        operands.append(rest.pop(0))
+        labels.append(_sublist_to_subscripts(rest.pop(0)))
+    subscripts = ",".join(labels)
+    if rest:
+        subscripts += "->" + _sublist_to_subscripts(rest[0])
+    return subscripts, operands

@@ -14,23 +14,24 @@ from ._array import _returned, _wrap
 __all__ = ["matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"]
 
 
-def matmul(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
+def matmul(a, b, out=None, *, kernel=None, **kwargs):
     """Matrix product of two arrays, with NumPy's broadcasting and 1-D rules.
 
     Parameters
     ----------
     a, b : array_like
-        Operands; scalars are rejected as by NumPy.
+        Operands of any dtype NumPy's matmul takes and a GPU can hold; scalars are rejected as by NumPy.
     out : ndarray, optional
         Where to write the result (right shape, a dtype the result casts to); device or host array.
-    dtype, casting
-        As for the ``numpy.matmul`` ufunc.
     kernel : str, optional
         Force a kernel for float32 products.
+    **kwargs
+        The ``numpy.matmul`` ufunc's keywords: ``dtype``, ``casting``, ``signature``, ``order``, ``subok``,
+        ``axes``, ``axis``, ``keepdims``, with NumPy's rules and errors.
 
     .. seealso:: :func:`numpy.matmul`
     """
-    return _returned(_dispatch.matmul(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
+    return _returned(_dispatch.matmul(a, b, out=out, kernel=kernel, **kwargs), out)
 
 
 def dot(a, b, out=None, *, kernel=None):
@@ -56,24 +57,26 @@ def tensordot(a, b, axes=2, *, kernel=None):
     return _wrap(_dispatch.tensordot(a, b, axes, kernel=kernel))
 
 
-def einsum(subscripts, *operands, kernel=None, **kwargs):
+def einsum(*operands, kernel=None, **kwargs):
     """Einstein summation; two-operand contractions that are one batched product run on fastmm.
+
+    Both of NumPy's forms: ``einsum("ij,jk->ik", a, b)`` and ``einsum(a, [0, 1], b, [1, 2], [0, 2])``.
 
     .. seealso:: :func:`numpy.einsum`
     """
-    return _wrap(_dispatch.einsum(subscripts, *operands, kernel=kernel, **kwargs))
+    return _returned(_dispatch.einsum(*operands, kernel=kernel, **kwargs), kwargs.get("out"))
 
 
-def matvec(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
+def matvec(a, b, out=None, *, kernel=None, **kwargs):
     """Matrix-vector product. .. seealso:: :func:`numpy.matvec`"""
-    return _returned(_dispatch.matvec(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
+    return _returned(_dispatch.matvec(a, b, out=out, kernel=kernel, **kwargs), out)
 
 
-def vecmat(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
+def vecmat(a, b, out=None, *, kernel=None, **kwargs):
     """Vector-matrix product. .. seealso:: :func:`numpy.vecmat`"""
-    return _returned(_dispatch.vecmat(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
+    return _returned(_dispatch.vecmat(a, b, out=out, kernel=kernel, **kwargs), out)
 
 
-def vecdot(a, b, out=None, *, dtype=None, casting="same_kind", kernel=None):
+def vecdot(a, b, out=None, *, kernel=None, **kwargs):
     """Vector dot product over the last axis. .. seealso:: :func:`numpy.vecdot`"""
-    return _returned(_dispatch.vecdot(a, b, out=out, dtype=dtype, casting=casting, kernel=kernel), out)
+    return _returned(_dispatch.vecdot(a, b, out=out, kernel=kernel, **kwargs), out)

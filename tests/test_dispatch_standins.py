@@ -1,0 +1,275 @@
+"""The dispatch layer never hands a fastmm array to a CuPy routine (no GPU needed).
+
+A fastmm array is a ``cupy.ndarray`` whose product methods are fastmm's, and CuPy's ``dot(a, b)`` is
+``a.dot(b)``: handed a fastmm array, CuPy calls fastmm back, which used to call CuPy again until Python's
+recursion limit (every non-float32 ``x.dot(y)``). Here CuPy is replaced by a stand-in built on NumPy that behaves
+the same way (its ``dot`` calls the method of its first argument) and refuses fastmm-typed arguments, and the
+non-float32 paths of every product are checked against NumPy.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from fastmm import _dispatch, _gemm
+
+
+class FakeCupyArray(np.ndarray):
+    """Stands in for cupy.ndarray: a device array with `.data.ptr`/`.data.device_id` and `.get()`."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0], device_id=0)
+
+    def get(self):
+        return np.asarray(self)
+
+
+class FakeFastmmArray(FakeCupyArray):
+    """Stands in for fastmm.ndarray: its product methods are the dispatch layer's, as fastmm's are."""
+
+    def dot(self, b, out=None):
+        return _dispatch.dot(self, b, out=out)
+
+    def __matmul__(self, other):
+        return _dispatch.matmul(self, other)
+
+
+def _strict(func, calls_method=None):
+    """A CuPy routine: refuses fastmm arrays (they would call fastmm back) and returns stand-in CuPy arrays."""
+
+    def routine(*args, **kwargs):
+        flat = [x for a in args for x in (a if isinstance(a, (list, tuple)) else [a])]
+        flat += list(kwargs.values())
+        bad = [type(x).__name__ for x in flat if isinstance(x, FakeFastmmArray)]
+        assert not bad, f"CuPy's {func.__name__} was handed fastmm arrays: {bad}"
+        if calls_method:  # CuPy's dot(a, b, out) is a.dot(b, out)
+            return getattr(args[0], calls_method)(*args[1:], **kwargs)
+        plain = [np.asarray(x) if isinstance(x, np.ndarray) else x for x in args]
+        return np.asarray(func(*plain, **kwargs)).view(FakeCupyArray)
+
+    routine.__name__ = func.__name__
+    return routine
+
+
+def _fake_cupy():
+    cp = types.SimpleNamespace()
+    cp.ndarray = FakeCupyArray
+    cp.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, CUDARuntimeError=RuntimeError),
+        memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
+    cp.asarray = lambda x, dtype=None: np.array(x, dtype=dtype).view(FakeCupyArray)
+    cp.empty = lambda shape, dtype: np.full(shape, np.nan, dtype).view(FakeCupyArray)
+    for name in ("matmul", "multiply", "inner", "vdot", "tensordot", "einsum", "moveaxis", "asfortranarray"):
+        setattr(cp, name, _strict(getattr(np, name)))
+    cp.dot = _strict(np.dot, calls_method="dot")
+    return cp
+
+
+# The stand-in CuPy's own arrays compute dot with NumPy, as CuPy's do with cuBLAS.
+FakeCupyArray.dot = lambda self, b, out=None: np.asarray(np.dot(np.asarray(self), np.asarray(b))).view(FakeCupyArray)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    monkeypatch.setattr(_gemm, "_cp", _fake_cupy())
+    # A recursion would take ~15,000 frames and seconds; a low limit turns it into a fast failure.
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(400)
+    yield
+    sys.setrecursionlimit(old)
+
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64, np.float16, np.float64,
+          np.complex64, np.complex128]
+
+
+def _operand(rng, shape, dtype):
+    x = rng.integers(-3, 4, shape) if np.dtype(dtype).kind in "iub" else rng.uniform(-1, 1, shape)
+    if np.dtype(dtype).kind == "u":
+        x = np.abs(x)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.uniform(-1, 1, shape)
+    return np.asarray(x).astype(dtype)
+
+
+def _fastmm(x):
+    return np.asarray(x).view(FakeFastmmArray)
+
+
+def _check(got, want):
+    got = np.asarray(got)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got.astype(np.complex128), want.astype(np.complex128), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_non_float32_products_reach_cupy_on_plain_arrays(fake_cupy, dtype, rng):
+    a, b = _operand(rng, (3, 4), dtype), _operand(rng, (4, 5), dtype)
+    a3, b3 = _operand(rng, (2, 3, 4), dtype), _operand(rng, (2, 4, 5), dtype)
+    fa, fb, fa3, fb3 = map(_fastmm, (a, b, a3, b3))
+    _check(fa.dot(fb), np.dot(a, b))                 # the method: CuPy's dot calls it back
+    _check(_dispatch.dot(fa, fb), np.dot(a, b))
+    _check(_dispatch.dot(fa3, fb3), np.dot(a3, b3))  # N-D dot
+    _check(_dispatch.matmul(fa3, fb3), np.matmul(a3, b3))
+    _check(_dispatch.inner(fa, fa), np.inner(a, a))
+    _check(_dispatch.vdot(fa, fa), np.asarray(np.vdot(a, a)))
+    _check(_dispatch.tensordot(fa3, fb3, axes=([0, 2], [0, 1])), np.tensordot(a3, b3, axes=([0, 2], [0, 1])))
+    _check(_dispatch.einsum("bij,bjk->bik", fa3, fb3), np.einsum("bij,bjk->bik", a3, b3))
+    _check(_dispatch.einsum(fa, [0, 1], fb, [1, 2], [0, 2]), np.einsum(a, [0, 1], b, [1, 2], [0, 2]))
+    _check(_dispatch.dot(fa, 2), np.dot(a, 2))       # a scalar operand: np.multiply
+    if hasattr(np, "vecdot"):
+        _check(_dispatch.vecdot(fa, fa), np.vecdot(a, a))
+        _check(_dispatch.matvec(fa, _fastmm(b[:, 0])), np.matvec(a, b[:, 0]))
+        _check(_dispatch.vecmat(_fastmm(a[:, 0]), fa), np.vecmat(a[:, 0], a))
+
+
+def test_out_is_written_and_returned(fake_cupy, rng):
+    a, b = _operand(rng, (3, 4), np.float64), _operand(rng, (4, 5), np.float64)
+    out = _fastmm(np.full((3, 5), np.nan))
+    assert _dispatch.dot(_fastmm(a), _fastmm(b), out=out) is out
+    np.testing.assert_allclose(np.asarray(out), a @ b)
+    out = _fastmm(np.full((3, 5), np.nan, np.complex128))
+    assert _dispatch.matmul(_fastmm(a), _fastmm(b), out=out) is out
+    np.testing.assert_allclose(np.asarray(out), a @ b)
+
+
+def test_plain_view_shares_memory_and_base():
+    x = _fastmm(np.arange(6.0).reshape(2, 3))
+    cp = _fake_cupy()
+    _gemm._cp, saved = cp, _gemm._cp
+    try:
+        p = _dispatch.plain(x)
+    finally:
+        _gemm._cp = saved
+    assert type(p) is FakeCupyArray and p.base is x
+    p[0, 0] = 42
+    assert x[0, 0] == 42
+
+
+def _outcome(call):
+    """('ok', result) or ('raised', exception type family, message) of one call."""
+    try:
+        return "ok", call()
+    except Exception as e:  # noqa: BLE001 - comparing what NumPy raises with what fastmm raises
+        family = next(t for t in (np.exceptions.AxisError, TypeError, ValueError, IndexError, Exception)
+                      if isinstance(e, t))
+        return "raised", family, str(e)
+
+
+_A, _B, _V = (2, 3, 4), (2, 4, 5), (4,)
+GUFUNC_CASES = [
+    ("matmul", _A, _B, {}),
+    ("matmul", _A, _B, {"axes": [(1, 2), (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": [(-2, -1), (-2, -1), (-2, -1)]}),
+    ("matmul", (3, 2, 4), (4, 2, 5), {"axes": [(0, 2), (0, 1), (2, 0)]}),
+    ("matmul", _A, _B, {"axes": [(0, 1), (1, 2), (0, 1)]}),
+    ("matmul", _A, _B, {"axes": [(1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": [(1, 2)] * 4}),
+    ("matmul", _A, _B, {"axes": [(1,), (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": [(1, 5), (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": [(1, 1), (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": [1, (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": [None, (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axes": ((1, 2), (1, 2), (1, 2))}),
+    ("matmul", _A, _B, {"axes": [(1.0, 2), (1, 2), (1, 2)]}),
+    ("matmul", _A, _B, {"axis": 1}),
+    ("matmul", _A, _B, {"keepdims": True}),
+    ("matmul", _A, _B, {"axes": [(1, 2)] * 3, "axis": 1}),
+    ("matmul", _V, _V, {"axes": [0, 0, ()]}),
+    ("matmul", _V, _V, {"axes": [0, 0]}),
+    ("matmul", _V, _V, {"axes": [0, 0, 0]}),
+    ("matmul", _V, (4, 3), {"axes": [0, (1, 0), 0]}),
+    ("matmul", (), _B, {}),
+    ("matmul", _A, (3, 5), {}),
+    ("matmul", (2, 3, 4), (3, 4, 5), {}),
+    ("matmul", _A, _B, {"order": "F"}),
+    ("matmul", _A, _B, {"order": "X"}),
+    ("matmul", _A, _B, {"casting": "foo"}),
+    ("matmul", _A, _B, {"where": True}),
+    ("matmul", _A, _B, {"dtype": np.float32, "signature": "ff->f"}),
+    ("matmul", _A, _B, {"dtype": np.int32}),
+    ("matmul", _A, _B, {"dtype": np.complex128}),
+    ("matmul", _A, _B, {"signature": (None, None, np.complex128)}),
+    ("matvec", (2, 3, 4), _V, {}),
+    ("matvec", (2, 3, 4), _V, {"axes": [(0, 2), 0, 0]}),
+    ("matvec", (2, 3, 4), _V, {"axis": 1}),
+    ("matvec", (2, 3, 4), _V, {"keepdims": True}),
+    ("matvec", (2, 3, 4), (3,), {}),
+    ("vecmat", (3,), (2, 3, 4), {}),
+    ("vecmat", (3,), (2, 3, 4), {"keepdims": True}),
+    ("vecdot", _A, _A, {}),
+    ("vecdot", _A, _A, {"axis": 1}),
+    ("vecdot", _A, _A, {"axis": 0, "keepdims": True}),
+    ("vecdot", _A, _A, {"axes": [1, 1]}),
+    ("vecdot", _A, _A, {"axes": [(1,), (1,), ()]}),
+    ("vecdot", _A, _A, {"axes": [1, 1, 0]}),
+    ("vecdot", _A, _A, {"axes": [1, 1, (0,)]}),
+    ("vecdot", _A, (2, 3, 5), {}),
+]
+
+
+@pytest.mark.parametrize("name,ashape,bshape,kwargs", GUFUNC_CASES, ids=lambda v: str(v).replace(" ", ""))
+def test_gufunc_keywords_match_numpy(fake_cupy, name, ashape, bshape, kwargs, rng):
+    """axes=, axis=, keepdims=, order=, dtype=, signature= on the CuPy path: NumPy's results and errors."""
+    if not hasattr(np, name):
+        pytest.skip(f"NumPy {np.__version__} has no {name} to compare with")
+    a, b = _operand(rng, ashape, np.float64), _operand(rng, bshape, np.float64)
+    want = _outcome(lambda: getattr(np, name)(a, b, **kwargs))
+    got = _outcome(lambda: getattr(_dispatch, name)(_fastmm(a), _fastmm(b), **kwargs))
+    if want[0] == "raised":
+        assert got[0] == "raised", f"NumPy raised {want[1].__name__}: {want[2]}; fastmm returned"
+        assert got[1] is want[1] and got[2] == want[2]
+        return
+    assert got[0] == "ok", f"NumPy returned; fastmm raised {got[1].__name__}: {got[2]}"
+    _check(got[1], np.asarray(want[1]))
+    if kwargs.get("order") == "F":
+        assert np.asarray(got[1]).flags.f_contiguous
+
+
+@pytest.mark.parametrize("ins", [
+    (0, [0, 1], 1, [1, 2], [0, 2]),
+    (0, [0, 1], 1, [1, 2]),
+    (2, [Ellipsis, 1, 2], 3, [Ellipsis, 2, 3], [Ellipsis, 1, 3]),
+    (0, [0, 0], [0]),
+    (0, [0, 60], 1, [60, 2]),
+    (0, [0, 1], 1),
+    (0, [0, "x"], 1, [1, 2]),
+    (0, [0, 1], 1, [1, 2], [0, 5]),
+], ids=str)
+def test_einsum_sublist_form_matches_numpy(fake_cupy, ins, rng):
+    arrays = [_operand(rng, (3, 3), np.float64), _operand(rng, (3, 3), np.float64),
+              _operand(rng, (2, 3, 3), np.float64), _operand(rng, (2, 3, 3), np.float64)]
+    np_args = [arrays[x] if isinstance(x, int) else x for x in ins]
+    fm_args = [_fastmm(arrays[x]) if isinstance(x, int) else x for x in ins]
+    want = _outcome(lambda: np.einsum(*np_args))
+    got = _outcome(lambda: _dispatch.einsum(*fm_args))
+    if want[0] == "raised":
+        assert got[0] == "raised" and got[1] is want[1], (want, got)
+        return
+    assert got[0] == "ok", got
+    _check(got[1], np.asarray(want[1]))
+
+
+@pytest.mark.parametrize("a,b", [("f4", "f8"), ("i1", "u1"), ("?", "?"), ("f2", "f4"), ("i8", "f4"), ("c8", "f8"),
+                                 ("u8", "i8"), ("f4", "c8")])
+@pytest.mark.parametrize("kw", [{}, {"dtype": "f4"}, {"dtype": "f4", "casting": "unsafe"}, {"signature": "dd->d"},
+                                {"dtype": "i4"}])
+@pytest.mark.filterwarnings("ignore::numpy.exceptions.ComplexWarning")  # NumPy's own, for the unsafe cast
+def test_dtype_resolution_matches_numpy(a, b, kw):
+    from fastmm._rules import ufunc_dtypes
+
+    x, y = np.ones((2, 2), a), np.ones((2, 2), b)
+    want = _outcome(lambda: np.matmul(x, y, **kw).dtype)
+    got = _outcome(lambda: ufunc_dtypes(np.matmul, (x.dtype, y.dtype), None, kw.get("dtype"), kw.get("signature"),
+                                        kw.get("casting", "same_kind"))[2])
+    assert got[0] == want[0]
+    if want[0] == "ok":
+        assert got[1] == want[1]
+    else:
+        assert issubclass(got[1], want[1]) and got[2] == want[2]
