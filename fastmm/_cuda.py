@@ -391,8 +391,12 @@ class Launch:
         """Run on CuPy's current stream; a, b, c are device addresses of the operands and the result."""
         if _ctx_current() != self.ctx:
             return self._elsewhere(a, b, c)
+        user_stream = _current_stream()
         try:
-            self._run(a, b, c, _current_stream())
+            if user_stream.ptr == 0:
+                self._launch(a, b, c, None)
+            else:
+                self._bridged(a, b, c, user_stream)
         except _FAULTS as e:
             raise self._fault(e) from None
 
@@ -406,16 +410,17 @@ class Launch:
             return self(a, b, c)
         _ctx_set(self.ctx)
         try:
-            self._run(a, b, c, _current_stream(self.device_id))
+            user_stream = _current_stream(self.device_id)
+            if user_stream.ptr == 0:
+                self._launch(a, b, c, None)
+            else:
+                self._bridged(a, b, c, user_stream)
         except _FAULTS as e:
             raise self._fault(e) from None
         finally:
             _ctx_set(current)
 
-    def _run(self, a: int, b: int, c: int, user_stream) -> None:
-        if user_stream.ptr == 0:
-            self._launch(a, b, c, None)
-            return
+    def _bridged(self, a: int, b: int, c: int, user_stream) -> None:
         bridge = _bridge(self.device_id)
         bridge.ready.record(user_stream)
         bridge.view.wait_event(bridge.ready)

@@ -407,9 +407,16 @@ def test_failed_launch_raises_and_the_next_product_works():
     assert_clean(p)
 
 
+# After a sticky fault CuPy's own modules fail to unload at exit and CuPy reports it on stderr (a process that
+# never imports fastmm prints the same): these lines, and only these, are allowed after one.
+CUPY_CLEANUP_NOISE = ("Traceback (most recent call last):", 'File "cupy_backends/', "cupy_backends.cuda.api.",
+                      "Exception ignored in: 'cupy.", "Error in sys.excepthook:", "Original exception was:")
+
+
 def test_sticky_fault_is_a_device_fault_error():
     # An illegal address breaks the context for the rest of the process (CUDA cannot recover it); fastmm must
-    # say so with its own error, and the process must still exit normally.
+    # say so with its own error, and the process must still exit normally, with nothing from fastmm or PyCUDA
+    # on stderr.
     p = run_child('''
     from fastmm import _cuda
     from fastmm.kernels.configs import Naive, Variant
@@ -417,7 +424,7 @@ def test_sticky_fault_is_a_device_fault_error():
     rng = np.random.default_rng(9)
     a, b = host(rng, 64, 64), host(rng, 64, 64)
     fa, fb = fastmm.asarray(a), fastmm.asarray(b)
-    out = nan_out(64, 64)
+    out = fastmm.asarray(np.full((64, 64), np.nan, F32))  # uploaded: no CuPy kernel, so no CuPy module to unload
     np.matmul(fa, fb, out=out)
     check(out, a, b, "before the fault")
     bad = _cuda.Launch(Naive(), Variant(), 0, m=64, n=64, k=64, a_sm=64, a_sk=1, b_sk=64, b_sn=1, c_sm=64, c_sn=1,
@@ -430,13 +437,15 @@ def test_sticky_fault_is_a_device_fault_error():
     try:
         np.matmul(fa, fb, out=out)
     except fastmm.DeviceFaultError as e:
-        assert "Restart the Python process" in str(e), e
+        assert isinstance(e, RuntimeError) and "Restart the Python process" in str(e), e
         print("next product:", e)
     else:
         raise AssertionError("a product after an illegal address did not raise fastmm.DeviceFaultError")
     ''')
     assert p.returncode == 0 and DONE in p.stdout, describe(p)
-    assert "PyCUDA" not in p.stderr and "Traceback" not in p.stderr and "abort" not in p.stderr, describe(p)
+    foreign = [line for line in p.stderr.splitlines()
+               if line.strip() and not any(n in line for n in CUPY_CLEANUP_NOISE)]
+    assert not foreign, describe(p)
 
 
 # --------------------------------------------------------------------------------------------------------
