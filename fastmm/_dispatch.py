@@ -134,7 +134,11 @@ def _cupy_product(func, a, b, dtype, *args):
     if dtype == np.bool_:
         i32 = np.dtype(np.int32)
         return func(a.astype(i32, copy=False), b.astype(i32, copy=False), *args) != 0
-    return func(a.astype(dtype, copy=False), b.astype(dtype, copy=False), *args)
+    if a.dtype != dtype:
+        a = a.astype(dtype)
+    if b.dtype != dtype:
+        b = b.astype(dtype)
+    return func(a, b, *args)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -354,6 +358,14 @@ def _operands(*xs):
 def dot(a, b, out=None, *, kernel=None):
     """``np.dot``: N-D operands contract a's last axis with b's second-to-last, as one batched product."""
     cp = _cupy()
+    if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.dtype == b.dtype != _F32 \
+            and a.ndim and b.ndim and a.dtype != np.bool_:
+        # The common case of other dtypes, kept short (float64 `x.dot(y)`): CuPy's own ndarray.dot, called as
+        # the base class's method so that it cannot come back to fastmm's (see the module's docstring).
+        device_id = cp.cuda.runtime.getDevice()
+        if a.data.device_id == device_id == b.data.device_id:
+            dot_shapes(a.shape, b.shape)
+            return cp.ndarray.dot(a, b)
     a, b = _operands(a, b)
     if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
         raise TypeError("'out' must be an array")

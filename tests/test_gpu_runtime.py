@@ -269,10 +269,26 @@ def test_operands_on_two_devices_follow_cupy():
                 label = f"{what}, current device {current}"
                 print(f"{label}: CuPy {kind} {str(ref)[:150] if kind == 'raised' else ''}| fastmm {got_kind} "
                       f"{str(got)[:150] if got_kind == 'raised' else ''}")
-                if kind == "raised":  # the same rule: an error of the same builtin kind, in the same words
+                if kind == "raised" and isinstance(ref, ValueError):
+                    # CuPy's own rule for an array on another device: the same error, in the same words.
                     assert got_kind == "raised", f"{label}: CuPy raised {ref!r}, fastmm returned a result"
                     assert isinstance(got, builtin_base(ref)), f"{label}: CuPy raised {ref!r}, fastmm {got!r}"
                     assert str(got) == str(ref), f"{label}: CuPy says {str(ref)!r}, fastmm {str(got)!r}"
+                elif kind == "raised":
+                    # cupy.matmul does not check devices: cuBLAS fails inside the library (seen on an H200 pair
+                    # without peer access: CUBLAS_STATUS_EXECUTION_FAILED). fastmm applies the rule CuPy's own
+                    # kernels apply, in CuPy's words: without peer access a ValueError that says so; with it, the
+                    # product, read through peer access on the current device.
+                    other = 1 - current
+                    rule = (f"The device where the array resides ({other}) is different from the current device "
+                            f"({current}). Peer access is unavailable between these devices.")
+                    if got_kind == "raised":
+                        assert isinstance(got, ValueError) and str(got) == rule, f"{label}: fastmm {got!r}"
+                        assert not cupy.cuda.runtime.deviceCanAccessPeer(current, other), label
+                    else:
+                        assert cupy.cuda.runtime.deviceCanAccessPeer(current, other), label
+                        assert got.device.id == current, label
+                        check(got, a, b, label)
                 else:
                     assert got_kind == "ok", f"{label}: CuPy computed it, fastmm raised {got!r}"
                     assert got.device.id == ref.device.id, \
