@@ -1,8 +1,11 @@
 """Shared set-up for the GPU benchmarks: skip without a GPU, build operands, time with CUDA events.
 
-Every timed function synchronises the GPU before returning, so asv's wall clock sees the work itself.
-`track_` results are TFLOP/s (2*M*N*K*batch over the median of CUDA-event timings) and ratios to cuBLAS
-(``cupy.matmul``) timed in the same process, on the same operands.
+The method is fastmm's (docs/measuring.md): `track_` benchmarks use the bench command's timer (CUDA events on
+the working stream, after warm-up, median of batches) and its rotation of operand sets that fit in L2.
+`track_` results are TFLOP/s (2*M*N*K*batch over the median time per call) and ratios to cuBLAS
+(``cupy.matmul``) timed in the same process, on the same operands. Every `time_` function synchronises the GPU
+before returning, so asv's wall clock sees the work itself. Results are not checked here: the tests, the
+sanitizer workload and ``python -m fastmm bench`` do that.
 """
 
 from __future__ import annotations

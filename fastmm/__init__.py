@@ -1,11 +1,26 @@
 """fastmm: NumPy's matrix products on the GPU, through fastmm's own SGEMM kernels.
 
->>> import numpy as np, fastmm                                  # doctest: +SKIP
->>> a = fastmm.asarray(np.random.rand(1024, 1024).astype(np.float32))
->>> c = a @ a                 # fastmm's kernel; np.matmul(a, a), np.dot(a, a) too
->>> print(fastmm.explain(a, a))
+`fastmm.asarray` makes a GPU array (a subclass of ``cupy.ndarray``) on which NumPy's matrix products,
+``np.matmul``, ``@``, ``np.dot``, ``np.einsum`` and the others, run fastmm's float32 kernels; other dtypes and
+everything else run on CuPy. Planning (`explain`, `kernel_names`, `use_kernel`) and the exceptions work
+without CuPy or a GPU; arrays and products need CuPy and a CUDA GPU.
 
-Planning (`explain`, `kernel_names`, `use_kernel`) works without a GPU; arrays need CuPy and a GPU.
+Examples
+--------
+Planning and the exceptions need no GPU:
+
+>>> import fastmm
+>>> "warptile" in fastmm.kernel_names()
+True
+>>> issubclass(fastmm.OutOfMemoryError, MemoryError), issubclass(fastmm.CompileError, RuntimeError)
+(True, True)
+
+On a GPU machine:
+
+>>> import numpy as np
+>>> a = fastmm.asarray(np.random.rand(1024, 1024).astype(np.float32))   # doctest: +SKIP
+>>> c = a @ a                   # fastmm's kernel; np.matmul(a, a), np.dot(a, a) too  # doctest: +SKIP
+>>> print(fastmm.explain(a, a))                                          # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -44,8 +59,51 @@ def __getattr__(name):
 def explain(a, b, kernel=None) -> str:
     """Say which kernel ``matmul(a, b)`` runs, by which rule of the heuristic table, and why.
 
-    `a` and `b` may be arrays (fastmm, CuPy, NumPy) or shapes (tuples), in which case C-ordered float32
-    operands are assumed. Without a GPU the plan assumes an H100/H200.
+    Nothing is computed: the product is planned as `matmul` would plan it, on the current GPU when CuPy,
+    PyCUDA and a GPU are available, else for an assumed H100/H200.
+
+    Parameters
+    ----------
+    a, b : array_like or tuple of int
+        The operands (fastmm, CuPy or NumPy arrays, whose dtypes, strides and alignment count), or their
+        shapes, which stand for C-ordered float32 operands.
+    kernel : str, optional
+        Plan as if ``kernel=`` were passed to `matmul`. By default the kernel an enclosing `use_kernel`
+        forces, else ``"auto"``.
+
+    Returns
+    -------
+    str
+        For a float32 product, lines naming the problem (sizes, layouts, alignment, device), the kernel (and
+        split-K slices), the rule of the table with its reason, and the launch grid. For other dtypes, one
+        line saying which CuPy path runs.
+
+    Raises
+    ------
+    ValueError
+        When the shapes cannot be multiplied (NumPy's error).
+    KeyError
+        For an unknown `kernel` name.
+
+    See Also
+    --------
+    use_kernel, kernel_names
+    matmul : Runs the planned product.
+
+    Notes
+    -----
+    ``python -m fastmm explain M N K`` prints the same text. NumPy has no counterpart.
+
+    Examples
+    --------
+    >>> import numpy as np, fastmm
+    >>> print(fastmm.explain(np.ones((3, 4)), np.ones((4, 5))))
+    float64 product: CuPy (cuBLAS); fastmm's own kernels are float32
+    >>> print(fastmm.explain((1024, 1024), (1024, 1024), kernel="regtile_128x128x8_8x8"))  # doctest: +ELLIPSIS
+    1024x1024x1024 float32 (A k-contiguous, B n-contiguous, 16-byte aligned) on ...
+      kernel  regtile_128x128x8_8x8_nn_v4
+      rule    forced: kernel 'regtile_128x128x8_8x8' was requested
+      grid    64 blocks of 256 threads for ... SMs
     """
     import numpy as np
 

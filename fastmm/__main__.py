@@ -1,4 +1,7 @@
-"""Command line: ``python -m fastmm {info,compile,explain,bench}``."""
+"""fastmm's command line: what was found, kernel resources, the plan for a product, the bench table, autotuning.
+
+info, compile and explain need no GPU (compile needs nvcc); bench and autotune need a CUDA GPU, CuPy and PyCUDA.
+"""
 
 from __future__ import annotations
 
@@ -106,19 +109,19 @@ def cmd_autotune(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastmm", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fastmm", description=__doc__.strip())
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="GPU, driver, library versions, kernels")
     c = sub.add_parser("compile", help="compile every kernel binary with nvcc and report ptxas resources")
-    c.add_argument("--arch", default="sm_90")
-    c.add_argument("--jobs", type=int, default=2)
+    c.add_argument("--arch", default="sm_90", help="GPU architecture to compile for (default: sm_90, H100/H200)")
+    c.add_argument("--jobs", type=int, default=2, help="nvcc processes in parallel (default: 2)")
     c.add_argument("--no-cache", action="store_true", help="recompile even when a cached cubin exists")
     e = sub.add_parser("explain", help="which kernel runs for an M x N x K product, and why")
-    e.add_argument("m", type=int)
-    e.add_argument("n", type=int)
-    e.add_argument("k", type=int)
-    e.add_argument("--batch", type=int, default=1)
-    e.add_argument("--kernel", default=None)
+    e.add_argument("m", type=int, help="rows of A and C")
+    e.add_argument("n", type=int, help="columns of B and C")
+    e.add_argument("k", type=int, help="columns of A, rows of B")
+    e.add_argument("--batch", type=int, default=1, help="a stack of BATCH products, A batched, B shared (default: 1)")
+    e.add_argument("--kernel", default=None, help="plan with this kernel forced (a name from fastmm.kernel_names())")
     b = sub.add_parser("bench", help="TFLOP/s of every kernel, auto and cuBLAS over a table of shapes")
     from . import _bench
 

@@ -114,7 +114,39 @@ _MISSING = object()
 class ndarray(_cp.ndarray):
     """A CuPy array on which NumPy's matrix products run fastmm's SGEMM kernels.
 
-    Create one with `fastmm.asarray`. It is a ``cupy.ndarray`` in every other respect.
+    Create one with `fastmm.asarray` (not with the constructor, which takes CuPy's low-level arguments). It
+    is a ``cupy.ndarray`` in every other respect: every CuPy function, method, operator and protocol works on
+    it, and results stay fastmm arrays.
+
+    What differs from ``cupy.ndarray``:
+
+    - ``np.matmul``, ``np.matvec``, ``np.vecmat``, ``np.vecdot`` (through ``__array_ufunc__``), ``np.dot``,
+      ``np.inner``, ``np.vdot``, ``np.tensordot``, ``np.einsum``, ``np.linalg.matmul`` (through
+      ``__array_function__``) and the operators ``@``, ``@=`` run `fastmm.matmul` and its siblings:
+      float32 products on fastmm's kernels, other dtypes on CuPy. The method ``dot`` is `fastmm.dot`.
+    - Every other NumPy function called on it runs CuPy's implementation, with NumPy (host) operands
+      uploaded, and returns fastmm arrays; so do the CuPy methods that would return a plain
+      ``cupy.ndarray`` (reductions, ``astype``, ``reshape``, ...).
+    - ``np.asarray(x)`` copies to the host; ``np.asarray(x, copy=False)`` raises `ValueError`, because no
+      host view of GPU memory exists.
+    - ``repr`` shows ``fastmm.array(...)``.
+
+    How it differs from ``numpy.ndarray``: it lives in GPU memory, on the device that was current when it
+    was made, and the product functions differ as `fastmm.linalg` says.
+
+    See Also
+    --------
+    asarray : Make one.
+    asnumpy : Copy one to the host.
+
+    Examples
+    --------
+    >>> import numpy as np, fastmm
+    >>> a = fastmm.asarray(np.ones((4, 4), np.float32))   # doctest: +SKIP
+    >>> isinstance(a @ a, fastmm.ndarray)                  # doctest: +SKIP
+    True
+    >>> isinstance(np.exp(a), fastmm.ndarray)              # doctest: +SKIP
+    True
     """
 
     __array_priority__ = 200.0  # above CuPy's 100: binary operators with plain CuPy arrays come to us
@@ -187,10 +219,49 @@ for _name in ("all", "any", "argmax", "argmin", "argpartition", "argsort", "asty
 def asarray(obj, dtype=None) -> ndarray:
     """Convert `obj` to a fastmm array on the current CuPy device.
 
-    NumPy arrays, nested sequences and scalars are copied to the GPU; CuPy arrays and any object with
-    ``__cuda_array_interface__`` or a CUDA ``__dlpack__`` are used in place (no copy) when `dtype` allows.
+    NumPy arrays, nested sequences and scalars are copied to the GPU. CuPy arrays and any object with
+    ``__cuda_array_interface__`` or a CUDA ``__dlpack__`` (PyTorch, JAX, Numba arrays on the GPU) are used in
+    place, without a copy, when `dtype` allows; the result then shares their memory.
 
-    .. seealso:: :func:`numpy.asarray`, :func:`cupy.asarray`
+    Parameters
+    ----------
+    obj : array_like
+        A NumPy or CuPy array, an object exposing GPU memory through ``__cuda_array_interface__`` or
+        ``__dlpack__``, a nested sequence or a scalar.
+    dtype : data-type, optional
+        The dtype of the result; by default that of `obj` (NumPy's inference for sequences and scalars).
+        A different dtype converts, and so copies.
+
+    Returns
+    -------
+    ndarray
+        A fastmm array in GPU memory.
+
+    Raises
+    ------
+    TypeError
+        For dtypes a GPU cannot hold (object, string, void, long double).
+    OutOfMemoryError
+        When the GPU has no room for the copy.
+    CUDAUnavailableError
+        When no CUDA GPU can be used.
+    ImportError
+        When CuPy is not installed.
+
+    See Also
+    --------
+    numpy.asarray : Differs in where the result lives: NumPy's is in host memory, fastmm's on the GPU.
+        Unlike NumPy's it has no ``order=`` or ``copy=`` keyword.
+    cupy.asarray : Gives a plain ``cupy.ndarray``, whose products run on cuBLAS.
+    asnumpy : The way back to the host.
+
+    Examples
+    --------
+    >>> import numpy as np, fastmm
+    >>> a = fastmm.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))  # doctest: +SKIP
+    >>> a.shape, a.dtype                                                 # doctest: +SKIP
+    ((2, 3), dtype('float32'))
+    >>> b = fastmm.asarray([[1, 2], [3, 4]], dtype=np.float32)           # doctest: +SKIP
     """
     return _wrap(_dispatch.to_device(obj, dtype))
 
@@ -198,6 +269,29 @@ def asarray(obj, dtype=None) -> ndarray:
 def asnumpy(a, out=None) -> np.ndarray:
     """Copy a fastmm (or CuPy) array to a NumPy array on the host.
 
-    .. seealso:: :func:`cupy.asnumpy`
+    Parameters
+    ----------
+    a : ndarray
+        A fastmm or CuPy array (a NumPy array is returned as it is).
+    out : numpy.ndarray, optional
+        A host array of the same shape to copy into.
+
+    Returns
+    -------
+    numpy.ndarray
+        The data in host memory; `out` when given.
+
+    See Also
+    --------
+    cupy.asnumpy : The same function (fastmm calls it).
+    numpy.asarray : ``np.asarray(a)`` copies a fastmm array to the host as well.
+
+    Examples
+    --------
+    >>> import numpy as np, fastmm
+    >>> a = fastmm.asarray(np.ones((2, 2), np.float32))    # doctest: +SKIP
+    >>> fastmm.asnumpy(a @ a)                               # doctest: +SKIP
+    array([[2., 2.],
+           [2., 2.]], dtype=float32)
     """
     return _cp.asnumpy(a, out=out)

@@ -105,8 +105,8 @@ def tune(shapes, *, seed: int = 0, progress: bool = True) -> list[dict]:
 
 def add_arguments(p) -> None:
     p.add_argument("shapes", nargs="*", help="M,N,K or M,N,K,BATCH (default: the bench command's shape table)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (for logs)")
 
 
 def main(args) -> int:

@@ -280,6 +280,32 @@ _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
 
 
 def kernel_names() -> list[str]:
+    """Every name ``kernel=`` and `use_kernel` accept.
+
+    Returns
+    -------
+    list of str
+        ``"auto"`` (the heuristic table, or an autotuned entry), then the kernel families (``"naive"``,
+        ``"smem"``, ``"regtile"``, ``"warptile"``: the table restricted to that family, tile chosen for the
+        shape), then every kernel configuration by name.
+
+    See Also
+    --------
+    use_kernel, explain
+
+    Notes
+    -----
+    The configurations are described in the kernel ladder (docs/kernels.md); ``python -m fastmm compile``
+    lists their ptxas resources. NumPy has no counterpart.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> fastmm.kernel_names()[:5]
+    ['auto', 'naive', 'smem', 'regtile', 'warptile']
+    >>> "regtile_128x128x8_8x8" in fastmm.kernel_names()
+    True
+    """
     return ["auto", *FAMILIES, *(c.name for c in CONFIGS)]
 
 
@@ -299,8 +325,51 @@ def _check_name(name: str) -> str:
 def use_kernel(name: str) -> Iterator[None]:
     """Force one kernel (a family or a configuration name) for every float32 product inside the block.
 
-    >>> with fastmm.use_kernel("smem"):       # doctest: +SKIP
-    ...     c = a @ b
+    A context manager. Products of other dtypes are unaffected, and a ``kernel=`` argument to a product
+    still wins over it. Blocks nest (the innermost wins) and are local to the thread or asyncio task that
+    enters them (a `contextvars.ContextVar`): another thread's products keep their own choice.
+
+    Parameters
+    ----------
+    name : str
+        ``"auto"``, a family (``"naive"``, ``"smem"``, ``"regtile"``, ``"warptile"``) or a configuration
+        name, as listed by `kernel_names`.
+
+    Raises
+    ------
+    KeyError
+        On entering the block, for an unknown name; the message lists the valid ones.
+
+    See Also
+    --------
+    kernel_names, explain
+    matmul : Its ``kernel=`` keyword forces a kernel for one product.
+
+    Notes
+    -----
+    NumPy has no counterpart. The name is checked when the block is entered, before any product runs.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> with fastmm.use_kernel("regtile"):
+    ...     print(fastmm.explain((1024, 1024), (1024, 1024)))  # doctest: +ELLIPSIS
+    1024x1024x1024 float32 ...
+      kernel  regtile_...
+      rule    forced: kernel family 'regtile' was requested; tile chosen for the shape
+      grid    ...
+    >>> with fastmm.use_kernel("fastest"):
+    ...     pass
+    Traceback (most recent call last):
+        ...
+    KeyError: "unknown kernel 'fastest'; valid names: auto, naive, smem, regtile, warptile, ..."
+
+    On a GPU machine every float32 product inside the block runs the shared-memory kernel:
+
+    >>> import numpy as np
+    >>> a = fastmm.asarray(np.ones((256, 256), np.float32))   # doctest: +SKIP
+    >>> with fastmm.use_kernel("smem"):
+    ...     c = a @ a                                          # doctest: +SKIP
     """
     token = _forced.set(_check_name(name))
     try:
