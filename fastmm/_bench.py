@@ -1,11 +1,11 @@
 """``python -m fastmm bench``: TFLOP/s of every kernel, ``auto``, cuBLAS and NumPy over a table of shapes.
 
-Method (../shared/PERF.md): fresh random inputs; every row's result checked against a float64 product
-(relative Frobenius error), with the output poisoned with NaN first so an unwritten element cannot pass;
-CUDA events on the stream the work runs on, after warm-up; the median of several timed runs; cuBLAS
-(``cupy.matmul``) timed in the same run, and ratios reported against it (for ``auto``, over interleaved rounds
-of the two). Inputs that fit in L2 are rotated
-among several sets, so that a kernel is not timed re-reading a warm cache.
+The measuring method is described in docs/measuring.md; in short: fresh random inputs; every row's result
+checked against a float64 product (relative Frobenius error), with the output poisoned with NaN first so an
+unwritten element cannot pass; CUDA events on the stream the work runs on, after warm-up; the median of several
+timed batches; cuBLAS (``cupy.matmul``) timed in the same run, and ratios reported against it (for ``auto``,
+over interleaved rounds of the two). Inputs that fit in L2 are rotated among several sets, so that a kernel is
+not timed re-reading a warm cache.
 """
 
 from __future__ import annotations
@@ -304,10 +304,10 @@ def plot(report: dict, kernels, path: str) -> None:
 def add_arguments(p) -> None:
     p.add_argument("--shapes", default=None, help="comma-separated labels from the shape table (default: all)")
     p.add_argument("--kernels", default=None, help="comma-separated kernel configurations (default: all)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
     p.add_argument("--no-cpu", action="store_true", help="skip the NumPy-on-CPU column")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (for logs)")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 
