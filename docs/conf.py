@@ -38,6 +38,10 @@ exclude_patterns = ["_build"]
 
 # fastmm.ndarray subclasses cupy.ndarray and fastmm/_array.py imports CuPy at import time: a mock stands in for
 # CuPy (and PyCUDA) so that the reference builds where neither is installed, and reads the same where they are.
+# Single backquotes in docstrings name Python objects (numpydoc's convention): links where fastmm documents the
+# object, code where it does not (parameter names, NumPy's functions: no intersphinx, see below).
+default_role = "py:obj"
+
 autodoc_mock_imports = ["cupy", "pycuda"]
 autodoc_typehints = "none"            # the numpydoc Parameters sections carry the types
 autodoc_member_order = "bysource"
@@ -54,12 +58,14 @@ html_theme = "pydata_sphinx_theme"
 html_title = f"fastmm {release}"
 html_theme_options = {
     "navigation_with_keys": False,
+    "navbar_center": [],              # the sidebar lists the pages; no second copy in the header
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
     "footer_start": ["copyright"],
     "footer_end": [],
 }
-html_sidebars = {"**": ["sidebar-nav-bs"]}
+templates_path = ["_templates"]
+html_sidebars = {"**": ["sidebar-pages"]}  # docs/_templates/sidebar-pages.html: every page, always
 html_show_sourcelink = False
 
 
