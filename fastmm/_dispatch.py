@@ -243,9 +243,9 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
                 raise _too_few_dims(g.name, g.sig, i, 0, 1)
     ca, cb, cout = g.cores(a.ndim, b.ndim)
     out_ndim = max(a.ndim - ca, b.ndim - cb) + cout
-    keepdims = bool(kwargs.get("keepdims", False))
     (axa, axb, axc), keepdims = gufunc_axes(g.name, g.sig, (ca, cb, cout), (a.ndim, b.ndim, out_ndim),
-                                           axes=kwargs.get("axes"), axis=kwargs.get("axis"), keepdims=keepdims)
+                                           axes=kwargs.get("axes"), axis=kwargs.get("axis"),
+                                           keepdims=kwargs.get("keepdims"))
     a0, b0 = a, b
     a, b = _core_last(a, axa), _core_last(b, axb)
     try:
@@ -376,6 +376,8 @@ def dot(a, b, out=None, *, kernel=None):
     check_dot_out(out, shape, res)
     current_device(out)
     if res != _F32:
+        if a.shape[-1] == 0:
+            return _deliver(cp.zeros(shape, res), out)
         return _deliver(_cupy_product(cp.dot, a, b, res), out)
     if a.ndim <= 2 and b.ndim <= 2:
         if isinstance(out, np.ndarray):
@@ -383,6 +385,9 @@ def dot(a, b, out=None, *, kernel=None):
         return matmul(a, b, out=out, kernel=kernel)
     # a (..., k) x b (p..., k, n): every batch item of b meets all rows of a, and lands in c[..., p..., n].
     k = a.shape[-1]
+    if k == 0:  # an empty sum (and no reshape can infer an axis next to a zero-length one)
+        return _deliver(cp.zeros(shape, res), out)
+    a, b = a.astype(_F32, copy=False), b.astype(_F32, copy=False)  # float16, int8, bool with float32
     n = 1 if b.ndim == 1 else b.shape[-1]
     a2 = a.reshape(-1, k)
     b3 = b.reshape(-1, k, n)
@@ -400,6 +405,8 @@ def inner(a, b, *, kernel=None):
         return cp.multiply(plain(a), plain(b))
     shape = inner_shapes(a.shape, b.shape)
     res = np.result_type(a.dtype, b.dtype)
+    if a.shape[-1] == 0:  # an empty sum (CuPy's inner divides by the zero length)
+        return cp.zeros(shape, res)
     if res != _F32:
         return _cupy_product(cp.inner, a, b, res)
     k = a.shape[-1]
@@ -428,11 +435,13 @@ def tensordot(a, b, axes=2, *, kernel=None):
         if a.shape[ia] != b.shape[ib]:
             raise ValueError("shape-mismatch for sum")
     res = np.result_type(a.dtype, b.dtype)
-    if res != _F32:
-        return _cupy_product(cp.tensordot, a, b, res, axes)
     free_a = [i for i in range(a.ndim) if i not in axes_a]
     free_b = [i for i in range(b.ndim) if i not in axes_b]
     k = math.prod(a.shape[i] for i in axes_a)
+    if k == 0:  # an empty sum (and no reshape can infer an axis next to a zero-length one)
+        return cp.zeros([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b], res)
+    if res != _F32:
+        return _cupy_product(cp.tensordot, a, b, res, axes)
     a2 = a.transpose(free_a + axes_a).reshape(-1, k)
     b2 = b.transpose(axes_b + free_b).reshape(k, -1)
     c = matmul(a2, b2, kernel=kernel)
@@ -446,7 +455,10 @@ def einsum(*args, kernel=None, **kwargs):
     subscripts, operands = einsum_subscripts(args)
     ops = _operands(*operands)
     out = kwargs.pop("out", None)
-    casting = kwargs.get("casting", "safe")
+    casting = kwargs.pop("casting", "safe")  # used for `out` below: CuPy's einsum takes no casting=
+    layout = kwargs.get("order", "K")
+    if layout is not None and str(layout).upper() not in ("C", "F", "A", "K"):
+        raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {layout!r})")
     spec = None
     if len(ops) == 2 and not set(kwargs) - {"optimize"}:
         spec = einsum_as_gemm(subscripts, ops[0].shape, ops[1].shape)

@@ -169,9 +169,8 @@ def check_dot_out(out, shape, dtype):
     if out is None:
         return
     if tuple(out.shape) != tuple(shape):
-        raise ValueError("output array has wrong dimensions" if out.ndim != len(shape) else
-                         "output array is not acceptable (must have the right datatype, number of dimensions, "
-                         "and be a C-Array)")
+        raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, "
+                         "and be a C-Array)" if out.ndim != len(shape) else "output array has wrong dimensions")
     if out.dtype != dtype or not out.flags.c_contiguous:
         raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, "
                          "and be a C-Array)")
@@ -229,18 +228,22 @@ def _axis_index(value, ndim: int) -> int:
 
 
 def gufunc_axes(name: str, sig: str, cores: Sequence[int], ndims: Sequence[int], *, axes=None, axis=None,
-                keepdims=False) -> tuple[list[tuple[int, ...]], bool]:
+                keepdims=None) -> tuple[list[tuple[int, ...]], bool]:
     """Normalise a gufunc's ``axes=``/``axis=``/``keepdims=`` to one tuple of core axes per operand.
 
     `cores` and `ndims` list the number of core dimensions and the number of dimensions of each operand, inputs
     first, then the output. The result holds, for each operand, the positions (non-negative) of its core axes
-    in its own order; ``keepdims`` is returned as given once NumPy's rules allow it. Errors are NumPy's.
+    in its own order; with ``keepdims`` the output's entry says where the kept (size-1) core axes go. ``keepdims``
+    is None when not given (NumPy refuses it, even False, for signatures whose output has core dimensions) and is
+    returned as a bool. Errors are NumPy's.
 
     >>> gufunc_axes("matmul", "(n?,k),(k,m?)->(n?,m?)", (2, 2, 2), (3, 3, 3), axes=[(0, 1), (0, 1), (0, 1)])
     ([(0, 1), (0, 1), (0, 1)], False)
     """
     nin = len(cores) - 1
-    if keepdims:
+    if keepdims is not None:  # given at all, even as False, it must be allowed by the signature
+        if not isinstance(keepdims, (bool, np.bool_)):
+            raise TypeError("'keepdims' must be a boolean")
         # NumPy names the first operand that breaks the rule: an input whose core count differs from input 0's,
         # else the output when it has core dimensions.
         bad = next((i for i in range(1, nin) if cores[i] != cores[0]), None)
@@ -249,6 +252,9 @@ def gufunc_axes(name: str, sig: str, cores: Sequence[int], ndims: Sequence[int],
             raise TypeError(f"{name} does not support keepdims: its signature {sig} requires {which} to have "
                             f"{count} core dimensions, but keepdims can only be used when all inputs have the same "
                             "number of core dimensions and all outputs have no core dimensions.")
+    keepdims = bool(keepdims)
+    if keepdims:  # the output keeps the inputs' core axes, with size 1: as many core axes as an input has
+        cores, ndims = (*cores[:nin], cores[0]), (*ndims[:nin], ndims[nin] + cores[0])
     if axis is not None:
         distinct = len({label for part in sig.replace("?", "").replace("->", ",").split(",")
                         for label in part.strip("()").split(",") if label})
@@ -256,11 +262,9 @@ def gufunc_axes(name: str, sig: str, cores: Sequence[int], ndims: Sequence[int],
             raise TypeError(f"{name}: axis can only be used with a single shared core dimension, not with the "
                             f"{distinct} distinct ones implied by signature {sig}.")
         core_axes = [(_axis_index(axis, ndims[i]),) for i in range(nin)]
-        return core_axes + [(_axis_index(axis, ndims[nin] + 1),) if keepdims else ()], keepdims
+        return core_axes + [(_axis_index(axis, ndims[nin]),) if keepdims else ()], keepdims
     if axes is None:
-        out_ndim = ndims[nin] + (1 if keepdims else 0)
-        default = [tuple(range(nd - c, nd)) for nd, c in zip(ndims[:nin], cores[:nin])]
-        return default + [tuple(range(out_ndim - cores[nin], out_ndim))], keepdims
+        return [tuple(range(nd - c, nd)) for nd, c in zip(ndims, cores)], keepdims
     if not isinstance(axes, list):
         raise TypeError("axes should be a list.")
     # Whether the output may be left out depends on the signature (matmul's (n?,m?) has core dimensions even
@@ -270,8 +274,8 @@ def gufunc_axes(name: str, sig: str, cores: Sequence[int], ndims: Sequence[int],
                          "outputs can only be omitted if none of them has core axes.")
     result = []
     for i, (core, nd) in enumerate(zip(cores, ndims)):
-        if i == len(axes):  # the output's entry omitted: it has no core axes
-            result.append(())
+        if i == len(axes):  # the output's entry omitted: its core axes (kept ones only) go last
+            result.append(tuple(range(nd - core, nd)))
             break
         item = axes[i]
         if not isinstance(item, tuple):

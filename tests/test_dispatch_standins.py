@@ -64,6 +64,7 @@ def _fake_cupy():
         memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
     cp.asarray = lambda x, dtype=None: np.array(x, dtype=dtype).view(FakeCupyArray)
     cp.empty = lambda shape, dtype: np.full(shape, np.nan, dtype).view(FakeCupyArray)
+    cp.zeros = lambda shape, dtype: np.zeros(shape, dtype).view(FakeCupyArray)
     for name in ("matmul", "multiply", "inner", "vdot", "tensordot", "einsum", "moveaxis", "asfortranarray"):
         setattr(cp, name, _strict(getattr(np, name)))
     cp.dot = _strict(np.dot, calls_method="dot")
@@ -127,6 +128,35 @@ def test_non_float32_products_reach_cupy_on_plain_arrays(fake_cupy, dtype, rng):
         _check(_dispatch.vecdot(fa, fa), np.vecdot(a, a))
         _check(_dispatch.matvec(fa, _fastmm(b[:, 0])), np.matvec(a, b[:, 0]))
         _check(_dispatch.vecmat(_fastmm(a[:, 0]), fa), np.vecmat(a[:, 0], a))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.bool_, np.float64], ids=str)
+def test_empty_contractions_and_mixed_dtypes_of_dot(fake_cupy, dtype, rng, monkeypatch):
+    """Zero-length contracted axes give zeros (no kernel); N-D dot of a float32 with another dtype is a float32
+    product whose operands reach the kernels as float32."""
+    seen = []
+    monkeypatch.setattr(_gemm, "gemm", lambda a, b, c, kernel=None, record=None: seen.append((a.dtype, b.dtype)) or
+                        c.__setitem__(Ellipsis, np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))))
+    f32 = np.dtype(np.float32)
+    for ashape, bshape in (((2, 3, 0), (3, 0, 2)), ((2, 0), (0, 3))):
+        a, b = _operand(rng, ashape, dtype), _operand(rng, bshape, f32)
+        _check(_dispatch.dot(_fastmm(a), _fastmm(b)), np.dot(a, b))
+    _check(_dispatch.tensordot(_fastmm(np.ones((2, 0), dtype)), _fastmm(np.ones((0, 3), dtype)), axes=1),
+           np.tensordot(np.ones((2, 0), dtype), np.ones((0, 3), dtype), axes=1))
+    _check(_dispatch.inner(_fastmm(np.ones((2, 0), dtype)), _fastmm(np.ones((3, 0), dtype))),
+           np.inner(np.ones((2, 0), dtype), np.ones((3, 0), dtype)))
+    a3, b3 = _operand(rng, (2, 3, 4), dtype), _operand(rng, (3, 4, 2), f32)
+    _check(_dispatch.dot(_fastmm(a3), _fastmm(b3)), np.dot(a3, b3))
+    if np.result_type(dtype, f32) == f32:
+        assert seen and all(d == (f32, f32) for d in seen)
+
+
+def test_dot_out_errors_are_numpys(fake_cupy):
+    a, b = np.ones((2, 3)), np.ones((3, 4))
+    for out in (np.ones((2, 4, 1)), np.ones((4, 2)), np.ones((2, 4), np.float32)):
+        want = _outcome(lambda: np.dot(a, b, out=out))
+        got = _outcome(lambda: _dispatch.dot(_fastmm(a), _fastmm(b), out=_fastmm(out)))
+        assert got[0] == want[0] == "raised" and got[1:] == want[1:], (got, want)
 
 
 def test_out_is_written_and_returned(fake_cupy, rng):
@@ -211,6 +241,13 @@ GUFUNC_CASES = [
     ("vecdot", _A, _A, {"axes": [1, 1, 0]}),
     ("vecdot", _A, _A, {"axes": [1, 1, (0,)]}),
     ("vecdot", _A, (2, 3, 5), {}),
+    ("vecdot", _A, _A, {"axes": [(-1,), (-1,), (-1,)], "keepdims": True}),
+    ("vecdot", _A, _A, {"axes": [0, 0, 0], "keepdims": True}),
+    ("vecdot", _A, _A, {"axes": [1, 1], "keepdims": True}),
+    ("vecdot", _A, _A, {"keepdims": "true"}),
+    ("vecdot", _A, _A, {"keepdims": False}),
+    ("matmul", _A, _B, {"keepdims": False}),
+    ("matmul", _A, (2, 5, 4), {"keepdims": False}),
 ]
 
 

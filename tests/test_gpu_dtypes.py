@@ -274,3 +274,17 @@ def test_views_behave_as_cupys(rng):
         assert v.base is r
     assert isinstance(fastmm.asarray(a).view(cp.ndarray), cp.ndarray)
     assert type(fastmm.asarray(a).view(cp.ndarray)) is cp.ndarray
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.bool_, np.float32, np.float64], ids=str)
+def test_mixed_dtype_nd_dot_and_empty_contractions(dtype, rng):
+    import fastmm
+
+    a3, b3 = operand(rng, (2, 3, 4), dtype), operand(rng, (3, 4, 2), np.float32)
+    same(np.dot(fastmm.asarray(a3), fastmm.asarray(b3)), np.dot(a3, b3), np.float32)
+    for x, y in (((2, 3, 0), (3, 0, 2)), ((2, 0), (0, 3))):
+        a, b = operand(rng, x, dtype), operand(rng, y, np.float32)
+        same(np.dot(fastmm.asarray(a), fastmm.asarray(b)), np.dot(a, b))
+    z1, z2 = np.ones((2, 0), dtype), np.ones((3, 0), dtype)
+    same(np.inner(fastmm.asarray(z1), fastmm.asarray(z2)), np.inner(z1, z2))
+    same(np.tensordot(fastmm.asarray(z1), fastmm.asarray(z2.T), axes=1), np.tensordot(z1, z2.T, axes=1))

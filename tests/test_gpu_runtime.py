@@ -282,11 +282,11 @@ def test_operands_on_two_devices_follow_cupy():
                     other = 1 - current
                     rule = (f"The device where the array resides ({other}) is different from the current device "
                             f"({current}). Peer access is unavailable between these devices.")
+                    # (Whether peer access can be had is what enabling it says: on the H200 pair we measured, the
+                    # driver reports the devices as peers but refuses to enable access.)
                     if got_kind == "raised":
                         assert isinstance(got, ValueError) and str(got) == rule, f"{label}: fastmm {got!r}"
-                        assert not cupy.cuda.runtime.deviceCanAccessPeer(current, other), label
                     else:
-                        assert cupy.cuda.runtime.deviceCanAccessPeer(current, other), label
                         assert got.device.id == current, label
                         check(got, a, b, label)
                 else:
