@@ -49,7 +49,7 @@ from ._plan import Device, validated
 from .kernels import build
 from .kernels.configs import MAX_GRID_Y, MAX_GRID_Z, Variant, _Config
 
-__all__ = ["device", "Launch", "loaded_function"]
+__all__ = ["device", "Launch", "loaded_function", "as_fastmm_error"]
 
 # Everything PyCUDA would clean up in a context-dependent way, kept for the life of the process. The extra
 # reference taken here is never dropped, so neither thread exit nor interpreter shutdown destroys them.
@@ -162,6 +162,15 @@ def _sticky_status(device_id: int) -> int | None:
     except cupy.cuda.runtime.CUDARuntimeError as e:
         status = e.status
     return status if status in _STICKY else None
+
+
+def as_fastmm_error(error: Exception, device_id: int, doing: str) -> Exception:
+    """The fastmm exception for a CUDA error met outside a launch (CuPy's allocator, enabling peer access).
+
+    Called with the primary context of `device_id` current, while `doing` (a phrase) failed with `error`.
+    """
+    return _fatal(error, device_id, doing) or _errors.CUDAError(
+        f"{doing} on CUDA device {device_id} failed ({error}); the device is still usable")
 
 
 def _fatal(error: Exception, device_id: int, doing: str) -> Exception | None:

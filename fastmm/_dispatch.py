@@ -90,10 +90,18 @@ def _peer_access(device_id: int, other: int) -> None:
         rt = cp.cuda.runtime
         ok = bool(rt.deviceCanAccessPeer(device_id, other))
         if ok:
+            # From the current device, which is `device_id`. CuPy's own helper also clears the runtime's error
+            # state when access was already enabled (by CuPy's kernels, say), which a plain enable leaves set.
+            enable = getattr(rt, "_deviceEnsurePeerAccess", None) or rt.deviceEnablePeerAccess
             try:
-                rt.deviceEnablePeerAccess(other)  # from the current device, which is `device_id`
+                enable(other)
             except rt.CUDARuntimeError as e:
-                ok = "PeerAccessAlreadyEnabled" in str(e)
+                if "PeerAccessAlreadyEnabled" not in str(e):
+                    # Not a "no": the driver failed (a context broken by an earlier fault, say). Nothing is
+                    # remembered, so a later product asks again.
+                    from . import _cuda
+
+                    raise _cuda.as_fastmm_error(e, device_id, f"enabling peer access to device {other}") from None
         _peers[(device_id, other)] = ok
         if ok:
             warnings.warn(f"{msg} Peer access has been activated automatically.", _errors.PerformanceWarning,

@@ -46,6 +46,11 @@ def empty(shape, dtype=_F32):
         raise _errors.OutOfMemoryError(
             f"out of GPU memory allocating a {_fmt(shape)} {np.dtype(dtype)} result ({nbytes / 2**20:.1f} MiB): "
             f"{e}") from None
+    except cp.cuda.runtime.CUDARuntimeError as e:  # a context broken by an earlier fault, say: a fastmm error
+        from . import _cuda
+
+        raise _cuda.as_fastmm_error(e, cp.cuda.runtime.getDevice(),
+                                    f"allocating a {_fmt(shape)} {np.dtype(dtype)} result") from None
 
 
 def _extent(x) -> tuple[int, int]:

@@ -9,6 +9,7 @@ non-float32 paths of every product are checked against NumPy.
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -310,3 +311,45 @@ def test_dtype_resolution_matches_numpy(a, b, kw):
         assert got[1] == want[1]
     else:
         assert issubclass(got[1], want[1]) and got[2] == want[2]
+
+
+class _RuntimeError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("can, enable_error, expect", [
+    (0, None, "unavailable"),
+    (1, None, "warned"),
+    (1, "cudaErrorPeerAccessAlreadyEnabled: peer access is already enabled", "warned"),
+    (1, "cudaErrorIllegalAddress: an illegal memory access was encountered", "fastmm error"),
+])
+def test_operand_on_another_device_follows_cupys_rule(fake_cupy, monkeypatch, can, enable_error, expect):
+    """CuPy's rule (its elementwise kernels'): peer access enabled with a warning, CuPy's ValueError where the
+    devices cannot be peers, and a fastmm error (never a raw one) where enabling fails."""
+    import fastmm
+    from fastmm import _cuda
+
+    def enable(peer):
+        if enable_error:
+            raise _RuntimeError(enable_error)
+
+    rt = _gemm._cp.cuda.runtime
+    rt.CUDARuntimeError = _RuntimeError
+    rt.deviceCanAccessPeer = lambda device, peer: can
+    rt._deviceEnsurePeerAccess = enable
+    monkeypatch.setattr(_dispatch, "_peers", {})
+    monkeypatch.setattr(_cuda, "_sticky_status", lambda device_id: None)  # a healthy context
+    x = _fastmm(np.ones((2, 2)))
+    monkeypatch.setattr(FakeCupyArray, "data", property(lambda self: types.SimpleNamespace(ptr=0, device_id=1)))
+    words = "The device where the array resides (1) is different from the current device (0)."
+    if expect == "unavailable":
+        with pytest.raises(ValueError, match=re.escape(words + " Peer access is unavailable between these devices.")):
+            _dispatch.current_device(x)
+    elif expect == "warned":
+        with pytest.warns(fastmm.PerformanceWarning, match=re.escape(words + " Peer access has been activated")):
+            assert _dispatch.current_device(x) == 0
+        assert _dispatch.current_device(x) == 0  # once: no second warning, no second enable
+    else:
+        with pytest.raises(fastmm.CUDAError, match="enabling peer access to device 1"):
+            _dispatch.current_device(x)
+        assert _dispatch._peers == {}  # not remembered: a later product asks again
