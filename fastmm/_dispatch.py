@@ -18,9 +18,9 @@ import numpy as np
 
 from . import _errors, _gemm
 from ._gemm import _cupy, empty, plan_matmul, problem_for  # noqa: F401  (plan_matmul: public through here)
-from ._rules import (_MATMUL_SIG, _fmt, _gufunc_core_error, _too_few_dims, check_dot_out, check_gufunc_keywords,
-                     dot_shapes, einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype,
-                     matmul_shapes, tensordot_axes, ufunc_dtypes)
+from ._rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufunc_keywords, check_out, dot_shapes,
+                     einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype, matmul_shapes,
+                     tensordot_axes, ufunc_dtypes, vector_product_shape)
 
 __all__ = ["to_device", "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
            "problem_for", "plan_matmul", "plain", "current_device"]
@@ -154,13 +154,29 @@ def _cupy_product(func, a, b, dtype, *args):
 # --------------------------------------------------------------------------------------------------------
 
 class _Gufunc:
-    """What differs between the four products that are NumPy gufuncs: name, signature, core dimensions, and how
-    an operand pair becomes one batched matmul (a2 @ b2) whose result `unview` turns into the gufunc's."""
+    """What differs between the four products that are NumPy gufuncs: name, signature, core dimensions, the
+    output's shape rule, and how an operand pair is one batched matmul a2 @ b2 = c2.
 
-    def __init__(self, name, sig, cores, promote, unview, conj_a):
-        self.name, self.sig, self.cores, self.promote, self.unview, self.conj_a = \
-            name, sig, cores, promote, unview, conj_a
+    `indices(andim, bndim)` gives the index expressions that make a2, b2 and c2 out of a, b and a result-shaped c:
+    views that add the size-1 axes a vector lacks (never reshapes, which could copy a user's `out`)."""
+
+    def __init__(self, name, sig, cores, shape, indices, conj_a):
+        self.name, self.sig, self.cores, self.shape, self.indices, self.conj_a = \
+            name, sig, cores, shape, indices, conj_a
         self.ufunc = getattr(np, name, None)  # matvec, vecmat, vecdot: NumPy >= 2.2
+
+    def views(self, a, b, c=None):
+        """a2, b2 (and c2 when c is given) for the batched matmul."""
+        ia, ib, ic = self.indices(a.ndim, b.ndim)
+        return a[ia], b[ib], None if c is None else c[ic]
+
+    def unview(self, r, andim: int, bndim: int):
+        """The gufunc's result from the batched matmul's result `r` (the inverse of c2's view)."""
+        ic = self.indices(andim, bndim)[2]
+        return r[tuple(0 if i is None else i for i in ic)]
+
+
+_ALL, _EVERY = slice(None), Ellipsis
 
 
 def _matmul_cores(andim, bndim):
@@ -168,46 +184,26 @@ def _matmul_cores(andim, bndim):
     return ca, cb, (ca == 2) + (cb == 2)
 
 
-_MATMUL = _Gufunc("matmul", _MATMUL_SIG, _matmul_cores,
-                  lambda a, b: (a[None, :] if a.ndim == 1 else a, b[:, None] if b.ndim == 1 else b), None, False)
+def _matmul_indices(andim, bndim):
+    # 1-D operands are promoted (a to a row, b to a column) and the promoted axes dropped from the result.
+    ia = (None, _ALL) if andim == 1 else (_EVERY,)
+    ib = (_ALL, None) if bndim == 1 else (_EVERY,)
+    ic = (None, None) if andim == 1 and bndim == 1 else (_EVERY, None, _ALL) if andim == 1 else \
+        (_EVERY, None) if bndim == 1 else (_EVERY,)
+    return ia, ib, ic
+
+
+_MATMUL = _Gufunc("matmul", _MATMUL_SIG, _matmul_cores, lambda a, b: matmul_shapes(a, b)[0], _matmul_indices,
+                  False)
 _MATVEC = _Gufunc("matvec", "(m,n),(n)->(m)", lambda andim, bndim: (2, 1, 1),
-                  lambda a, b: (a, b[..., None]), lambda c: c[..., 0], False)
+                  lambda a, b: vector_product_shape("matvec", a, b),
+                  lambda andim, bndim: ((_EVERY,), (_EVERY, None), (_EVERY, None)), False)
 _VECMAT = _Gufunc("vecmat", "(n),(n,m)->(m)", lambda andim, bndim: (1, 2, 1),
-                  lambda a, b: (a[..., None, :], b), lambda c: c[..., 0, :], True)
+                  lambda a, b: vector_product_shape("vecmat", a, b),
+                  lambda andim, bndim: ((_EVERY, None, _ALL), (_EVERY,), (_EVERY, None, _ALL)), True)
 _VECDOT = _Gufunc("vecdot", "(n),(n)->()", lambda andim, bndim: (1, 1, 0),
-                  lambda a, b: (a[..., None, :], b[..., :, None]), lambda c: c[..., 0, 0], True)
-
-
-def _gufunc_shape(g: _Gufunc, ashape, bshape) -> tuple[int, ...]:
-    """The gufunc's output shape for core-last operands, or NumPy's ValueError."""
-    if g is _MATMUL:
-        return matmul_shapes(ashape, bshape)[0]
-    ca, cb, _ = g.cores(len(ashape), len(bshape))
-    for i, (shape, need) in enumerate(((ashape, ca), (bshape, cb))):
-        if len(shape) < need:
-            raise _too_few_dims(g.name, g.sig, i, len(shape), need)
-    ka, kb = ashape[-1], bshape[-1] if cb == 1 else bshape[-2]
-    if ka != kb:
-        raise _gufunc_core_error(g.name, g.sig, 1, 0, kb, ka)
-    abatch, bbatch = ashape[:len(ashape) - ca], bshape[:len(bshape) - cb]
-    core = (ashape[-2],) if g is _MATVEC else (bshape[-1],) if g is _VECMAT else ()
-    try:
-        return tuple(np.broadcast_shapes(abatch, bbatch)) + core
-    except ValueError:
-        raise ValueError(f"operands could not be broadcast together with remapped shapes [original->remapped]: "
-                         f"{_fmt(ashape)}->{_fmt(abatch)} {_fmt(bshape)}->{_fmt(bbatch)}") from None
-
-
-def _f32_product(g: _Gufunc, a, b, c, kernel) -> None:
-    """c[...] = g(a, b) for float32 core-last device arrays, on fastmm's kernels, c with g's output shape."""
-    a2, b2 = g.promote(a, b)  # float32 vectors are real: conjugating the first one changes nothing
-    if g is _MATMUL:
-        # Views of c (never reshapes, which could copy a user's `out`) with the promoted axes put back.
-        c2 = c[None, None] if a.ndim == 1 and b.ndim == 1 else c[..., None, :] if a.ndim == 1 else \
-            c[..., None] if b.ndim == 1 else c
-    else:
-        c2 = c[..., None, None] if g is _VECDOT else c[..., None] if g is _MATVEC else c[..., None, :]
-    _gemm.gemm(a2, b2, c2, kernel)
+                  lambda a, b: vector_product_shape("vecdot", a, b),
+                  lambda andim, bndim: ((_EVERY, None, _ALL), (_EVERY, _ALL, None), (_EVERY, None, None)), True)
 
 
 def _core_last(x, core: tuple[int, ...]):
@@ -257,7 +253,7 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
     a0, b0 = a, b
     a, b = _core_last(a, axa), _core_last(b, axb)
     try:
-        shape = _gufunc_shape(g, a.shape, b.shape)
+        shape = g.shape(a.shape, b.shape)
     except ValueError as e:
         if not str(e).startswith("operands could not be broadcast"):
             raise
@@ -265,15 +261,14 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
         raise ValueError(str(e).replace(f"{_fmt(a.shape)}->", f"{_fmt(a0.shape)}->", 1)
                          .replace(f" {_fmt(b.shape)}->", f" {_fmt(b0.shape)}->", 1)) from None
     a, b = a.astype(loop[0], copy=False), b.astype(loop[1], copy=False)
-    if loop[2] == _F32:
+    if loop[2] == _F32:  # float32 vectors are real: conjugating the first one changes nothing
         r = empty(shape)
-        _f32_product(g, a, b, r, kernel)
+        _gemm.gemm(*g.views(a, b, r), kernel)
     else:
         if g.conj_a and loop[0].kind == "c":
             a = a.conj()
-        a2, b2 = g.promote(a, b)
-        r = _cupy_product(cp.matmul, a2, b2, loop[2])
-        r = g.unview(r) if g.unview is not None else r.reshape(shape)
+        a2, b2, _ = g.views(a, b)
+        r = g.unview(_cupy_product(cp.matmul, a2, b2, loop[2]), a.ndim, b.ndim)
     if keepdims:
         r = r[..., None]
     r = _core_at(r, axc)
@@ -281,9 +276,7 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
     if order == "F" or order == "A" and all(x.flags.f_contiguous and not x.flags.c_contiguous for x in (a, b)):
         r = cp.asfortranarray(r)
     if out is not None:
-        if tuple(out.shape) != r.shape:
-            raise ValueError(f"non-broadcastable output operand with shape {_fmt(out.shape)} doesn't match the "
-                             f"broadcast shape {_fmt(r.shape)}")
+        check_out(out, r.shape)
         return _deliver(r, out)
     return r
 
@@ -318,19 +311,11 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
         c = empty(out_shape) if out is None else out
         _gemm.replay(steps, a, b, c)
         return c
-    for i, x in enumerate((a, b)):
-        if x.ndim == 0:
-            raise _too_few_dims("matmul", _MATMUL_SIG, i, 0, 1)
     out_shape = matmul_shapes(a.shape, b.shape)[0]
-    if out is not None and tuple(out.shape) != out_shape:
-        raise ValueError(f"non-broadcastable output operand with shape {_fmt(out.shape)} doesn't match the "
-                         f"broadcast shape {_fmt(out_shape)}")
+    check_out(out, out_shape)
     c = empty(out_shape) if out is None else out
-    a2, b2 = _MATMUL.promote(a, b)
-    c2 = c[None, None] if a.ndim == 1 and b.ndim == 1 else c[..., None, :] if a.ndim == 1 else \
-        c[..., None] if b.ndim == 1 else c
     record = _gemm.Recorder(a.data.ptr, b.data.ptr, c.data.ptr)
-    _gemm.gemm(a2, b2, c2, kernel, record)
+    _gemm.gemm(*_MATMUL.views(a, b, c), kernel, record)
     if None not in record:
         if len(_gemm.replays) >= _gemm.REPLAYS_MAX:
             _gemm.replays.clear()
@@ -357,9 +342,10 @@ def vecdot(a, b, out=None, *, kernel=None, **kwargs):
 # The other products: dot, inner, vdot, tensordot, einsum (NumPy functions, not ufuncs)
 # --------------------------------------------------------------------------------------------------------
 
-def _operands(*xs):
+def _operands(*xs, out=None):
+    """The operands on the device, checked (with `out`) against the current device by CuPy's rule."""
     xs = tuple(to_device(x) for x in xs)
-    current_device(*xs)
+    current_device(*xs, out)
     return xs
 
 
@@ -374,18 +360,17 @@ def dot(a, b, out=None, *, kernel=None):
         if a.data.device_id == device_id == b.data.device_id:
             dot_shapes(a.shape, b.shape)
             return cp.ndarray.dot(a, b)
-    a, b = _operands(a, b)
     if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
         raise TypeError("'out' must be an array")
+    a, b = _operands(a, b, out=out)
     if a.ndim == 0 or b.ndim == 0:  # NumPy: a product with a scalar is np.multiply
         return _deliver(cp.multiply(plain(a), plain(b)), out)
     shape = dot_shapes(a.shape, b.shape)
     res = np.result_type(a.dtype, b.dtype)
     check_dot_out(out, shape, res)
-    current_device(out)
+    if a.shape[-1] == 0:  # an empty sum (and no reshape can infer an axis next to a zero-length one)
+        return _deliver(cp.zeros(shape, res), out)
     if res != _F32:
-        if a.shape[-1] == 0:
-            return _deliver(cp.zeros(shape, res), out)
         return _deliver(_cupy_product(cp.dot, a, b, res), out)
     if a.ndim <= 2 and b.ndim <= 2:
         if isinstance(out, np.ndarray):
@@ -393,8 +378,6 @@ def dot(a, b, out=None, *, kernel=None):
         return matmul(a, b, out=out, kernel=kernel)
     # a (..., k) x b (p..., k, n): every batch item of b meets all rows of a, and lands in c[..., p..., n].
     k = a.shape[-1]
-    if k == 0:  # an empty sum (and no reshape can infer an axis next to a zero-length one)
-        return _deliver(cp.zeros(shape, res), out)
     a, b = a.astype(_F32, copy=False), b.astype(_F32, copy=False)  # float16, int8, bool with float32
     n = 1 if b.ndim == 1 else b.shape[-1]
     a2 = a.reshape(-1, k)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["matmul_shapes", "dot_shapes", "inner_shapes", "tensordot_axes", "einsum_as_gemm", "check_out",
+__all__ = ["matmul_shapes", "vector_product_shape", "dot_shapes", "inner_shapes", "tensordot_axes", "einsum_as_gemm", "check_out",
            "check_dot_out", "input_dtype"]
 
 _MATMUL_SIG = "(n?,k),(k,m?)->(n?,m?)"
@@ -29,11 +29,13 @@ def _broadcast_batch(ashape, bshape, a_core: int, b_core: int, out_core: tuple) 
     try:
         return tuple(np.broadcast_shapes(abatch, bbatch))
     except ValueError:
-        remap = lambda s, batch, core: f"{_fmt(s)}->{_fmt(batch + ('newaxis',) * core)}"  # noqa: E731
+        # NumPy's iterator words it: each operand's batch axes plus one newaxis per core axis of the output, and
+        # the output's core shape written without a trailing comma.
+        remap = lambda s, batch: f"{_fmt(s)}->{_fmt(batch + ('newaxis',) * len(out_core))}"  # noqa: E731
         raise ValueError(
             "operands could not be broadcast together with remapped shapes [original->remapped]: "
-            f"{remap(ashape, abatch, a_core)} {remap(bshape, bbatch, b_core)}  and requested shape "
-            f"{_fmt(out_core)}") from None
+            f"{remap(ashape, abatch)} {remap(bshape, bbatch)}  and requested shape "
+            f"({','.join(str(d) for d in out_core)})") from None
 
 
 def _gufunc_core_error(name: str, sig: str, operand: int, dim: int, got: int, want: int, which="Input"):
@@ -68,6 +70,28 @@ def matmul_shapes(ashape: Sequence[int], bshape: Sequence[int]) -> tuple[tuple[i
     core = (() if len(ashape) == 1 else (m,)) + (() if len(bshape) == 1 else (n,))
     batch = _broadcast_batch(ashape, bshape, min(len(ashape), 2), min(len(bshape), 2), core)
     return batch + core, m, n, k
+
+
+_VECTOR_SIGS = {"matvec": "(m,n),(n)->(m)", "vecmat": "(n),(n,m)->(m)", "vecdot": "(n),(n)->()"}
+
+
+def vector_product_shape(name: str, ashape: Sequence[int], bshape: Sequence[int]) -> tuple[int, ...]:
+    """Output shape of ``np.matvec``, ``np.vecmat`` or ``np.vecdot`` on these shapes, or NumPy's ValueError.
+
+    >>> vector_product_shape("matvec", (5, 2, 3), (3,))
+    (5, 2)
+    """
+    sig = _VECTOR_SIGS[name]
+    ca, cb = {"matvec": (2, 1), "vecmat": (1, 2), "vecdot": (1, 1)}[name]
+    ashape, bshape = tuple(ashape), tuple(bshape)
+    for i, (shape, need) in enumerate(((ashape, ca), (bshape, cb))):
+        if len(shape) < need:
+            raise _too_few_dims(name, sig, i, len(shape), need)
+    ka, kb = ashape[-1], bshape[-1] if cb == 1 else bshape[-2]
+    if ka != kb:
+        raise _gufunc_core_error(name, sig, 1, 0, kb, ka)
+    core = {"matvec": ashape[-2:-1], "vecmat": bshape[-1:], "vecdot": ()}[name]
+    return _broadcast_batch(ashape, bshape, ca, cb, core) + core
 
 
 def dot_shapes(ashape: Sequence[int], bshape: Sequence[int]) -> tuple[int, ...]:
@@ -143,16 +167,12 @@ def einsum_as_gemm(subscripts: str, ashape: Sequence[int], bshape: Sequence[int]
 
 
 
-def check_out(out, shape, dtype, casting, name):
-    if out is None:
-        return
-    if tuple(out.shape) != tuple(shape):
+def check_out(out, shape) -> None:
+    """NumPy's ValueError for a gufunc's `out` whose shape is not the result's (its dtype is checked with the
+    loop, see `ufunc_dtypes`)."""
+    if out is not None and tuple(out.shape) != tuple(shape):
         raise ValueError(f"non-broadcastable output operand with shape {_fmt(out.shape)} doesn't match the "
                          f"broadcast shape {_fmt(shape)}")
-    if not np.can_cast(dtype, out.dtype, casting=casting):
-        raise TypeError(f"Cannot cast ufunc '{name}' output from {dtype!r} to {out.dtype!r} with casting rule "
-                        f"{casting!r}")
-
 
 
 def input_dtype(a, b, dtype, casting, name):

@@ -26,14 +26,25 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def nvcc_unavailable_reason() -> str | None:
+    from fastmm.kernels import build
+
+    try:
+        build.find_nvcc()
+    except build.NvccNotFoundError as e:
+        return f"nvcc not found: {e}"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    reason = gpu_unavailable_reason()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=f"GPU test: {reason}")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for mark, reason in (("gpu", gpu_unavailable_reason), ("nvcc", nvcc_unavailable_reason)):
+        marked = [item for item in items if mark in item.keywords]
+        why = reason() if marked else None
+        if why is not None:
+            skip = pytest.mark.skip(reason=f"GPU test: {why}" if mark == "gpu" else why)
+            for item in marked:
+                item.add_marker(skip)
 
 
 @pytest.fixture
@@ -42,3 +53,19 @@ def rng():
     seed = np.random.SeedSequence().entropy % 2**32
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Count launches of fastmm's own kernels (to prove a call reached the GEMM path, not cuBLAS)."""
+    from fastmm import _cuda
+
+    calls = []
+    real = _cuda.Launch.__call__
+
+    def spy(self, *args):
+        calls.append(self.name)
+        return real(self, *args)
+
+    monkeypatch.setattr(_cuda.Launch, "__call__", spy)
+    return calls

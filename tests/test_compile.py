@@ -11,16 +11,8 @@ import pytest
 from fastmm.__main__ import _all_binaries
 from fastmm.kernels import build
 
-try:
-    build.find_nvcc()
-    NVCC = None
-except build.NvccNotFoundError as e:
-    NVCC = str(e)
 
-needs_nvcc = pytest.mark.skipif(NVCC is not None, reason=f"nvcc not found: {NVCC}")
-
-
-@needs_nvcc
+@pytest.mark.nvcc
 @pytest.mark.parametrize("config,variant", _all_binaries(), ids=lambda x: getattr(x, "name", None) or x.suffix)
 def test_binary_compiles_without_spills(config, variant, tmp_path, monkeypatch):
     monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
@@ -44,7 +36,7 @@ def test_binary_compiles_without_spills(config, variant, tmp_path, monkeypatch):
     assert again.cubin == r.cubin and again.registers == r.registers
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_compile_errors_carry_nvcc_log(tmp_path, monkeypatch):
     from fastmm.kernels.configs import Naive
 
@@ -63,7 +55,7 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch):
         build.find_nvcc()
 
 
-@needs_nvcc
+@pytest.mark.nvcc
 def test_compile_command_reports_every_binary(tmp_path):
     env = {"FASTMM_CACHE_DIR": str(tmp_path), "PATH": shutil.os.environ["PATH"]}
     p = subprocess.run([sys.executable, "-m", "fastmm", "compile", "--arch", "sm_90"], capture_output=True, text=True,

@@ -131,13 +131,50 @@ def test_non_float32_products_reach_cupy_on_plain_arrays(fake_cupy, dtype, rng):
         _check(_dispatch.vecmat(_fastmm(a[:, 0]), fa), np.vecmat(a[:, 0], a))
 
 
+def _numpy_gemm(monkeypatch) -> list:
+    """fastmm's kernels replaced by NumPy (c[...] = a @ b in float64); the operand dtypes of each call recorded.
+
+    The products are marked as not replayable, and the replay table is a fresh one: a stand-in product must not
+    be replayed by a later test with the same signature."""
+    seen = []
+
+    def gemm(a, b, c, kernel=None, record=None):
+        seen.append((a.dtype, b.dtype))
+        c[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        if record is not None:
+            record.append(None)
+
+    monkeypatch.setattr(_gemm, "gemm", gemm)
+    monkeypatch.setattr(_gemm, "replays", {})
+    return seen
+
+
+@pytest.mark.parametrize("name,ashape,bshape", [
+    ("matmul", (3, 4), (4, 5)), ("matmul", (4,), (4, 5)), ("matmul", (3, 4), (4,)), ("matmul", (4,), (4,)),
+    ("matmul", (2, 1, 3, 4), (5, 4, 2)), ("matvec", (2, 3, 4), (4,)), ("vecmat", (4,), (2, 4, 5)),
+    ("vecdot", (2, 3, 4), (3, 4)),
+], ids=str)
+@pytest.mark.parametrize("with_out", [False, True], ids=["", "out"])
+def test_float32_products_reach_the_kernels_as_one_batched_matmul(fake_cupy, monkeypatch, name, ashape, bshape,
+                                                                    with_out, rng):
+    """1-D promotion and the views of the result that the kernels write through: NumPy's result."""
+    if not hasattr(np, name):
+        pytest.skip(f"NumPy {np.__version__} has no {name} to compare with")
+    seen = _numpy_gemm(monkeypatch)
+    a, b = _operand(rng, ashape, np.float32), _operand(rng, bshape, np.float32)
+    want = getattr(np, name)(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    out = _fastmm(np.full(want.shape, np.nan, np.float32)) if with_out else None
+    got = getattr(_dispatch, name)(_fastmm(a), _fastmm(b), out=out)
+    assert out is None or got is out
+    _check(got, want)
+    assert seen == [(np.dtype(np.float32), np.dtype(np.float32))]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.bool_, np.float64], ids=str)
 def test_empty_contractions_and_mixed_dtypes_of_dot(fake_cupy, dtype, rng, monkeypatch):
     """Zero-length contracted axes give zeros (no kernel); N-D dot of a float32 with another dtype is a float32
     product whose operands reach the kernels as float32."""
-    seen = []
-    monkeypatch.setattr(_gemm, "gemm", lambda a, b, c, kernel=None, record=None: seen.append((a.dtype, b.dtype)) or
-                        c.__setitem__(Ellipsis, np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))))
+    seen = _numpy_gemm(monkeypatch)
     f32 = np.dtype(np.float32)
     for ashape, bshape in (((2, 3, 0), (3, 0, 2)), ((2, 0), (0, 3))):
         a, b = _operand(rng, ashape, dtype), _operand(rng, bshape, f32)
@@ -242,6 +279,9 @@ GUFUNC_CASES = [
     ("vecdot", _A, _A, {"axes": [1, 1, 0]}),
     ("vecdot", _A, _A, {"axes": [1, 1, (0,)]}),
     ("vecdot", _A, (2, 3, 5), {}),
+    ("vecdot", _A, (5, 3, 4), {}),
+    ("matvec", _A, (5, 4), {}),
+    ("vecmat", (5, 3), _A, {}),
     ("vecdot", _A, _A, {"axes": [(-1,), (-1,), (-1,)], "keepdims": True}),
     ("vecdot", _A, _A, {"axes": [0, 0, 0], "keepdims": True}),
     ("vecdot", _A, _A, {"axes": [1, 1], "keepdims": True}),

@@ -18,21 +18,6 @@ DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, 
 IDS = [np.dtype(d).name for d in DTYPES]
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    from fastmm import _cuda
-
-    calls = []
-    real = _cuda.Launch.__call__
-
-    def spy(self, *args):
-        calls.append(self.name)
-        return real(self, *args)
-
-    monkeypatch.setattr(_cuda.Launch, "__call__", spy)
-    return calls
-
-
 def operand(rng, shape, dtype):
     kind = np.dtype(dtype).kind
     if kind == "b":

@@ -11,22 +11,6 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """Count launches of fastmm's own kernels (to prove a call reached the GEMM path, not cuBLAS)."""
-    from fastmm import _cuda
-
-    calls = []
-    real = _cuda.Launch.__call__
-
-    def spy(self, *args):
-        calls.append(self.name)
-        return real(self, *args)
-
-    monkeypatch.setattr(_cuda.Launch, "__call__", spy)
-    return calls
-
-
 def f32(rng, *shape):
     return rng.uniform(-1, 1, shape).astype(np.float32)
 
