@@ -34,17 +34,21 @@ def _wrap(x):
     `base` stays what CuPy would give: a result that owns its memory becomes a fastmm array that owns it (base
     None) rather than a view of a hidden CuPy array, and a view keeps the base of the array it views.
     """
-    if isinstance(x, _cp.ndarray):
-        if isinstance(x, ndarray):
-            return x
+    t = type(x)
+    if t is _cp.ndarray or t is not ndarray and isinstance(x, _cp.ndarray):
         if x.base is None:
-            return ndarray(x.shape, x.dtype, x.data, x.strides)
+            # __new__ rather than ndarray(...): the same object without a call of the (empty) __init__, which
+            # is a measurable part of a small product's cost.
+            return _new(ndarray, x.shape, x.dtype, x.data, x.strides)
         return x.view(ndarray)
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     if isinstance(x, list):
         return [_wrap(v) for v in x]
     return x
+
+
+_new = _cp.ndarray.__new__
 
 
 def _returned(result, out):

@@ -28,6 +28,9 @@ __all__ = ["to_device", "matmul", "dot", "inner", "vdot", "tensordot", "einsum",
 _F32 = np.dtype(np.float32)
 # The dtypes a CuPy array can have (NumPy's longdouble, object, string and void types have no GPU form).
 _GPU_KINDS = frozenset("?bBhHiIlLqQefdFD")
+# Same-dtype products that CuPy's ndarray.dot computes as NumPy's dot does: not float32 (fastmm's own) and
+# not bool (see _cupy_product).
+_CUPY_DOT = _GPU_KINDS - frozenset("?f")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -130,6 +133,18 @@ def _deliver(result, out):
     elif out is not result:
         out[...] = result
     return out
+
+
+def _cupy_dot(a, b, shape_rule):
+    """CuPy's own ndarray.dot of same-dtype device operands (a dtype in _CUPY_DOT), the short path of other
+    dtypes' products: it is C code all the way down, calls no method of its operands (so fastmm arrays need no
+    plain views) and costs what CuPy's own product costs. A shape mismatch raises NumPy's error (`shape_rule`'s)
+    rather than CuPy's."""
+    try:
+        return _cupy().ndarray.dot(a, b)
+    except ValueError:
+        shape_rule(a.shape, b.shape)
+        raise
 
 
 def _cupy_product(func, a, b, dtype, *args):
@@ -294,6 +309,8 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
         if out is not None or res == _F32 or a.ndim == 0 or b.ndim == 0 or res.char not in _GPU_KINDS:
             return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
         current_device(a, b)
+        if a.ndim <= 2 and b.ndim <= 2 and a.dtype == b.dtype and res.char in _CUPY_DOT:
+            return _cupy_dot(a, b, matmul_shapes)  # on matrices and vectors, matmul is dot
         matmul_shapes(a.shape, b.shape)
         return _cupy_product(cp.matmul, a, b, res)
     # The common case, kept short: float32 device operands, no keywords.
@@ -352,14 +369,13 @@ def _operands(*xs, out=None):
 def dot(a, b, out=None, *, kernel=None):
     """``np.dot``: N-D operands contract a's last axis with b's second-to-last, as one batched product."""
     cp = _cupy()
-    if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.dtype == b.dtype != _F32 \
-            and a.ndim and b.ndim and a.dtype != np.bool_:
-        # The common case of other dtypes, kept short (float64 `x.dot(y)`): CuPy's own ndarray.dot, called as
-        # the base class's method so that it cannot come back to fastmm's (see the module's docstring).
+    if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.dtype.char in _CUPY_DOT \
+            and a.dtype == b.dtype and a.ndim and b.ndim:
+        # The common case of other dtypes, kept short (float64 `x.dot(y)` costs what CuPy's does): CuPy's own
+        # ndarray.dot, called as the base class's method so that it cannot come back to fastmm's.
         device_id = cp.cuda.runtime.getDevice()
         if a.data.device_id == device_id == b.data.device_id:
-            dot_shapes(a.shape, b.shape)
-            return cp.ndarray.dot(a, b)
+            return _cupy_dot(a, b, dot_shapes)
     if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
         raise TypeError("'out' must be an array")
     a, b = _operands(a, b, out=out)

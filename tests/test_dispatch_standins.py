@@ -72,8 +72,15 @@ def _fake_cupy():
     return cp
 
 
-# The stand-in CuPy's own arrays compute dot with NumPy, as CuPy's do with cuBLAS.
-FakeCupyArray.dot = lambda self, b, out=None: np.asarray(np.dot(np.asarray(self), np.asarray(b))).view(FakeCupyArray)
+def _cupy_dot(self, b, out=None):
+    """The stand-in CuPy's own arrays compute dot with NumPy, as CuPy's do with cuBLAS, and word a shape
+    mismatch as CuPy does."""
+    if self.ndim and b.ndim and self.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
+        raise ValueError("Axis dimension mismatch")
+    return np.asarray(np.dot(np.asarray(self), np.asarray(b))).view(FakeCupyArray)
+
+
+FakeCupyArray.dot = _cupy_dot
 
 
 @pytest.fixture
@@ -393,3 +400,19 @@ def test_operand_on_another_device_follows_cupys_rule(fake_cupy, monkeypatch, ca
         with pytest.raises(fastmm.CUDAError, match="enabling peer access to device 1"):
             _dispatch.current_device(x)
         assert _dispatch._peers == {}  # not remembered: a later product asks again
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [np.float32], ids=str)
+@pytest.mark.parametrize("ashape,bshape", [((3, 4), (5, 6)), ((4,), (3,)), ((2, 3, 4), (2, 5, 6)), ((3, 4), (3,))])
+def test_shape_mismatch_is_numpys_error(fake_cupy, dtype, ashape, bshape, rng):
+    """Every dtype's dot and matmul, the short CuPy paths included, raise NumPy's ValueError in NumPy's words."""
+    a, b = _operand(rng, ashape, dtype), _operand(rng, bshape, dtype)
+    for numpy_func, calls in ((np.dot, (lambda: _dispatch.dot(_fastmm(a), _fastmm(b)),
+                                        lambda: _fastmm(a).dot(_fastmm(b)))),
+                              (np.matmul, (lambda: _dispatch.matmul(_fastmm(a), _fastmm(b)),
+                                           lambda: _fastmm(a) @ _fastmm(b)))):
+        want = _outcome(lambda: numpy_func(a, b))
+        assert want[0] == "raised"
+        for call in calls:
+            got = _outcome(call)
+            assert got[0] == "raised" and got[1] is want[1] and got[2] == want[2], (numpy_func.__name__, got)
