@@ -6,6 +6,7 @@ info, compile and explain need no GPU (compile needs nvcc); bench and autotune n
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -114,7 +115,8 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="GPU, driver, library versions, kernels")
     c = sub.add_parser("compile", help="compile every kernel binary with nvcc and report ptxas resources")
     c.add_argument("--arch", default="sm_90", help="GPU architecture to compile for (default: sm_90, H100/H200)")
-    c.add_argument("--jobs", type=int, default=2, help="nvcc processes in parallel (default: 2)")
+    c.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
+                   help="nvcc processes in parallel (default: one per CPU core)")
     c.add_argument("--no-cache", action="store_true", help="recompile even when a cached cubin exists")
     e = sub.add_parser("explain", help="which kernel runs for an M x N x K product, and why")
     e.add_argument("m", type=int, help="rows of A and C")

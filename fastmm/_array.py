@@ -37,9 +37,7 @@ def _wrap(x):
     t = type(x)
     if t is _cp.ndarray or t is not ndarray and isinstance(x, _cp.ndarray):
         if x.base is None:
-            # __new__ rather than ndarray(...): the same object without a call of the (empty) __init__, which
-            # is a measurable part of a small product's cost.
-            return _new(ndarray, x.shape, x.dtype, x.data, x.strides)
+            return _owning(x)
         return x.view(ndarray)
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
@@ -48,7 +46,21 @@ def _wrap(x):
     return x
 
 
-_new = _cp.ndarray.__new__
+# A fastmm array that owns a CuPy result's memory (as the result does) is made the way CuPy makes its own results
+# where CuPy allows: its compiled base class's constructor and initialiser, without ``cupy.ndarray.__new__``'s
+# Python frames and its call of ``__array_finalize__`` (which fastmm does not define). That is a quarter of the
+# cost of wrapping, which every small product pays.
+_base = getattr(getattr(getattr(_cp, "_core", None), "core", None), "_ndarray_base", None)
+if _base is not None and hasattr(_base, "_init"):
+    _base_new = _base.__new__
+
+    def _owning(x):
+        y = _base_new(ndarray)
+        y._init(x.shape, x.dtype, x.data, x.strides)
+        return y
+else:  # pragma: no cover - another CuPy's internals: the public constructor
+    def _owning(x):
+        return ndarray(x.shape, x.dtype, x.data, x.strides)
 
 
 def _returned(result, out):

@@ -11,6 +11,7 @@ A plain view shares the memory (and, as CuPy's views do, points its ``base`` at 
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -64,8 +65,26 @@ def plain(x):
     """`x` as a plain ``cupy.ndarray`` sharing its memory (see the module's docstring); anything else as it is."""
     cp = _cupy()
     if type(x) is not cp.ndarray and isinstance(x, cp.ndarray):
-        return cp.ndarray.view(x, type=cp.ndarray)
+        module, view = _plain_view
+        return (view if module is cp else _make_plain_view(cp))(x)
     return x
+
+
+_plain_view = (None, None)  # (the CuPy module, how to make a plain view with it)
+
+
+def _make_plain_view(cp):
+    """CuPy's compiled ``view`` of its base class where CuPy has one (``cupy.ndarray``'s Python wrapper of it costs
+    a third more, in every product of other dtypes); else the public method."""
+    global _plain_view
+    base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", None)
+    if base is not None and hasattr(base, "view"):
+        base_view, array_type = base.view, cp.ndarray
+        view = lambda x: base_view(x, None, array_type)  # noqa: E731
+    else:
+        view = functools.partial(cp.ndarray.view, type=cp.ndarray)
+    _plain_view = (cp, view)
+    return view
 
 
 def _dtype_of(x) -> np.dtype:
@@ -135,13 +154,18 @@ def _deliver(result, out):
     return out
 
 
+def _on_current_device(a, b) -> bool:
+    return a.data.device_id == _cupy().cuda.runtime.getDevice() == b.data.device_id
+
+
 def _cupy_dot(a, b, shape_rule):
     """CuPy's own ndarray.dot of same-dtype device operands (a dtype in _CUPY_DOT), the short path of other
-    dtypes' products: it is C code all the way down, calls no method of its operands (so fastmm arrays need no
-    plain views) and costs what CuPy's own product costs. A shape mismatch raises NumPy's error (`shape_rule`'s)
-    rather than CuPy's."""
+    dtypes' products. It is C code all the way down and costs what CuPy's own product costs, given plain views:
+    it casts its operands with their ``astype`` method, which on a fastmm array is Python code (results stay
+    fastmm arrays), and twice that costs more than two plain views. A shape mismatch raises NumPy's error
+    (`shape_rule`'s) rather than CuPy's."""
     try:
-        return _cupy().ndarray.dot(a, b)
+        return _cupy().ndarray.dot(plain(a), plain(b))
     except ValueError:
         shape_rule(a.shape, b.shape)
         raise
@@ -305,12 +329,13 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
                                                      and out.dtype == _F32)):
         # Device operands of other dtypes with no keywords (float64 `x @ w`): NumPy's loop for a matmul of two
         # GPU dtypes is their promoted type, so the general path's dtype resolution can be skipped.
+        if out is None and 0 < a.ndim <= 2 and 0 < b.ndim <= 2 and a.dtype.char in _CUPY_DOT \
+                and a.dtype == b.dtype and _on_current_device(a, b):
+            return _cupy_dot(a, b, matmul_shapes)  # on matrices and vectors, matmul is dot
         res = np.result_type(a.dtype, b.dtype)
         if out is not None or res == _F32 or a.ndim == 0 or b.ndim == 0 or res.char not in _GPU_KINDS:
             return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
         current_device(a, b)
-        if a.ndim <= 2 and b.ndim <= 2 and a.dtype == b.dtype and res.char in _CUPY_DOT:
-            return _cupy_dot(a, b, matmul_shapes)  # on matrices and vectors, matmul is dot
         matmul_shapes(a.shape, b.shape)
         return _cupy_product(cp.matmul, a, b, res)
     # The common case, kept short: float32 device operands, no keywords.
@@ -370,12 +395,9 @@ def dot(a, b, out=None, *, kernel=None):
     """``np.dot``: N-D operands contract a's last axis with b's second-to-last, as one batched product."""
     cp = _cupy()
     if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.dtype.char in _CUPY_DOT \
-            and a.dtype == b.dtype and a.ndim and b.ndim:
-        # The common case of other dtypes, kept short (float64 `x.dot(y)` costs what CuPy's does): CuPy's own
-        # ndarray.dot, called as the base class's method so that it cannot come back to fastmm's.
-        device_id = cp.cuda.runtime.getDevice()
-        if a.data.device_id == device_id == b.data.device_id:
-            return _cupy_dot(a, b, dot_shapes)
+            and a.dtype == b.dtype and a.ndim and b.ndim and _on_current_device(a, b):
+        # The common case of other dtypes, kept short: float64 `x.dot(y)` costs what CuPy's does.
+        return _cupy_dot(a, b, dot_shapes)
     if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
         raise TypeError("'out' must be an array")
     a, b = _operands(a, b, out=out)
