@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFaultError, KernelLoadError, LaunchError,
                       NvccNotFoundError, OutOfMemoryError, PerformanceWarning)
+from ._numpy_hook import HostModel, accelerate_numpy, numpy_hook_status, restore_numpy
 from ._plan import kernel_names, use_kernel
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ __all__ = [
     "ndarray", "asarray", "asnumpy",
     "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
     "explain", "use_kernel", "kernel_names",
+    "accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel",
     "CompileError", "CUDAError", "CUDAUnavailableError", "DeviceFaultError", "KernelLoadError", "LaunchError",
     "NvccNotFoundError", "OutOfMemoryError", "PerformanceWarning",
 ]

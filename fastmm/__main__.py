@@ -94,6 +94,12 @@ def cmd_info(args) -> int:
     else:
         print("gpu         none available")
     print("kernels     " + ", ".join(c.name for c in CONFIGS))
+    from ._numpy_hook import load_model, numpy_hook_status
+
+    status = numpy_hook_status()
+    model = load_model()
+    print(f"numpy hook  {'on' if status['active'] else 'off'} in this process; when on, it offloads "
+          f"{model.threshold_text()}")
     return 0
 
 

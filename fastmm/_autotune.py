@@ -107,9 +107,15 @@ def add_arguments(p) -> None:
     p.add_argument("shapes", nargs="*", help="M,N,K or M,N,K,BATCH (default: the bench command's shape table)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (for logs)")
+    p.add_argument("--numpy-hook", action="store_true",
+                   help="instead: measure when accelerate_numpy() should send a product to the GPU on this machine")
 
 
 def main(args) -> int:
+    if args.numpy_hook:
+        from . import _hook_measure
+
+        return _hook_measure.main_autotune(args)
     import cupy as cp
 
     from ._bench import SHAPES, Shape

@@ -308,10 +308,16 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
     p.add_argument("--no-cpu", action="store_true", help="skip the NumPy-on-CPU column")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (for logs)")
+    p.add_argument("--numpy-hook", action="store_true",
+                   help="instead: plain NumPy a @ b with and without accelerate_numpy(), in one run")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 
 def main(args) -> int:
+    if getattr(args, "numpy_hook", False):
+        from . import _hook_measure
+
+        return _hook_measure.main_bench(args)
     import cupy as cp
 
     if not cp.cuda.is_available():

@@ -230,6 +230,10 @@ PUBLIC_DOCSTRINGS = [
     ("fastmm/__init__.py", "explain", None),
     ("fastmm/_plan.py", "use_kernel", None),
     ("fastmm/_plan.py", "kernel_names", None),
+    ("fastmm/_numpy_hook.py", "accelerate_numpy", None),
+    ("fastmm/_numpy_hook.py", "restore_numpy", None),
+    ("fastmm/_numpy_hook.py", "numpy_hook_status", None),
+    ("fastmm/_numpy_hook.py", "HostModel", None),
 ]
 
 

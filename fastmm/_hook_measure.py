@@ -1,0 +1,175 @@
+"""Measuring the NumPy hook on this machine: the model's figures (autotune --numpy-hook) and the bench table
+(bench --numpy-hook). Both time plain NumPy `a @ b` on host arrays, with NumPy's own loop and through the hook,
+in the same run, on fresh random operands, against a float64 reference (see docs/measuring.md).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import _numpy_hook as hook
+
+__all__ = ["measure_model", "bench_rows", "BENCH_SHAPES"]
+
+# (label, batch, m, k, n): squares from 256^3 to 8192^3, then shapes where the link or the host decides.
+BENCH_SHAPES = [
+    ("256^3", 1, 256, 256, 256), ("512^3", 1, 512, 512, 512), ("1024^3", 1, 1024, 1024, 1024),
+    ("2048^3", 1, 2048, 2048, 2048), ("4096^3", 1, 4096, 4096, 4096), ("8192^3", 1, 8192, 8192, 8192),
+    ("4096x4096 @ 4096x16", 1, 4096, 4096, 16), ("16x8192 @ 8192x8192", 1, 16, 8192, 8192),
+    ("8192x8192 @ 8192 (matvec)", 1, 8192, 8192, 1), ("64 x 512^3 batched", 64, 512, 512, 512),
+]
+_FORCE = hook.HostModel(host=1.0, link=1e30, gpu=1e30, overhead=0.0)  # offloads every product above 0 FLOPs
+
+
+def _median_seconds(f, repeats: int) -> float:
+    f()  # warm-up: compiles, allocates the staging buffer, pages the operands in
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def _operands(rng, batch, m, k, n):
+    shape_a = (batch, m, k) if batch > 1 else (m, k)
+    b = rng.standard_normal((k, n) if n > 1 else (k,)).astype(np.float32)
+    return rng.standard_normal(shape_a).astype(np.float32), b
+
+
+def _rel_error(got, a, b) -> float:
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def _timed(model, a, b, repeats):
+    """Seconds per `a @ b` and the result, with NumPy's loop (model None) or through the hook with `model`."""
+    if model is None:
+        hook.restore_numpy()
+        return _median_seconds(lambda: a @ b, repeats), a @ b
+    with hook.accelerate_numpy(model):
+        return _median_seconds(lambda: a @ b, repeats), a @ b
+
+
+def measure_model(seed: int = 0) -> tuple[hook.HostModel, list[dict]]:
+    """Fit the model's four figures on this machine; return it with the measurements it came from."""
+    import cupy as cp
+
+    from . import _dispatch, _staged
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    # host: NumPy's best float32 rate (being generous to NumPy keeps products home when in doubt).
+    host = 0.0
+    for s in (512, 1024, 2048):
+        a, b = _operands(rng, 1, s, s, s)
+        t, _ = _timed(None, a, b, 3)
+        host = max(host, 2.0 * s ** 3 / t)
+        rows.append({"what": "numpy", "shape": [1, s, s, s], "seconds": t})
+    # link: 64 MiB up through the pinned buffer and back down.
+    x = rng.standard_normal(16 << 20).astype(np.float32).reshape(4096, 4096)
+    up = _median_seconds(lambda: _staged._put(x), 5)
+    dev = _staged._put(x)
+    down = _median_seconds(lambda: _staged._get(dev, x), 5)
+    link = 2 * x.nbytes / (up + down)
+    rows.append({"what": "staging", "bytes": x.nbytes, "up_seconds": up, "down_seconds": down})
+    # gpu: fastmm's kernels on device operands (the synchronising copy of one element ends each timing).
+    da, db = cp.asarray(x), cp.asarray(x)
+    dc = cp.empty_like(da)
+
+    def kernel():
+        _dispatch.matmul(da, db, out=dc)
+        cp.cuda.get_current_stream().synchronize()
+
+    t = _median_seconds(kernel, 5)
+    gpu = 2.0 * 4096 ** 3 / t
+    rows.append({"what": "gpu", "shape": [1, 4096, 4096, 4096], "seconds": t})
+    # overhead: what a tiny offloaded product costs beyond its bytes and FLOPs.
+    a, b = _operands(rng, 1, 64, 64, 64)
+    t, _ = _timed(_FORCE, a, b, 50)
+    nbytes = 4 * 3 * 64 * 64
+    overhead = max(0.0, t - nbytes / link - 2.0 * 64 ** 3 / gpu)
+    rows.append({"what": "offloaded", "shape": [1, 64, 64, 64], "seconds": t})
+    return hook.HostModel(host=host, link=link, gpu=gpu, overhead=overhead), rows
+
+
+def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeats: int = 3) -> list[dict]:
+    """One row per shape: NumPy's loop, the hook as the model decides, and the GPU path forced, in one run."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for label, batch, m, k, n in shapes:
+        a, b = _operands(rng, batch, m, k, n)
+        flops = 2.0 * batch * m * k * n
+        reps = repeats if flops < 2e11 else 1
+        t_np, r_np = _timed(None, a, b, reps)
+        t_hook, r_hook = _timed(model, a, b, reps)
+        t_gpu, r_gpu = _timed(_FORCE, a, b, reps)
+        rows.append({"shape": label, "gflop": flops / 1e9, "numpy_s": t_np, "hook_s": t_hook, "gpu_s": t_gpu,
+                     "offloaded": model.offloads(batch, m, k, n, batch, 1),
+                     "err_numpy": _rel_error(r_np, a, b), "err_hook": _rel_error(r_hook, a, b),
+                     "err_gpu": _rel_error(r_gpu, a, b)})
+    hook.restore_numpy()
+    return rows
+
+
+def blas_name() -> str:
+    try:
+        deps = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{deps.get('name', '?')} {deps.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - older NumPy
+        return "unknown BLAS"
+
+
+def print_bench(rows, model) -> None:
+    print(f"NumPy {np.__version__} on {blas_name()}; hook: {model.threshold_text()}")
+    print(f"{'shape':28s} {'GFLOP':>8s} {'numpy ms':>9s} {'hook ms':>9s} {'gpu ms':>9s} {'speed-up':>8s} "
+          f"{'path':>6s} {'err numpy':>9s} {'err hook':>9s}")
+    for r in rows:
+        print(f"{r['shape']:28s} {r['gflop']:8.2f} {r['numpy_s'] * 1e3:9.2f} {r['hook_s'] * 1e3:9.2f} "
+              f"{r['gpu_s'] * 1e3:9.2f} {r['numpy_s'] / r['hook_s']:7.2f}x {'gpu' if r['offloaded'] else 'numpy':>6s} "
+              f"{r['err_numpy']:9.1e} {r['err_hook']:9.1e}")
+
+
+def _no_gpu(command: str) -> bool:
+    import cupy as cp
+
+    if not cp.cuda.is_available():
+        import sys
+
+        print(f"{command} --numpy-hook needs a CUDA GPU; none is available", file=sys.stderr)
+        return True
+    return False
+
+
+def main_autotune(args) -> int:
+    """``python -m fastmm autotune --numpy-hook``: measure this machine, save the model, print what it decides."""
+    if _no_gpu("autotune"):
+        return 2
+    model, rows = measure_model(seed=args.seed)
+    path = hook.save_model(model, rows)
+    print(f"NumPy hook model for this machine ({blas_name()}), saved to {path}:")
+    print(f"  host {model.host / 1e12:.2f} TFLOP/s, link {model.link / 1e9:.1f} GB/s, gpu {model.gpu / 1e12:.1f} "
+          f"TFLOP/s, overhead {model.overhead * 1e6:.0f} us")
+    print(f"  offloads {hook.load_model().threshold_text()}")
+    return 0
+
+
+def main_bench(args) -> int:
+    """``python -m fastmm bench --numpy-hook``: the table, with this machine's model (or the defaults)."""
+    if _no_gpu("bench"):
+        return 2
+    model = hook.load_model()
+    rows = bench_rows(model, seed=args.seed)
+    print_bench(rows, model)
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"blas": blas_name(), "model": model.threshold_text(), "rows": rows}, f, indent=1)
+    bad = [r["shape"] for r in rows if max(r["err_hook"], r["err_gpu"]) > 1e-4]
+    if bad:
+        print(f"wrong results (relative error above 1e-4): {', '.join(bad)}")
+        return 1
+    return 0

@@ -1,0 +1,139 @@
+"""accelerate_numpy() on the GPU: plain NumPy float32 products computed by fastmm's kernels, in every form NumPy
+accepts, from threads, in pieces, and falling back to NumPy's loop when the GPU path fails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import fastmm
+from fastmm import _numpy_hook as hook
+from fastmm import _staged
+
+pytestmark = pytest.mark.gpu
+
+EVERYTHING = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _off_afterwards():
+    yield
+    fastmm.restore_numpy()
+
+
+def _ref(a, b):
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def _close(got, a, b):
+    ref = _ref(a, b)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err < 1e-5, err
+
+
+@pytest.mark.parametrize("ashape,bshape", [
+    ((513, 257), (257, 129)), ((7, 64, 96), (96, 80)), ((64, 96), (5, 96, 80)), ((3, 1, 40, 50), (4, 50, 30)),
+    ((300,), (300, 200)), ((200, 300), (300,)),
+], ids=str)
+def test_products_of_plain_numpy_arrays_run_on_fastmm(ashape, bshape, rng, launches):
+    a = rng.standard_normal(ashape).astype(np.float32)
+    b = rng.standard_normal(bshape).astype(np.float32)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        got = a @ b
+    assert launches, "no fastmm kernel ran"
+    _close(got, a, b)
+    assert type(got) is np.ndarray
+
+
+def test_transposed_strided_out_and_inplace(rng, launches):
+    a = rng.standard_normal((300, 200)).astype(np.float32)
+    b = rng.standard_normal((250, 300)).astype(np.float32)
+    out = np.full((250, 260), np.nan, np.float32)[:, 10:210]
+    with fastmm.accelerate_numpy(EVERYTHING):
+        np.matmul(b[:, ::-1][:, ::1], a, out=out)
+        x = rng.standard_normal((128, 128)).astype(np.float32)
+        x0 = x.copy()
+        x @= x
+        t = a.T @ b.T
+    _close(out, b[:, ::-1], a)
+    _close(x, x0, x0)
+    _close(t, a.T, b.T)
+    assert launches
+
+
+def test_below_the_threshold_and_other_dtypes_are_numpys_bit_for_bit(rng, launches):
+    model = hook.HostModel(host=1e12, link=25e9, gpu=50e12, overhead=100e-6)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    d = rng.standard_normal((300, 300))
+    want_a, want_d = a @ a, d @ d
+    with fastmm.accelerate_numpy(model):
+        assert np.array_equal(a @ a, want_a)
+        assert np.array_equal(d @ d, want_d)
+    assert launches == []
+
+
+def test_threads_share_the_hook(rng, launches):
+    a = rng.standard_normal((8, 256, 256)).astype(np.float32)
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(5):
+                _close(a[i] @ a[(i + 1) % 8], a[i], a[(i + 1) % 8])
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and len(launches) >= 40
+
+
+@pytest.mark.parametrize("batch,m,k,n,budget", [(6, 200, 300, 100, 600_000), (1, 1000, 300, 700, 1_500_000)])
+def test_pieces_on_the_gpu(batch, m, k, n, budget, rng):
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    c = np.full((batch, m, n), np.nan, np.float32)
+    _staged.matmul_host(a, b, c, budget=budget)
+    _close(c, a, b)
+
+
+def test_a_gpu_failure_falls_back_to_numpy(monkeypatch, rng):
+    from fastmm import _dispatch
+
+    def fail(*args, **kwargs):
+        raise fastmm.LaunchError("stand-in: the driver refused the launch")
+
+    monkeypatch.setattr(_dispatch, "matmul", fail)
+    monkeypatch.setattr(fastmm._errors, "_warned", set())
+    a = rng.standard_normal((200, 200)).astype(np.float32)
+    want = a @ a
+    with fastmm.accelerate_numpy(EVERYTHING), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert np.array_equal(a @ a, want) and np.array_equal(a @ a, want)
+    assert len([w for w in seen if issubclass(w.category, fastmm.PerformanceWarning)]) == 1
+
+
+def test_a_process_using_the_hook_from_threads_exits_cleanly():
+    code = textwrap.dedent("""
+        import threading, numpy as np, fastmm
+        from fastmm import _numpy_hook as hook
+        fastmm.accelerate_numpy(hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0))
+        a = np.ones((256, 256), np.float32)
+        res = []
+        ts = [threading.Thread(target=lambda: res.append((a @ a)[0, 0])) for _ in range(4)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        assert res == [256.0] * 4 and fastmm.numpy_hook_status()["offloaded"] == 4, (res, fastmm.numpy_hook_status())
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stderr == "", p.stderr

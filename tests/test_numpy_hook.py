@@ -1,0 +1,347 @@
+"""accelerate_numpy() without a GPU: NumPy's loop replaced and restored, what reaches fastmm, fallbacks, threads.
+
+A stand-in "GPU" (a float64 NumPy product written into NumPy's output buffer, recording what it was handed) takes
+the place of the staged GPU product, so these tests check the plumbing on any machine: which products NumPy's loop
+hands over, with which shapes and strides, that everything else stays NumPy's bit for bit, that a failure or an
+interrupt never loses a result, and that uninstalling puts NumPy's own loop back. `_staged`'s splitting into
+pieces runs against a stand-in CuPy. The GPU itself is tested in test_gpu_numpy_hook.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import fastmm
+from fastmm import _numpy_hook as hook
+from fastmm import _staged
+
+EVERYTHING = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)  # predicts the GPU faster for any product
+NOTHING = hook.HostModel(host=1e18, link=1.0, gpu=1.0, overhead=1.0)
+
+
+class StandInGPU:
+    """Computes in float64 (so its results differ from NumPy's float32 loop) and records each call."""
+
+    def __init__(self):
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, a, b, c):
+        with self.lock:
+            self.calls.append((a.shape, b.shape, c.shape, a.strides, b.strides, c.strides))
+        c[...] = np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    fake = StandInGPU()
+    monkeypatch.setattr(hook._state, "product", fake)
+    yield fake
+    fastmm.restore_numpy()
+
+
+def _current_loop() -> int:
+    """np.matmul's float32 loop address now (swapped for fastmm's loop, which computes the same, and back)."""
+    if hook._state.shim is None:
+        fastmm.accelerate_numpy(NOTHING)
+        fastmm.restore_numpy()
+    now = hook._replace_loop(hook._state.shim.address)
+    hook._replace_loop(now)
+    return now
+
+
+def _ref(a, b):
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def test_install_and_restore_put_numpys_loop_back_exactly(gpu):
+    before = _current_loop()
+    assert before == hook._state.shim.numpy_loop  # what the first install found in the slot
+    fastmm.accelerate_numpy(EVERYTHING)
+    fastmm.accelerate_numpy(EVERYTHING)  # idempotent
+    assert _current_loop() == hook._state.shim.address != before
+    assert fastmm.numpy_hook_status()["active"]
+    fastmm.restore_numpy()
+    fastmm.restore_numpy()  # idempotent
+    assert _current_loop() == before
+    assert not fastmm.numpy_hook_status()["active"]
+    with fastmm.accelerate_numpy(EVERYTHING):  # the context manager restores what it found
+        assert _current_loop() == hook._state.shim.address
+    assert _current_loop() == before
+    fastmm.accelerate_numpy(EVERYTHING)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        pass
+    assert _current_loop() == hook._state.shim.address  # it was on before the block: still on
+
+
+CASES = [  # (a shape, b shape, what the loop sees as batch, m, k, n)
+    ((300, 200), (200, 100), (1, 300, 200, 100)),
+    ((4, 30, 20), (20, 10), (4, 30, 20, 10)),               # b broadcast over the batch: batch stride 0
+    ((30, 20), (4, 20, 10), (4, 30, 20, 10)),
+    ((2, 1, 30, 20), (3, 20, 10), (3, 30, 20, 10)),          # NumPy loops over the outer axis itself
+    ((20,), (20, 10), (1, 1, 20, 10)),                       # 1-D operands become a row / a column
+    ((30, 20), (20,), (1, 30, 20, 1)),
+]
+
+
+@pytest.mark.parametrize("ashape,bshape,seen", CASES, ids=str)
+def test_every_form_reaches_fastmm_with_numpys_shapes(gpu, ashape, bshape, seen, rng):
+    a = rng.standard_normal(ashape).astype(np.float32)
+    b = rng.standard_normal(bshape).astype(np.float32)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        got = a @ b
+        also = np.matmul(a, b)
+    assert got.dtype == np.float32 and got.shape == np.matmul(a, b).shape
+    np.testing.assert_allclose(got, _ref(a, b), rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(got, also)
+    (sa, sb, sc, *_), = {call[:3] + (0,) for call in gpu.calls}
+    assert (sa[0], sa[1], sa[2], sb[2]) == seen
+
+
+def test_strided_transposed_out_and_inplace_operands(gpu, rng):
+    a = rng.standard_normal((64, 80)).astype(np.float32)
+    b = rng.standard_normal((90, 64)).astype(np.float32)
+    out = np.full((100, 80), np.nan, np.float32).T[:, :90]  # a non-contiguous out
+    with fastmm.accelerate_numpy(EVERYTHING):
+        r = np.matmul(a.T[::2], b.T)
+        np.matmul(a.T, b.T, out=out)
+        x = rng.standard_normal((50, 50)).astype(np.float32)
+        x0 = x.copy()
+        x @= x  # NumPy makes the temporary; the loop sees separate buffers
+    np.testing.assert_allclose(r, _ref(a.T[::2], b.T), rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(out, _ref(a.T, b.T), rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(x, _ref(x0, x0), rtol=1e-6, atol=1e-5)
+    strides = [c[3:] for c in gpu.calls]
+    assert any(s[0][1:] == (4, 320) for s in strides), strides  # a.T reached fastmm as it is, with its strides
+
+
+def test_other_dtypes_and_small_products_stay_numpys_bit_for_bit(gpu, rng):
+    with fastmm.accelerate_numpy(NOTHING):
+        a = rng.standard_normal((64, 64)).astype(np.float32)
+        assert np.array_equal(a @ a, _without_hook(lambda: a @ a))
+    with fastmm.accelerate_numpy(EVERYTHING):
+        for dt in (np.float64, np.float16, np.int32, np.complex64):
+            x = (rng.standard_normal((40, 40)) * 4).astype(dt)
+            assert np.array_equal(x @ x, _without_hook(lambda: x @ x)), dt
+        y = rng.standard_normal((40, 40)).astype(np.float32)
+        for func in (np.dot, np.inner, np.tensordot, lambda p, q: np.einsum("ij,jk", p, q)):
+            assert np.array_equal(func(y, y), _without_hook(lambda: func(y, y)))  # BLAS, not the matmul loop
+    assert gpu.calls == []
+
+
+def _without_hook(f):
+    active = fastmm.numpy_hook_status()["active"]
+    fastmm.restore_numpy()
+    try:
+        return f()
+    finally:
+        if active:
+            fastmm.accelerate_numpy(hook._state.model)
+
+
+def test_threshold_is_the_models(gpu):
+    model = hook.HostModel(host=1e12, link=25e9, gpu=50e12, overhead=100e-6)
+    side = round((model.min_flops() / 2) ** (1 / 3))
+    assert model.offloads(1, side, side, side) and not model.offloads(1, side - 2, side - 2, side - 2)
+    assert not model.offloads(1, 8192, 8192, 1)  # a matrix-vector product: the link, not FLOPs, decides
+    assert f"{side}^3" in model.threshold_text()
+    with fastmm.accelerate_numpy(model):
+        s = np.ones((side - 8, side - 8), np.float32)
+        s @ s
+        big = np.ones((side + 8, side + 8), np.float32)
+        big @ big
+    assert [c[0][1] for c in gpu.calls] == [side + 8]
+
+
+def test_a_failure_gives_numpys_result_and_one_warning(gpu, monkeypatch, rng):
+    def broken(a, b, c):
+        c[...] = 7.0  # a partial write before failing must not survive
+        raise fastmm.OutOfMemoryError("stand-in: out of GPU memory")
+
+    monkeypatch.setattr(hook._state, "product", broken)
+    monkeypatch.setattr(fastmm._errors, "_warned", set())
+    a = rng.standard_normal((70, 70)).astype(np.float32)
+    want = a @ a
+    with fastmm.accelerate_numpy(EVERYTHING), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [a @ a for _ in range(3)]
+    assert all(np.array_equal(g, want) for g in got)
+    msgs = [str(w.message) for w in seen if issubclass(w.category, fastmm.PerformanceWarning)]
+    assert len(msgs) == 1 and "OutOfMemoryError" in msgs[0] and "NumPy computed it" in msgs[0]
+
+
+def test_warnings_as_errors_do_not_break_numpys_call(gpu, monkeypatch, rng):
+    monkeypatch.setattr(hook._state, "product", lambda a, b, c: 1 / 0)
+    monkeypatch.setattr(fastmm._errors, "_warned", set())
+    a = rng.standard_normal((70, 70)).astype(np.float32)
+    with fastmm.accelerate_numpy(EVERYTHING), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(a @ a, _without_hook(lambda: a @ a))
+
+
+def test_an_interrupt_keeps_the_result_whole_and_reaches_the_program(gpu, monkeypatch, rng):
+    def interrupted(a, b, c):
+        c[...] = 0.0
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hook._state, "product", interrupted)
+    a = rng.standard_normal((70, 70)).astype(np.float32)
+    want = _without_hook(lambda: a @ a)
+    out = np.empty_like(a)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        with pytest.raises(KeyboardInterrupt):
+            np.matmul(a, a, out=out)
+            for _ in range(10_000):  # the interrupt arrives at the interpreter's next check
+                pass
+    assert np.array_equal(out, want)
+
+
+def test_threads_multiply_while_another_installs_and_restores(gpu, rng):
+    a = rng.standard_normal((96, 96)).astype(np.float32)
+    want, exact = _ref(a, a), _without_hook(lambda: a @ a)
+    errors = []
+    stop = threading.Event()
+
+    def work():
+        try:
+            while not stop.is_set():
+                c = a @ a
+                # Either path, never anything else: the GPU's (float64 here) or NumPy's bit-identical one.
+                if not (np.array_equal(c, exact) or np.allclose(c, want, rtol=1e-6, atol=1e-5)):
+                    errors.append("wrong result")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for _ in range(100):
+        fastmm.accelerate_numpy(EVERYTHING)
+        time.sleep(0.002)
+        fastmm.restore_numpy()
+        time.sleep(0.001)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert gpu.calls  # some products did go through the hook
+
+
+def test_without_a_c_compiler_the_ctypes_loop_does_the_same(monkeypatch, rng):
+    """A fresh process (the C loop, once built, is kept for the process's life) with no compiler on PATH."""
+    code = textwrap.dedent("""
+        import os, warnings, numpy as np, fastmm
+        from fastmm import _numpy_hook as hook
+        calls = []
+        def fake(a, b, c):
+            calls.append(a.shape)
+            c[...] = a.astype(np.float64) @ b.astype(np.float64)
+        hook._state.product = fake
+        a = np.random.default_rng(1).standard_normal((70, 70)).astype(np.float32)
+        want = a @ a
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fastmm.accelerate_numpy(hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0))
+        assert fastmm.numpy_hook_status()["loop"] == "ctypes", fastmm.numpy_hook_status()
+        assert any("no C compiler" in str(w.message) for w in seen)
+        c = a @ a
+        assert calls == [(1, 70, 70)] and np.allclose(c, want, rtol=1e-5, atol=1e-4)
+        small = np.ones((3, 3), np.float32)
+        assert np.array_equal(small @ small, np.full((3, 3), 3, np.float32)) and len(calls) == 2
+        fastmm.restore_numpy()
+        assert np.array_equal(a @ a, want) and len(calls) == 2
+        print("ok")
+    """)
+    env = {"PATH": "/nonexistent", "CC": "", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_a_process_with_the_hook_on_exits_cleanly():
+    code = textwrap.dedent("""
+        import threading, numpy as np, fastmm
+        from fastmm import _numpy_hook as hook
+        import warnings
+        def down(a, b, c):
+            raise RuntimeError("stand-in: the GPU is down")
+        hook._state.product = down
+        warnings.simplefilter("ignore")
+        fastmm.accelerate_numpy(hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0))
+        a = np.ones((64, 64), np.float32)
+        ts = [threading.Thread(target=lambda: a @ a) for _ in range(4)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        assert (a @ a)[0, 0] == 64
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+# --------------------------------------------------------------------------------------------------------
+# _staged: pieces that fit, against a stand-in CuPy
+# --------------------------------------------------------------------------------------------------------
+
+class _DeviceArray(np.ndarray):
+    def set(self, host):
+        self[...] = host
+
+    def get(self, out):
+        out[...] = self
+        return out
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    products = []
+    cp = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(alloc_pinned_memory=lambda n: bytearray(n),
+                                   runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30)),
+                                   memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
+        empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(_DeviceArray))
+
+    def matmul(a, b, out):
+        products.append((a.shape, b.shape))
+        out[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+    monkeypatch.setattr(_staged._gemm, "_cp", cp)
+    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=matmul))
+    monkeypatch.setattr(_staged, "_local", threading.local())
+    return products
+
+
+@pytest.mark.parametrize("batch,m,k,n,budget,a_shared,b_shared", [
+    (1, 50, 40, 30, 1 << 20, True, True),     # fits whole
+    (9, 50, 40, 30, 40_000, False, False),     # groups of whole matrices
+    (9, 50, 40, 30, 30_000, True, False),      # a uploaded once
+    (9, 50, 40, 30, 30_000, True, True),       # every batch item the same product: computed once
+    (1, 300, 40, 200, 40_000, True, True),     # one matrix too large: blocks of rows and columns
+    (3, 300, 400, 20, 60_000, False, True),
+])
+def test_staged_pieces_cover_the_product(staged, batch, m, k, n, budget, a_shared, b_shared, rng):
+    a = rng.standard_normal((1 if a_shared else batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((1 if b_shared else batch, k, n)).astype(np.float32)
+    a3, b3 = np.broadcast_to(a, (batch, m, k)), np.broadcast_to(b, (batch, k, n))
+    c = np.full((batch, m, n), np.nan, np.float32)
+    _staged.matmul_host(a3, b3, c, budget=budget)
+    np.testing.assert_allclose(c, _ref(a3, b3), rtol=1e-6, atol=1e-5)
+    assert len(staged) >= 1
+    for ashape, bshape in staged:  # every piece fits in the budget
+        mk = int(np.prod(ashape)) + int(np.prod(bshape))
+        assert 4 * mk <= budget, (ashape, bshape, budget)
+    if a_shared and b_shared and batch > 1:
+        assert len(staged) == 1
+
+
+def test_staged_refuses_what_cannot_fit(staged):
+    a = np.ones((1, 4, 100_000), np.float32)
+    b = np.ones((1, 100_000, 4), np.float32)
+    with pytest.raises(fastmm.OutOfMemoryError, match="does not fit"):
+        _staged.matmul_host(a, b, np.empty((1, 4, 4), np.float32), budget=100_000)
