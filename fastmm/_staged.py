@@ -43,6 +43,8 @@ def _put(host: np.ndarray):
     stage = _staging(host.shape)
     np.copyto(stage, host)
     dev.set(stage)
+    # From pinned memory the copy is truly asynchronous: it must finish before the buffer is filled again.
+    _gemm._cupy().cuda.get_current_stream().synchronize()
     return dev
 
 

@@ -303,6 +303,7 @@ def staged(monkeypatch):
     products = []
     cp = types.SimpleNamespace(
         cuda=types.SimpleNamespace(alloc_pinned_memory=lambda n: bytearray(n),
+                                   get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
                                    runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30)),
                                    memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
         empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(_DeviceArray))
