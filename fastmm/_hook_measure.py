@@ -114,16 +114,8 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
     return rows
 
 
-def blas_name() -> str:
-    try:
-        deps = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{deps.get('name', '?')} {deps.get('version', '')}".strip()
-    except Exception:  # noqa: BLE001 - older NumPy
-        return "unknown BLAS"
-
-
 def print_bench(rows, model) -> None:
-    print(f"NumPy {np.__version__} on {blas_name()}; hook: {model.threshold_text()}")
+    print(f"NumPy {np.__version__} on {hook.blas_name()}; hook: {model.threshold_text()}")
     print(f"{'shape':28s} {'GFLOP':>8s} {'numpy ms':>9s} {'hook ms':>9s} {'gpu ms':>9s} {'speed-up':>8s} "
           f"{'path':>6s} {'err numpy':>9s} {'err hook':>9s}")
     for r in rows:
@@ -149,7 +141,7 @@ def main_autotune(args) -> int:
         return 2
     model, rows = measure_model(seed=args.seed)
     path = hook.save_model(model, rows)
-    print(f"NumPy hook model for this machine ({blas_name()}), saved to {path}:")
+    print(f"NumPy hook model for this machine ({hook.blas_name()}), saved to {path}:")
     print(f"  host {model.host / 1e12:.2f} TFLOP/s, link {model.link / 1e9:.1f} GB/s, gpu {model.gpu / 1e12:.1f} "
           f"TFLOP/s, overhead {model.overhead * 1e6:.0f} us")
     print(f"  offloads {hook.load_model().threshold_text()}")
@@ -167,7 +159,7 @@ def main_bench(args) -> int:
         import json
 
         with open(args.json, "w") as f:
-            json.dump({"blas": blas_name(), "model": model.threshold_text(), "rows": rows}, f, indent=1)
+            json.dump({"blas": hook.blas_name(), "model": model.threshold_text(), "rows": rows}, f, indent=1)
     bad = [r["shape"] for r in rows if max(r["err_hook"], r["err_gpu"]) > 1e-4]
     if bad:
         print(f"wrong results (relative error above 1e-4): {', '.join(bad)}")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._errors import PerformanceWarning, warn_once
+from ._errors import warn_once
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
 
@@ -137,12 +137,17 @@ def _host_key() -> str:
     import hashlib
 
     cpu = platform.processor() or platform.machine()
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
-    except Exception:  # noqa: BLE001 - older NumPy: the key only gets less specific
-        blas = "unknown"
-    ident = f"{platform.node()}|{cpu}|{os.cpu_count()}|numpy {np.__version__}|{blas}|{_gpu_name()}"
+    ident = f"{platform.node()}|{cpu}|{os.cpu_count()}|numpy {np.__version__}|{blas_name()}|{_gpu_name()}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def blas_name() -> str:
+    """The BLAS NumPy was built with (name and version), which sets the host's side of the model."""
+    try:
+        deps = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{deps.get('name', '?')} {deps.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - older NumPy: the key only gets less specific
+        return "unknown BLAS"
 
 
 def _gpu_name() -> str:
