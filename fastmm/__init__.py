@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFaultError, KernelLoadError, LaunchError,
                       NvccNotFoundError, OutOfMemoryError, PerformanceWarning)
+from ._cupy_hook import accelerate_cupy, cupy_hook_status, restore_cupy
 from ._numpy_hook import HostModel, accelerate_numpy, numpy_hook_status, restore_numpy
 from ._plan import kernel_names, use_kernel
 
@@ -37,6 +38,7 @@ __all__ = [
     "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
     "explain", "use_kernel", "kernel_names",
     "accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel",
+    "accelerate_cupy", "restore_cupy", "cupy_hook_status",
     "CompileError", "CUDAError", "CUDAUnavailableError", "DeviceFaultError", "KernelLoadError", "LaunchError",
     "NvccNotFoundError", "OutOfMemoryError", "PerformanceWarning",
 ]
@@ -129,4 +131,7 @@ def explain(a, b, kernel=None) -> str:
     if isinstance(planned, str):
         return planned
     problem, choice, notes = planned
+    ahead = _plan.cublas_ahead(problem, choice, device)
+    if ahead is not None:
+        notes.append(f"under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS ({ahead})")
     return choice.explain(problem, device) + "".join(f"\n  note    {n}" for n in notes)

@@ -100,6 +100,11 @@ def cmd_info(args) -> int:
     model = load_model()
     print(f"numpy hook  {'on' if status['active'] else 'off'} in this process; when on, it offloads "
           f"{model.threshold_text()}")
+    from ._cupy_hook import cupy_hook_status
+
+    status = cupy_hook_status()
+    print(f"cupy hook   {'on' if status['active'] else 'off'} in this process; when on, float32 products of plain "
+          "CuPy arrays run on fastmm's kernels where the bench measured them level with cuBLAS or ahead")
     return 0
 
 

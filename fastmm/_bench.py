@@ -310,6 +310,10 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (for logs)")
     p.add_argument("--numpy-hook", action="store_true",
                    help="instead: plain NumPy a @ b with and without accelerate_numpy(), in one run")
+    p.add_argument("--cupy-hook", action="store_true",
+                   help="instead: scikit-learn on float32 CuPy data with and without accelerate_cupy(), in one run")
+    p.add_argument("--hook-n", type=int, default=16384, help="--cupy-hook: samples (default: 16384)")
+    p.add_argument("--hook-d", type=int, default=1024, help="--cupy-hook: features (default: 1024)")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 
@@ -318,6 +322,10 @@ def main(args) -> int:
         from . import _hook_measure
 
         return _hook_measure.main_bench(args)
+    if getattr(args, "cupy_hook", False):
+        from . import _cupy_hook_bench
+
+        return _cupy_hook_bench.main(args)
     import cupy as cp
 
     if not cp.cuda.is_available():

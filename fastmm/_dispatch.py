@@ -7,12 +7,15 @@ Every call into CuPy goes through `_plain` views of the operands. A fastmm array
 matrix-product methods are fastmm's, and some CuPy routines call methods of their arguments (``cupy.dot(a, b)``
 is ``a.dot(b)``): handed a fastmm array, CuPy would call fastmm back, which would call CuPy again, forever.
 A plain view shares the memory (and, as CuPy's views do, points its ``base`` at the array that owns it).
+For the same reason CuPy's product functions are taken from the modules that define them (`cupy_own`), never
+through ``cupy.matmul`` and friends, which `fastmm.accelerate_cupy` rebinds to fastmm's.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import types
 import warnings
 
 import numpy as np
@@ -24,7 +27,7 @@ from ._rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufu
                      tensordot_axes, ufunc_dtypes, vector_product_shape)
 
 __all__ = ["to_device", "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
-           "problem_for", "plan_matmul", "plain", "current_device"]
+           "problem_for", "plan_matmul", "plain", "current_device", "cupy_own"]
 
 _F32 = np.dtype(np.float32)
 # The dtypes a CuPy array can have (NumPy's longdouble, object, string and void types have no GPU form).
@@ -71,6 +74,34 @@ def plain(x):
 
 
 _plain_view = (None, None)  # (the CuPy module, how to make a plain view with it)
+_own = (None, None)  # (the CuPy module, its own product functions)
+
+
+def cupy_own():
+    """CuPy's own product functions (``matmul``, ``dot``, ``inner``, ``vdot``, ``tensordot``, ``einsum``, and
+    ``ndarray_dot``, the method), from where CuPy defines them: the CuPy hook rebinds the public names to
+    fastmm's, and fastmm's products of other dtypes must reach CuPy's, not come back. Taken on first use; the
+    hook asks for them before it rebinds anything, so another CuPy's layout falls back to names not yet rebound."""
+    global _own
+    cp = _cupy()
+    module, own = _own
+    if module is cp:
+        return own
+    linalg = getattr(cp, "linalg", None)
+    homes = [getattr(linalg, "_product", None), getattr(linalg, "_einsum", None)]
+
+    def find(name):
+        for home in homes:
+            f = getattr(home, name, None)
+            if f is not None:
+                return f
+        return getattr(cp, name)
+
+    base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", cp.ndarray)
+    own = types.SimpleNamespace(**{name: find(name) for name in ("matmul", "dot", "inner", "vdot", "tensordot",
+                                                                  "einsum")}, ndarray_dot=base.dot)
+    _own = (cp, own)
+    return own
 
 
 def _make_plain_view(cp):
@@ -165,7 +196,7 @@ def _cupy_dot(a, b, shape_rule):
     fastmm arrays), and twice that costs more than two plain views. A shape mismatch raises NumPy's error
     (`shape_rule`'s) rather than CuPy's."""
     try:
-        return _cupy().ndarray.dot(plain(a), plain(b))
+        return cupy_own().ndarray_dot(plain(a), plain(b))
     except ValueError:
         shape_rule(a.shape, b.shape)
         raise
@@ -307,7 +338,7 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
         if g.conj_a and loop[0].kind == "c":
             a = a.conj()
         a2, b2, _ = g.views(a, b)
-        r = g.unview(_cupy_product(cp.matmul, a2, b2, loop[2]), a.ndim, b.ndim)
+        r = g.unview(_cupy_product(cupy_own().matmul, a2, b2, loop[2]), a.ndim, b.ndim)
     if keepdims:
         r = r[..., None]
     r = _core_at(r, axc)
@@ -337,7 +368,7 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
             return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
         current_device(a, b)
         matmul_shapes(a.shape, b.shape)
-        return _cupy_product(cp.matmul, a, b, res)
+        return _cupy_product(cupy_own().matmul, a, b, res)
     # The common case, kept short: float32 device operands, no keywords.
     device_id = cp.cuda.runtime.getDevice()
     if a.data.device_id != device_id or b.data.device_id != device_id or \
@@ -409,7 +440,7 @@ def dot(a, b, out=None, *, kernel=None):
     if a.shape[-1] == 0:  # an empty sum (and no reshape can infer an axis next to a zero-length one)
         return _deliver(cp.zeros(shape, res), out)
     if res != _F32:
-        return _deliver(_cupy_product(cp.dot, a, b, res), out)
+        return _deliver(_cupy_product(cupy_own().ndarray_dot, a, b, res), out)
     if a.ndim <= 2 and b.ndim <= 2:
         if isinstance(out, np.ndarray):
             return _deliver(matmul(a, b, kernel=kernel), out)
@@ -437,7 +468,7 @@ def inner(a, b, *, kernel=None):
     if a.shape[-1] == 0:  # an empty sum (CuPy's inner divides by the zero length)
         return cp.zeros(shape, res)
     if res != _F32:
-        return _cupy_product(cp.inner, a, b, res)
+        return _cupy_product(cupy_own().inner, a, b, res)
     k = a.shape[-1]
     c = matmul(a.reshape(-1, k), b.reshape(-1, k).T, kernel=kernel)
     return c.reshape(shape)
@@ -445,13 +476,12 @@ def inner(a, b, *, kernel=None):
 
 def vdot(a, b, *, kernel=None):
     """``np.vdot``: the dot product of the flattened operands (conjugating a) as a 1 x k x 1 product."""
-    cp = _cupy()
     a, b = _operands(a, b)
     if a.size != b.size:
         raise ValueError(f"vdot: the operands have {a.size} and {b.size} elements; they must have the same number")
     res = np.result_type(a.dtype, b.dtype)
     if res != _F32:
-        return _cupy_product(cp.vdot, a, b, res)
+        return _cupy_product(cupy_own().vdot, a, b, res)
     return matmul(a.ravel(), b.ravel(), kernel=kernel)
 
 
@@ -470,7 +500,7 @@ def tensordot(a, b, axes=2, *, kernel=None):
     if k == 0:  # an empty sum (and no reshape can infer an axis next to a zero-length one)
         return cp.zeros([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b], res)
     if res != _F32:
-        return _cupy_product(cp.tensordot, a, b, res, axes)
+        return _cupy_product(cupy_own().tensordot, a, b, res, axes)
     a2 = a.transpose(free_a + axes_a).reshape(-1, k)
     b2 = b.transpose(axes_b + free_b).reshape(k, -1)
     c = matmul(a2, b2, kernel=kernel)
@@ -480,7 +510,6 @@ def tensordot(a, b, axes=2, *, kernel=None):
 def einsum(*args, kernel=None, **kwargs):
     """``np.einsum`` in both call forms (subscripts string, or operands with sublists): a two-operand
     contraction that is one batched float32 product runs on fastmm, everything else on CuPy."""
-    cp = _cupy()
     subscripts, operands = einsum_subscripts(args)
     ops = _operands(*operands)
     out = kwargs.pop("out", None)
@@ -493,7 +522,7 @@ def einsum(*args, kernel=None, **kwargs):
         spec = einsum_as_gemm(subscripts, ops[0].shape, ops[1].shape)
     if spec is None or np.result_type(*(x.dtype for x in ops)) != _F32:
         kwargs.pop("order", None)  # CuPy's einsum has no order=; results are laid out as CuPy lays them out
-        r = cp.einsum(subscripts, *(plain(x) for x in ops), **kwargs)
+        r = cupy_own().einsum(subscripts, *(plain(x) for x in ops), **kwargs)
     else:
         la, lb, batch, m, k, n, out_labels, sizes = spec
         a, b = ops

@@ -195,7 +195,12 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
     problem, launch = problem_for(a, b, c)
     # The current device runs the product (CuPy's rule); operands elsewhere were checked for peer access.
     device_id = _cupy().cuda.runtime.getDevice()
-    choice = _plan.choose(problem, _cuda.device(device_id), kernel)
+    device = _cuda.device(device_id)
+    choice = _plan.choose(problem, device, kernel)
+    if _plan.yielding_to_cublas():
+        why = _plan.cublas_ahead(problem, choice, device)
+        if why is not None:
+            raise _plan.CublasAhead(why)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, record)
     args = launch["args"]
@@ -325,6 +330,6 @@ _plan.on_reload(replays.clear)  # a new autotune entry can change what a signatu
 
 def signature(a, b, out, kernel, device_id):
     return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, device_id,
-            kernel if kernel is not None else _plan.forced_kernel(),
+            kernel if kernel is not None else _plan.forced_kernel(), _plan.yielding_to_cublas(),
             None if out is None else (out.strides, out.data.ptr & 15))
 

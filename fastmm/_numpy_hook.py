@@ -28,13 +28,13 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from ._errors import warn_once
+from ._switch import Hook, Switch
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
 
@@ -248,7 +248,7 @@ class _Shim:
 
     def _python_loop(self, args, dims, steps, data):
         if self._numpy is None:  # the first install's swap is still finishing (see the class docstring)
-            with _state.lock:
+            with _on_off.lock:
                 pass
         outcome = _DECLINED
         if self.on and 2.0 * dims[0] * dims[1] * dims[2] * dims[3] >= self.min_flops:
@@ -344,9 +344,7 @@ def _gpu_product(a, b, c) -> None:
 
 class _State:
     def __init__(self):
-        self.lock = threading.RLock()
         self.shim: _Shim | None = None
-        self.active = False
         self.model = HostModel()
         self.product = _gpu_product  # tests put a stand-in GPU here
         self.offloaded = 0
@@ -356,18 +354,33 @@ class _State:
 _state = _State()
 
 
+def _install() -> None:
+    numpy_loop = _replace_loop(_state.shim.address)
+    if _state.shim.numpy_loop is None:
+        _state.shim.set_numpy_loop(numpy_loop)
+
+
+def _uninstall() -> None:
+    _state.shim.configure(False, math.inf)
+    _replace_loop(_state.shim.numpy_loop)
+
+
+_on_off = Switch(_install, _uninstall)
+
+
 # --------------------------------------------------------------------------------------------------------
 # Public
 # --------------------------------------------------------------------------------------------------------
 
-class accelerate_numpy:
+class accelerate_numpy(Hook):
     """Run plain NumPy float32 matrix products on the GPU, through fastmm's kernels, from now on.
 
     Replaces NumPy's own float32 inner loop of ``np.matmul`` (which ``@`` and ``@=`` also use) with one that sends
     a product to the GPU when a model of this machine predicts it is faster there, and runs NumPy's own loop
     otherwise. Nothing else changes: other dtypes, other functions, and products below the threshold run NumPy's
-    code and give NumPy's bit-identical results. Idempotent and thread-safe; `restore_numpy` undoes it. Used as a
-    context manager, it restores the state it found on exit.
+    code and give NumPy's bit-identical results. Idempotent and thread-safe; `restore_numpy` undoes it. As a context
+    manager (``with fastmm.accelerate_numpy():``) it keeps the hook on for the block: blocks in several threads may
+    overlap, and the hook stays on until the last one exits, or for good if a plain call turned it on.
 
     Parameters
     ----------
@@ -401,29 +414,15 @@ class accelerate_numpy:
     ...     c = np.ones((4096, 4096), np.float32) @ np.ones((4096, 4096), np.float32)   # on the GPU
     """
 
+    _switch, _name = _on_off, "NumPy hook"
+
     def __init__(self, model: HostModel | None = None):
-        with _state.lock:
-            self._was_active = _state.active
+        with _on_off.lock:
             _state.model = model if model is not None else load_model()
             if _state.shim is None:
                 _state.shim = _Shim()
             _state.shim.configure(True, _state.model.min_flops())
-            if not _state.active:
-                numpy_loop = _replace_loop(_state.shim.address)
-                if _state.shim.numpy_loop is None:
-                    _state.shim.set_numpy_loop(numpy_loop)
-                _state.active = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if not self._was_active:
-            restore_numpy()
-        return False
-
-    def __repr__(self):
-        return f"<fastmm NumPy hook: {'on' if _state.active else 'off'}>"
+            super().__init__()
 
 
 def restore_numpy() -> None:
@@ -447,11 +446,7 @@ def restore_numpy() -> None:
     >>> fastmm.numpy_hook_status()["active"]
     False
     """
-    with _state.lock:
-        if _state.active:
-            _state.shim.configure(False, math.inf)
-            _replace_loop(_state.shim.numpy_loop)
-            _state.active = False
+    _on_off.off()
 
 
 def numpy_hook_status() -> dict:
@@ -476,7 +471,7 @@ def numpy_hook_status() -> dict:
     >>> sorted(fastmm.numpy_hook_status())
     ['active', 'declined_after_failure', 'loop', 'offloaded', 'threshold']
     """
-    with _state.lock:
-        return {"active": _state.active, "loop": _state.shim.kind if _state.shim else None,
-                "threshold": _state.model.threshold_text() if _state.active else None,
+    with _on_off.lock:
+        return {"active": _on_off.active, "loop": _state.shim.kind if _state.shim else None,
+                "threshold": _state.model.threshold_text() if _on_off.active else None,
                 "offloaded": _state.offloaded, "declined_after_failure": _state.declined}

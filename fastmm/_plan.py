@@ -16,7 +16,8 @@ from typing import Callable, Iterator
 from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config, validate
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
-           "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency"]
+           "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency", "CUBLAS_AHEAD",
+           "cublas_ahead", "CublasAhead", "yielding_to_cublas", "yield_to_cublas"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +270,75 @@ RULES: tuple[Rule, ...] = (
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
+
+# --------------------------------------------------------------------------------------------------------
+# Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md,
+# full bench table, H100). fastmm arrays still run fastmm's kernel there (the user chose fastmm); plain CuPy
+# code under `accelerate_cupy` lets CuPy run them, so the hook never makes a product slower than CuPy alone.
+# --------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Ahead:
+    name: str
+    measured: str
+    test: Callable[[Problem, Choice, Device], bool]
+
+
+# Skinny products below this many multiply-adds per output column of the long side are bound by the per-call
+# cost, where fastmm's path is the cheaper one (64x64: 13.8 us a call against CuPy's 18.1).
+_SKINNY_MIN_ELEMENTS = 1 << 22
+
+CUBLAS_AHEAD: tuple[Ahead, ...] = (
+    Ahead("split-k", "long K on few output tiles: cuBLAS ran 128x128x65536 1.5x faster (auto 0.68x cuBLAS)",
+          lambda p, c, d: c.rule == "split-k" and not _skinny(p)),
+    Ahead("skinny", f"an output side below {_SKINNY} (matrix-vector, a few columns): bound by memory, where cuBLAS's "
+          "gemv-style kernels ran twice as fast (matvec 8192x1x8192 and 4096x16x4096: auto 0.49x cuBLAS)",
+          lambda p, c, d: _skinny(p) and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
+    Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave (768^3: auto 0.73x cuBLAS)",
+          lambda p, c, d: c.config.name == WT128x64_SUMS),
+    Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "
+          "(4097^3: auto 0.93x cuBLAS)",
+          lambda p, c, d: not p.aligned and p.tiles(c.config) >= d.sm_count),
+)
+
+
+def cublas_ahead(problem: Problem, choice: Choice, device: Device) -> str | None:
+    """Why cuBLAS is measured ahead of `choice` for `problem` (a line of `CUBLAS_AHEAD`), or None.
+
+    A forced kernel is never second-guessed: the user asked for it."""
+    if choice.rule == "forced":
+        return None
+    for ahead in CUBLAS_AHEAD:
+        if ahead.test(problem, choice, device):
+            return f"{ahead.name}: {ahead.measured}"
+    return None
+
+
+class CublasAhead(Exception):
+    """Raised before any launch when the products are yielding to cuBLAS and the plan says it is ahead."""
+
+
+_yield: contextvars.ContextVar[bool] = contextvars.ContextVar("fastmm_yield_to_cublas", default=False)
+
+
+def yielding_to_cublas() -> bool:
+    return _yield.get()
+
+
+class yield_to_cublas:
+    """Inside the block, a product whose class `CUBLAS_AHEAD` names raises `CublasAhead` before any launch.
+
+    A class rather than a generator-based context manager: the CuPy hook enters one per product."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = _yield.set(True)
+
+    def __exit__(self, *exc):
+        _yield.reset(self._token)
+        return False
+
 
 # What `kernel="<family>"` means: the table restricted to one family.
 _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {

@@ -416,3 +416,33 @@ def test_shape_mismatch_is_numpys_error(fake_cupy, dtype, ashape, bshape, rng):
         for call in calls:
             got = _outcome(call)
             assert got[0] == "raised" and got[1] is want[1] and got[2] == want[2], (numpy_func.__name__, got)
+
+
+def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(fake_cupy, monkeypatch):
+    """Under the CuPy hook's `yield_to_cublas`, a shape where the plan measured cuBLAS ahead raises CublasAhead
+    before anything is launched; the same shape outside runs fastmm's kernel, and its replay is not reused inside."""
+    from fastmm import _cuda, _plan
+
+    launched = []
+
+    class Launch:
+        def __init__(self, config, variant, device_id, **args):
+            self.name = config.name
+
+        def __call__(self, *ptrs):
+            launched.append(self.name)
+
+    monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
+    monkeypatch.setattr(_cuda, "Launch", Launch)
+    monkeypatch.setattr(_gemm, "replays", {})
+    a = _fastmm(np.zeros((768, 768), np.float32))
+    _dispatch.matmul(a, a)
+    _dispatch.matmul(a, a)  # a replay
+    assert launched == [_plan.WT128x64_SUMS] * 2
+    with _plan.yield_to_cublas():
+        with pytest.raises(_plan.CublasAhead, match="partial wave"):
+            _dispatch.matmul(a, a)
+        small = _fastmm(np.zeros((64, 64), np.float32))
+        _dispatch.matmul(small, small)  # not a class where cuBLAS is ahead: fastmm's kernel
+    assert launched == [_plan.WT128x64_SUMS] * 2 + [_plan.WT64]
+    assert not _plan.yielding_to_cublas()

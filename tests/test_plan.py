@@ -254,3 +254,30 @@ def test_explain_never_converts_device_arrays_to_host():
                                       (4096, 4096), (4097, 6144), (6145, 8192)])
 def test_tune_size_classes(size, cls):
     assert _plan._size_class(size) == cls
+
+
+@pytest.mark.parametrize("m,n,k,aligned,ahead", [
+    (768, 768, 768, True, "partial wave"),          # 72 tiles of 128x64: 0.73x cuBLAS on the bench
+    (8192, 1, 8192, False, "skinny"),               # matrix-vector: 0.49x
+    (4096, 16, 4096, True, "skinny"),
+    (128, 128, 65536, True, "split-k"),             # 0.68x
+    (4097, 4097, 4097, False, "unaligned"),         # 0.93x
+    (4096, 4096, 4096, True, None),                 # level with cuBLAS or ahead: fastmm's
+    (1024, 1024, 1024, True, None),
+    (256, 256, 256, True, None),
+    (64, 1, 64, False, None),                       # skinny but small: the cheaper call wins
+    (63, 63, 63, False, None),                      # unaligned but far from a wave
+    (65536, 128, 128, True, None),
+])
+def test_cublas_ahead_names_the_measured_classes(m, n, k, aligned, ahead):
+    problem = _plan.Problem(m, n, k, aligned=aligned)
+    why = _plan.cublas_ahead(problem, _plan.choose(problem), _plan.Device())
+    assert (why if why is None else why.split(":")[0]) == ahead
+    forced = _plan.choose(problem, kernel="warptile")
+    assert _plan.cublas_ahead(problem, forced, _plan.Device()) is None  # a forced kernel is never second-guessed
+
+
+def test_explain_says_when_the_cupy_hook_leaves_a_product_to_cublas():
+    assert "under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS (partial wave" in \
+        fastmm.explain((768, 768), (768, 768))
+    assert "accelerate_cupy" not in fastmm.explain((4096, 4096), (4096, 4096))
