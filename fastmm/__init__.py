@@ -29,7 +29,7 @@ from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFault
                       NvccNotFoundError, OutOfMemoryError, PerformanceWarning)
 from ._cupy_hook import accelerate_cupy, cupy_hook_status, restore_cupy
 from ._numpy_hook import HostModel, accelerate_numpy, numpy_hook_status, restore_numpy
-from ._plan import kernel_names, use_kernel
+from ._plan import get_float32_matmul_precision, kernel_names, matmul_precision, set_float32_matmul_precision, use_kernel
 
 __version__ = "0.1.0"
 
@@ -37,6 +37,7 @@ __all__ = [
     "ndarray", "asarray", "asnumpy",
     "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
     "explain", "use_kernel", "kernel_names",
+    "set_float32_matmul_precision", "get_float32_matmul_precision", "matmul_precision",
     "accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel",
     "accelerate_cupy", "restore_cupy", "cupy_hook_status",
     "CompileError", "CUDAError", "CUDAUnavailableError", "DeviceFaultError", "KernelLoadError", "LaunchError",
@@ -60,7 +61,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastmm' has no attribute {name!r}")
 
 
-def explain(a, b, kernel=None) -> str:
+def explain(a, b, kernel=None, precision=None) -> str:
     """Say which kernel ``matmul(a, b)`` runs, by which rule of the heuristic table, and why.
 
     Nothing is computed: the product is planned as `matmul` would plan it, on the current GPU when CuPy,
@@ -74,13 +75,16 @@ def explain(a, b, kernel=None) -> str:
     kernel : str, optional
         Plan as if ``kernel=`` were passed to `matmul`. By default the kernel an enclosing `use_kernel`
         forces, else ``"auto"``.
+    precision : {"highest", "high", "medium"}, optional
+        Plan as if ``precision=`` were passed to `matmul`. By default the current precision
+        (`get_float32_matmul_precision`).
 
     Returns
     -------
     str
         For a float32 product, lines naming the problem (sizes, layouts, alignment, device), the kernel (and
         split-K slices), the rule of the table with its reason, and the launch grid. For other dtypes, one
-        line saying which CuPy path runs.
+        line saying which CuPy path runs. The ``mode`` line names the arithmetic (the precision mode).
 
     Raises
     ------
@@ -106,6 +110,7 @@ def explain(a, b, kernel=None) -> str:
     >>> print(fastmm.explain((1024, 1024), (1024, 1024), kernel="regtile_128x128x8_8x8"))  # doctest: +ELLIPSIS
     1024x1024x1024 float32 (A k-contiguous, B n-contiguous, 16-byte aligned) on ...
       kernel  regtile_128x128x8_8x8_nn_v4
+      mode    highest: FP32 FMAs ...
       rule    forced: kernel 'regtile_128x128x8_8x8' was requested
       grid    64 blocks of 256 threads for ... SMs
     """
@@ -127,7 +132,9 @@ def explain(a, b, kernel=None) -> str:
             device = _cuda.device(cupy.cuda.Device().id)
     except Exception:  # no CuPy, no GPU or no PyCUDA: plan for the assumed device
         pass
-    planned = _dispatch.plan_matmul(a, b, device, kernel)
+    if precision is not None:
+        _plan._check_precision(precision)
+    planned = _dispatch.plan_matmul(a, b, device, kernel, precision)
     if isinstance(planned, str):
         return planned
     problem, choice, notes = planned

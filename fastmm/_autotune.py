@@ -30,6 +30,8 @@ def _candidates(problem: _plan.Problem, device: _plan.Device) -> list[str]:
     for c in CONFIGS:
         if c.family == "naive" and problem.flops > _NAIVE_MAX_FLOPS:
             continue
+        if c.precision != "highest":  # the table it tunes is the FP32 one; tensor-core modes are chosen by mode
+            continue
         try:
             _plan.validated(c, device)
         except ValueError:

@@ -210,7 +210,7 @@ def _load(config: _Config, dev: Device, device_id: int, compiled: build.Compiled
         try:
             module = drv.module_from_buffer(compiled.cubin)
             _KEEP.append(module)
-            fn = module.get_function(f"fastmm_{config.family}")
+            fn = module.get_function(config.function)
             _KEEP.append(fn)
             regs = fn.get_attribute(drv.function_attribute.NUM_REGS)
             if config.dynamic_smem and config.smem_bytes > dev.max_smem_per_block:

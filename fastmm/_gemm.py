@@ -298,7 +298,8 @@ def _meta(x, shape=None) -> _Meta:
     return _Meta(shape, strides if fortran else strides[::-1])
 
 
-def plan_matmul(a, b, device: _plan.Device, kernel=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
+def plan_matmul(a, b, device: _plan.Device, kernel=None,
+                precision=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
     """The plan `matmul(a, b)` would follow, from shapes and strides alone (no GPU work, no copies)."""
     # Device arrays have a dtype; only host data (lists, scalars) is asked for one through NumPy.
     dtype = np.result_type(*(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b)))
@@ -317,7 +318,7 @@ def plan_matmul(a, b, device: _plan.Device, kernel=None) -> tuple[_plan.Problem,
             notes.append(f"operand {name} has no unit-stride axis and is copied first")
             x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
     problem, _ = problem_for(ma, mb, c)
-    return problem, _plan.choose(problem, device, kernel), notes
+    return problem, _plan.choose(problem, device, kernel, precision=precision), notes
 
 
 
@@ -330,6 +331,7 @@ _plan.on_reload(replays.clear)  # a new autotune entry can change what a signatu
 
 def signature(a, b, out, kernel, device_id):
     return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, device_id,
-            kernel if kernel is not None else _plan.forced_kernel(), _plan.yielding_to_cublas(),
+            kernel if kernel is not None else _plan.forced_kernel(), _plan.get_float32_matmul_precision(),
+            _plan.yielding_to_cublas(),
             None if out is None else (out.strides, out.data.ptr & 15))
 

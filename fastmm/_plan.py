@@ -13,11 +13,13 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import _BY_NAME, CONFIGS, FAMILIES, RegTile, Variant, WarpTile, _Config, get_config, validate
+from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, RegTile, TensorTile, Variant, WarpTile, _Config, get_config,
+                              validate)
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency", "CUBLAS_AHEAD",
-           "cublas_ahead", "CublasAhead", "yielding_to_cublas", "yield_to_cublas"]
+           "cublas_ahead", "CublasAhead", "yielding_to_cublas", "yield_to_cublas", "PRECISIONS",
+           "set_float32_matmul_precision", "get_float32_matmul_precision", "matmul_precision"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Choice:
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
                 f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
+                f"  mode    {self.config.precision}: {PRECISIONS[self.config.precision]}\n"
                 f"  rule    {self.rule}: {self.reason}\n"
                 f"  grid    {problem.tiles(self.config) * self.splits} blocks of {self.config.threads} threads "
                 f"for {device.sm_count} SMs")
@@ -305,8 +308,8 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
 def cublas_ahead(problem: Problem, choice: Choice, device: Device) -> str | None:
     """Why cuBLAS is measured ahead of `choice` for `problem` (a line of `CUBLAS_AHEAD`), or None.
 
-    A forced kernel is never second-guessed: the user asked for it."""
-    if choice.rule == "forced":
+    A forced kernel is never second-guessed: the user asked for it; nor a tensor-core precision mode."""
+    if choice.rule in ("forced", "tensor"):  # measured for the FP32 paths; a tensor-core mode was asked for
         return None
     for ahead in CUBLAS_AHEAD:
         if ahead.test(problem, choice, device):
@@ -340,12 +343,138 @@ class yield_to_cublas:
         return False
 
 
+# --------------------------------------------------------------------------------------------------------
+# Precision modes (PyTorch's names): which arithmetic a float32 product may use.
+# --------------------------------------------------------------------------------------------------------
+
+PRECISIONS: dict[str, str] = {
+    "highest": "FP32 FMAs on the SIMT cores (float32 products as NumPy's BLAS computes them)",
+    "high": "3xTF32 on the tensor cores (each operand split into two TF32 parts; FP32 accuracy)",
+    "medium": "one TF32 pass on the tensor cores (operands rounded to 10-bit mantissas: relative error near 3e-4)",
+}
+TF32X3_TILES = ("tf32x3_128x256x16_64x64_s3", "tf32x3_128x128x16_64x32_s3", "tf32x3_64x64x16_32x32_s4")
+TF32_TILES = ("tf32_128x256x16_64x64_s3", "tf32_64x64x16_32x32_s4")
+_TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
+
+_precision_default = "highest"  # the process-wide setting (set_float32_matmul_precision)
+_precision: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_precision", default=None)
+
+
+def _check_precision(mode) -> str:
+    if mode not in PRECISIONS:
+        raise ValueError(f"unknown float32 matmul precision {mode!r}; valid values: "
+                         f"{', '.join(repr(p) for p in PRECISIONS)}")
+    return mode
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """Set the arithmetic of fastmm's float32 products for the whole process, as PyTorch's function of this name.
+
+    Parameters
+    ----------
+    precision : {"highest", "high", "medium"}
+        ``"highest"`` (the default): FP32 FMAs, as NumPy's and CuPy's float32 products. ``"high"``: 3xTF32 on the
+        tensor cores, FP32 accuracy. ``"medium"``: one TF32 pass on the tensor cores, relative error near 3e-4
+        (what ``CUPY_TF32=1`` gives cuBLAS).
+
+    Raises
+    ------
+    ValueError
+        For any other value; the message lists the valid ones.
+
+    See Also
+    --------
+    get_float32_matmul_precision, matmul_precision
+    explain : Names the mode and the kernel of a product.
+
+    Notes
+    -----
+    A `matmul_precision` block and the ``precision=`` keyword of fastmm's product functions override it.
+    Products of other dtypes are unaffected. NumPy has no counterpart; JAX's ``precision=`` and CuPy's
+    ``CUPY_TF32`` are compared on the kernels page of the documentation.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> fastmm.set_float32_matmul_precision("high")
+    >>> fastmm.get_float32_matmul_precision()
+    'high'
+    >>> fastmm.set_float32_matmul_precision("highest")
+    """
+    global _precision_default
+    _precision_default = _check_precision(precision)
+
+
+def get_float32_matmul_precision() -> str:
+    """The precision float32 products use here and now: an enclosing `matmul_precision` block's, else the
+    process-wide one (`set_float32_matmul_precision`).
+
+    Returns
+    -------
+    str
+        ``"highest"``, ``"high"`` or ``"medium"``.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> fastmm.get_float32_matmul_precision()
+    'highest'
+    """
+    return _precision.get() or _precision_default
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """Use `precision` for every float32 product inside the block (of this thread or asyncio task).
+
+    Parameters
+    ----------
+    precision : {"highest", "high", "medium"}
+        As for `set_float32_matmul_precision`.
+
+    Raises
+    ------
+    ValueError
+        On entering the block, for an unknown value.
+
+    See Also
+    --------
+    set_float32_matmul_precision : The process-wide setting.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> with fastmm.matmul_precision("medium"):
+    ...     fastmm.get_float32_matmul_precision()
+    'medium'
+    >>> print(fastmm.explain((4096, 4096), (4096, 4096), precision="high"))  # doctest: +ELLIPSIS
+    4096x4096x4096 float32 ...
+      kernel  tf32x3_128x256x16_64x64_s3_nn_v4
+      mode    high: 3xTF32 on the tensor cores ...
+    """
+    token = _precision.set(_check_precision(precision))
+    try:
+        yield
+    finally:
+        _precision.reset(token)
+
+
+def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
+    """(kernel, rule, reason) of a product in a tensor-core precision."""
+    names = _TENSOR_TILES[precision]
+    return (_fill_from(names)(problem, device), "tensor",
+            f"precision {precision!r}: tensor-core tiles, the largest that gives half the SMs a block with little "
+            "padding")
+
+
 # What `kernel="<family>"` means: the table restricted to one family.
 _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
     "naive": lambda p, d: NAIVE,
     "smem": _smem_for,
     "regtile": _fill_regtile,
     "warptile": _fill,
+    "tf32x3": _fill_from(TF32X3_TILES),
+    "tf32": _fill_from(TF32_TILES),
 }
 
 
@@ -525,11 +654,14 @@ def on_reload(hook: Callable[[], None]) -> None:
 _memo: dict[tuple, Choice] = {}
 
 
-def choose(problem: Problem, device: Device = Device(), kernel: str | None = None, *, tuned: bool = True) -> Choice:
+def choose(problem: Problem, device: Device = Device(), kernel: str | None = None, *, tuned: bool = True,
+           precision: str | None = None) -> Choice:
     """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else an autotuned entry
-    for its class (unless `tuned` is False), else the table."""
+    for its class (unless `tuned` is False), else the table; in `precision` (default: the current one, see
+    `get_float32_matmul_precision`)."""
     kernel = kernel if kernel is not None else (_forced.get() or "auto")
-    key = (problem, device, kernel, tuned)
+    precision = precision or _precision.get() or _precision_default
+    key = (problem, device, kernel, tuned, precision)
     hit = _memo.get(key)
     if hit is not None:
         return hit
@@ -541,10 +673,17 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
                 splits = split_count(problem, device) if rule.name == "split-k" else 1
                 choice = Choice(get_config(name), problem.variant, rule.name, rule.reason, splits)
                 break
+        if precision != "highest":
+            if choice.rule == "split-k":  # the split-K slices and their reduction are the SIMT path's
+                choice = dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
+                                             "uses FP32 FMAs here)")
+            elif choice.rule != "empty":
+                name, rule, reason = _tensor(problem, device, _check_precision(precision))
+                choice = Choice(get_config(name), problem.variant, rule, reason)
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None
-        if tuned and choice.rule not in ("empty", "split-k"):
+        if tuned and choice.rule not in ("empty", "split-k", "tensor"):
             entry = tuned_entries(device).get(tune_bucket(problem))
         if entry is not None and entry.get("kernel") in _BY_NAME:
             choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",
@@ -564,6 +703,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
 
 # Names the rules use must exist: catch a renamed configuration at import, not at the first product.
 for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_LOOP, WT256_32, WT256_LOOP16, WT256,
-              WT128x64_LOOP, WT128x64, WT128x64_SUMS, WT64):
+              WT128x64_LOOP, WT128x64, WT128x64_SUMS, WT64, *TF32X3_TILES, *TF32_TILES):
     get_config(_name)
+assert all(isinstance(get_config(n), TensorTile) for n in TF32X3_TILES + TF32_TILES)
 assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(WT64), WarpTile)

@@ -3,8 +3,9 @@
 Each function takes fastmm, CuPy or NumPy arrays (host data is uploaded once per call) and returns fastmm
 arrays on the current CuPy device. ``kernel=`` forces a kernel family (``"naive"``, ``"smem"``, ``"regtile"``,
 ``"warptile"``) or one configuration (see `fastmm.kernel_names`) for float32 products; the default ``"auto"``
-follows the heuristic table (`fastmm.explain` shows which rule fires). Products of other dtypes run on CuPy and
-ignore ``kernel=``.
+follows the heuristic table (`fastmm.explain` shows which rule fires). ``precision=`` ("highest", the default;
+"high": 3xTF32 on the tensor cores; "medium": one TF32 pass) overrides `fastmm.set_float32_matmul_precision` for
+one call. Products of other dtypes run on CuPy and ignore both.
 
 The same functions are importable from the top-level package (``fastmm.matmul is fastmm.linalg.matmul``), and
 NumPy's own functions reach them when an operand is a fastmm array: ``np.matmul(a, b)``, ``a @ b``,
@@ -24,13 +25,20 @@ Further differences are listed under each function.
 
 from __future__ import annotations
 
-from . import _dispatch
+import contextlib
+
+from . import _dispatch, _plan
 from ._array import _returned, _wrap
 
 __all__ = ["matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"]
 
 
-def matmul(a, b, out=None, *, kernel=None, **kwargs):
+def _precise(precision):
+    """The block a product runs in: `precision` when given (``precision=``), else the current one."""
+    return contextlib.nullcontext() if precision is None else _plan.matmul_precision(precision)
+
+
+def matmul(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     """Matrix product of two arrays, as `numpy.matmul`; float32 products on fastmm's kernels.
 
     NumPy's rules for shapes: 2-D operands multiply as matrices, N-D operands as stacks of matrices whose batch
@@ -49,6 +57,9 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
     kernel : str, optional
         The kernel for a float32 product: ``"auto"`` (the default), a family or a configuration name from
         `kernel_names`. Overrides an enclosing `use_kernel`. Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
     **kwargs
         The keywords of NumPy's matmul ufunc: ``dtype``, ``casting``, ``signature``, ``order``, ``subok``,
         ``axes``, ``axis``, ``keepdims``, with NumPy's rules and NumPy's errors.
@@ -94,10 +105,11 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
     >>> c = a @ b                            # the same product  # doctest: +SKIP
     >>> d = fastmm.matmul(a, b, kernel="regtile")                # doctest: +SKIP
     """
-    return _returned(_dispatch.matmul(a, b, out=out, kernel=kernel, **kwargs), out)
+    with _precise(precision):
+        return _returned(_dispatch.matmul(a, b, out=out, kernel=kernel, **kwargs), out)
 
 
-def dot(a, b, out=None, *, kernel=None):
+def dot(a, b, out=None, *, kernel=None, precision=None):
     """Dot product of two arrays, as `numpy.dot`; float32 products on fastmm's kernels.
 
     For 2-D operands a matrix product, for 1-D operands an inner product, for a scalar operand a
@@ -113,6 +125,9 @@ def dot(a, b, out=None, *, kernel=None):
         C-contiguous. A device or host array.
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
 
     Returns
     -------
@@ -148,10 +163,11 @@ def dot(a, b, out=None, *, kernel=None):
     >>> np.dot(a, a.T).shape                  # the same   # doctest: +SKIP
     (2, 2)
     """
-    return _returned(_dispatch.dot(a, b, out=out, kernel=kernel), out)
+    with _precise(precision):
+        return _returned(_dispatch.dot(a, b, out=out, kernel=kernel), out)
 
 
-def inner(a, b, *, kernel=None):
+def inner(a, b, *, kernel=None, precision=None):
     """Inner product over the last axes, as `numpy.inner`; float32 products on fastmm's kernels.
 
     For N-D operands the result has shape ``a.shape[:-1] + b.shape[:-1]``; it is computed as one product
@@ -163,6 +179,9 @@ def inner(a, b, *, kernel=None):
         Operands whose last axes have the same length (a scalar operand multiplies).
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
 
     Returns
     -------
@@ -185,10 +204,11 @@ def inner(a, b, *, kernel=None):
     >>> fastmm.inner(a, a).shape                            # doctest: +SKIP
     (2, 2)
     """
-    return _wrap(_dispatch.inner(a, b, kernel=kernel))
+    with _precise(precision):
+        return _wrap(_dispatch.inner(a, b, kernel=kernel))
 
 
-def vdot(a, b, *, kernel=None):
+def vdot(a, b, *, kernel=None, precision=None):
     """Dot product of the flattened operands, conjugating the first, as `numpy.vdot`.
 
     Parameters
@@ -197,6 +217,9 @@ def vdot(a, b, *, kernel=None):
         Operands with the same number of elements (their shapes may differ).
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
 
     Returns
     -------
@@ -220,10 +243,11 @@ def vdot(a, b, *, kernel=None):
     >>> float(fastmm.vdot(a, a))                             # doctest: +SKIP
     5.0
     """
-    return _wrap(_dispatch.vdot(a, b, kernel=kernel))
+    with _precise(precision):
+        return _wrap(_dispatch.vdot(a, b, kernel=kernel))
 
 
-def tensordot(a, b, axes=2, *, kernel=None):
+def tensordot(a, b, axes=2, *, kernel=None, precision=None):
     """Sum of products over the given axes, as `numpy.tensordot`; float32 products on fastmm's kernels.
 
     The summed axes are moved together and flattened, so the contraction runs as one matrix product.
@@ -237,6 +261,9 @@ def tensordot(a, b, axes=2, *, kernel=None):
         axes of each. Default 2, as in NumPy.
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
 
     Returns
     -------
@@ -261,10 +288,11 @@ def tensordot(a, b, axes=2, *, kernel=None):
     >>> fastmm.tensordot(a, b, axes=([1, 0], [0, 1])).shape            # doctest: +SKIP
     (5, 2)
     """
-    return _wrap(_dispatch.tensordot(a, b, axes, kernel=kernel))
+    with _precise(precision):
+        return _wrap(_dispatch.tensordot(a, b, axes, kernel=kernel))
 
 
-def einsum(*operands, kernel=None, **kwargs):
+def einsum(*operands, kernel=None, precision=None, **kwargs):
     """Einstein summation, as `numpy.einsum`; single float32 products on fastmm's kernels.
 
     A contraction of two float32 operands with an explicit output that amounts to one (batched) matrix product
@@ -278,6 +306,9 @@ def einsum(*operands, kernel=None, **kwargs):
         ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` (with ``Ellipsis`` for ``...``).
     kernel : str, optional
         The kernel for a float32 product on fastmm's path (see `matmul`).
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
     **kwargs
         NumPy's keywords: ``out`` (filled after the product, with NumPy's ``casting="safe"`` check),
         ``dtype``, ``order``, ``casting``, ``optimize``. Any keyword other than ``out`` and ``optimize`` sends
@@ -315,10 +346,11 @@ def einsum(*operands, kernel=None, **kwargs):
     >>> fastmm.einsum(a, [0, 1, 2], b, [0, 2, 3], [0, 1, 3]).shape  # doctest: +SKIP
     (8, 2, 4)
     """
-    return _returned(_dispatch.einsum(*operands, kernel=kernel, **kwargs), kwargs.get("out"))
+    with _precise(precision):
+        return _returned(_dispatch.einsum(*operands, kernel=kernel, **kwargs), kwargs.get("out"))
 
 
-def matvec(a, b, out=None, *, kernel=None, **kwargs):
+def matvec(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     """Matrix-vector product, as `numpy.matvec`: ``(..., m, n) x (..., n) -> (..., m)``.
 
     Runs as a product with the vector as a column; batch axes broadcast.
@@ -333,6 +365,9 @@ def matvec(a, b, out=None, *, kernel=None, **kwargs):
         Where to put the result, shape ``(..., m)``; a device or host array.
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
     **kwargs
         The gufunc keywords of `numpy.matvec`, with NumPy's rules and errors.
 
@@ -359,10 +394,11 @@ def matvec(a, b, out=None, *, kernel=None, **kwargs):
     >>> fastmm.matvec(a, v).shape                               # doctest: +SKIP
     (5, 2)
     """
-    return _returned(_dispatch.matvec(a, b, out=out, kernel=kernel, **kwargs), out)
+    with _precise(precision):
+        return _returned(_dispatch.matvec(a, b, out=out, kernel=kernel, **kwargs), out)
 
 
-def vecmat(a, b, out=None, *, kernel=None, **kwargs):
+def vecmat(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     """Vector-matrix product, as `numpy.vecmat`: ``(..., n) x (..., n, m) -> (..., m)``, conjugating the vector.
 
     Parameters
@@ -375,6 +411,9 @@ def vecmat(a, b, out=None, *, kernel=None, **kwargs):
         Where to put the result, shape ``(..., m)``; a device or host array.
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
     **kwargs
         The gufunc keywords of `numpy.vecmat`, with NumPy's rules and errors.
 
@@ -401,10 +440,11 @@ def vecmat(a, b, out=None, *, kernel=None, **kwargs):
     >>> fastmm.vecmat(v, b).shape                               # doctest: +SKIP
     (4,)
     """
-    return _returned(_dispatch.vecmat(a, b, out=out, kernel=kernel, **kwargs), out)
+    with _precise(precision):
+        return _returned(_dispatch.vecmat(a, b, out=out, kernel=kernel, **kwargs), out)
 
 
-def vecdot(a, b, out=None, *, kernel=None, **kwargs):
+def vecdot(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     """Vector dot product over the last axis, as `numpy.vecdot`: ``(..., n) x (..., n) -> (...)``.
 
     The first operand is conjugated (for complex dtypes); batch axes broadcast.
@@ -417,6 +457,9 @@ def vecdot(a, b, out=None, *, kernel=None, **kwargs):
         Where to put the result; a device or host array.
     kernel : str, optional
         The kernel for a float32 product (see `matmul`). Ignored for other dtypes.
+    precision : {"highest", "high", "medium"}, optional
+        The arithmetic of a float32 product (see `set_float32_matmul_precision`); by default the current
+        one (`get_float32_matmul_precision`). Ignored for other dtypes.
     **kwargs
         The gufunc keywords of `numpy.vecdot`, with NumPy's rules and errors.
 
@@ -442,4 +485,5 @@ def vecdot(a, b, out=None, *, kernel=None, **kwargs):
     >>> fastmm.vecdot(x, x).shape                               # doctest: +SKIP
     (4,)
     """
-    return _returned(_dispatch.vecdot(a, b, out=out, kernel=kernel, **kwargs), out)
+    with _precise(precision):
+        return _returned(_dispatch.vecdot(a, b, out=out, kernel=kernel, **kwargs), out)

@@ -15,7 +15,7 @@ import cupy as cp
 import numpy as np
 
 import fastmm
-from fastmm.kernels.configs import CONFIGS
+from fastmm.kernels.configs import _BY_NAME, CONFIGS
 
 # (300, 600, 100) has tiles wholly inside A, B and C for every kernel (the warp-tiled kernels copy those without
 # bounds checks) next to ragged ones; with K a multiple of 32, (256, 512, 96) runs the sub-tile loop in every
@@ -50,7 +50,8 @@ def main(kernels) -> int:
                         got = cp.asnumpy(out)
                         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
                         runs += 1
-                        if not err < 1e-5:
+                        medium = name in _BY_NAME and _BY_NAME[name].precision == "medium"
+                        if not err < (3e-3 if medium else 1e-5):  # one TF32 pass: 10-bit mantissas
                             failures += 1
                             print(f"FAIL {name} {m}x{n}x{k} a_t={a_t} b_t={b_t} offset={offset}: {err}")
     cp.cuda.Device().synchronize()

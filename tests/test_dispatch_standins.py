@@ -446,3 +446,43 @@ def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(fa
         _dispatch.matmul(small, small)  # not a class where cuBLAS is ahead: fastmm's kernel
     assert launched == [_plan.WT128x64_SUMS] * 2 + [_plan.WT64]
     assert not _plan.yielding_to_cublas()
+
+
+def test_precision_modes_choose_kernels_and_never_share_replays(fake_cupy, monkeypatch):
+    from fastmm import _cuda, _plan
+
+    launched = []
+
+    class Launch:
+        def __init__(self, config, variant, device_id, **args):
+            self.name = config.name
+
+        def __call__(self, *ptrs):
+            launched.append(self.name)
+
+    monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
+    monkeypatch.setattr(_cuda, "Launch", Launch)
+    monkeypatch.setattr(_gemm, "replays", {})
+    a = _fastmm(np.zeros((2048, 2048), np.float32))
+    for mode in ("highest", "high", "medium", "high", "highest"):  # the second time of each: a replay
+        with _plan.matmul_precision(mode):
+            _dispatch.matmul(a, a)
+    assert [_plan.get_config(n).precision for n in launched] == ["highest", "high", "medium", "high", "highest"]
+
+
+def test_the_precision_keyword_sets_the_mode_for_one_call(monkeypatch):
+    pytest.importorskip("cupy", reason="fastmm.linalg imports the array type, which needs CuPy (no GPU needed)")
+    import fastmm.linalg
+    from fastmm import _plan
+
+    seen = []
+    for name in ("matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"):
+        monkeypatch.setattr(_dispatch, name, lambda *a, **k: seen.append(_plan.get_float32_matmul_precision()))
+    fastmm.linalg.matmul(1, 2, precision="high")
+    fastmm.linalg.dot(1, 2, precision="medium")
+    fastmm.linalg.tensordot(1, 2, 1, precision="high")
+    fastmm.linalg.einsum("i,i", 1, 2, precision="medium")
+    fastmm.linalg.vdot(1, 2)
+    assert seen == ["high", "medium", "high", "medium", "highest"]
+    with pytest.raises(ValueError, match="valid values"):
+        fastmm.linalg.matmul(1, 2, precision="low")

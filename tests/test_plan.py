@@ -281,3 +281,57 @@ def test_explain_says_when_the_cupy_hook_leaves_a_product_to_cublas():
     assert "under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS (partial wave" in \
         fastmm.explain((768, 768), (768, 768))
     assert "accelerate_cupy" not in fastmm.explain((4096, 4096), (4096, 4096))
+
+
+def test_precision_modes_follow_pytorchs_names():
+    assert fastmm.get_float32_matmul_precision() == "highest"
+    fastmm.set_float32_matmul_precision("high")
+    try:
+        assert fastmm.get_float32_matmul_precision() == "high"
+        with fastmm.matmul_precision("medium"):
+            assert fastmm.get_float32_matmul_precision() == "medium"
+        assert fastmm.get_float32_matmul_precision() == "high"
+    finally:
+        fastmm.set_float32_matmul_precision("highest")
+    for bad in ("tf32", "HIGH", None):
+        with pytest.raises(ValueError, match="valid values: 'highest', 'high', 'medium'"):
+            fastmm.set_float32_matmul_precision(bad)
+    with pytest.raises(ValueError, match="unknown float32 matmul precision 'fast'"):
+        with fastmm.matmul_precision("fast"):
+            pass
+    assert fastmm.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.parametrize("m,n,k,high,medium", [
+    (4096, 4096, 4096, "tf32x3_128x256x16_64x64_s3", "tf32_128x256x16_64x64_s3"),
+    (2048, 1024, 2048, "tf32x3_128x128x16_64x32_s3", "tf32_64x64x16_32x32_s4"),
+    (256, 256, 256, "tf32x3_64x64x16_32x32_s4", "tf32_64x64x16_32x32_s4"),
+])
+def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
+    p = _plan.Problem(m, n, k)
+    assert _plan.choose(p).config.precision == "highest"
+    assert _plan.choose(p, precision="high").name == high
+    assert _plan.choose(p, precision="medium").name == medium
+    with fastmm.matmul_precision("high"):
+        assert _plan.choose(p).name == high  # the memo keeps modes apart
+    assert _plan.choose(p).config.precision == "highest"
+
+
+def test_modes_keep_the_fp32_paths_where_the_table_splits_k_or_has_nothing_to_do():
+    long_k = _plan.Problem(128, 128, 65536)
+    choice = _plan.choose(long_k, precision="high")
+    assert choice.rule == "split-k" and choice.splits > 1 and "'high' uses FP32 FMAs here" in choice.reason
+    assert _plan.choose(_plan.Problem(0, 8, 8), precision="medium").rule == "empty"
+    # A forced kernel wins over the mode, and a tensor family can be forced in any mode.
+    assert _plan.choose(_plan.Problem(512, 512, 512), kernel="warptile", precision="high").config.precision == "highest"
+    assert _plan.choose(_plan.Problem(512, 512, 512), kernel="tf32x3").config.precision == "high"
+    assert {"tf32x3", "tf32", "tf32x3_128x256x16_64x64_s3"} <= set(fastmm.kernel_names())
+
+
+def test_explain_names_the_mode():
+    text = fastmm.explain((4096, 4096), (4096, 4096), precision="high")
+    assert "kernel  tf32x3_128x256x16_64x64_s3_nn_v4" in text and "mode    high: 3xTF32" in text
+    assert "rule    tensor: precision 'high'" in text and "accelerate_cupy" not in text
+    assert "mode    highest: FP32 FMAs" in fastmm.explain((4096, 4096), (4096, 4096))
+    with pytest.raises(ValueError, match="valid values"):
+        fastmm.explain((8, 8), (8, 8), precision="low")

@@ -57,9 +57,9 @@ def _read_source(filename: str) -> str:
 
 
 def source_for(config: _Config, variant: Variant) -> str:
-    """Full source of one binary: -D style macros as #defines, the shared header, the family's file."""
+    """Full source of one binary: -D style macros as #defines, the shared headers, the family's file."""
     defines = "".join(f"#define {k} {v}\n" for k, v in config.macros(variant).items())
-    return defines + _read_source("common.cuh") + "\n" + _read_source(config.source)
+    return defines + "\n".join(_read_source(f) for f in ("common.cuh", *config.headers, config.source))
 
 
 def find_nvcc() -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "Smem",
     "RegTile",
     "WarpTile",
+    "TensorTile",
     "Variant",
     "CONFIGS",
     "FAMILIES",
@@ -60,12 +61,24 @@ class _Config:
     layout_macros: ClassVar[bool] = False
     # Whether the kernel's shared memory is dynamic (sized at launch, may exceed 48 KiB after opt-in).
     dynamic_smem: ClassVar[bool] = False
+    # Shared device code the source needs, placed between common.cuh and the family's file.
+    headers: ClassVar[tuple[str, ...]] = ()
 
     # Subclasses define: name, block, tile, smem_bytes, _tile_macros(), _check().
 
     @property
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def function(self) -> str:
+        """The kernel's entry point in its source."""
+        return f"fastmm_{self.family}"
+
+    @property
+    def precision(self) -> str:
+        """What its products compute in, by `fastmm.set_float32_matmul_precision`'s names."""
+        return "highest"
 
     def macros(self, variant: Variant) -> dict[str, int]:
         return dict(self._tile_macros(), **(self._layout_macros(variant) if self.layout_macros else {}))
@@ -226,6 +239,7 @@ class WarpTile(_Config):
     source: ClassVar[str] = "warptile.cu"
     layout_macros: ClassVar[bool] = True
     dynamic_smem: ClassVar[bool] = True
+    headers: ClassVar[tuple[str, ...]] = ("pipeline.cuh",)
 
     PAD: ClassVar[int] = 4  # floats of padding per shared-memory row (warptile.cu's PAD)
 
@@ -250,7 +264,7 @@ class WarpTile(_Config):
     def _tile_macros(self) -> dict[str, int]:
         return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "TM": self.tm,
                 "TN": self.tn, "STAGES": self.stages, "MIN_BLOCKS": self.min_blocks, "SPREAD": int(self.spread),
-                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k}
+                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k, "THREADS": self.threads, "PAD": self.PAD}
 
     def _check(self) -> list[str]:
         errors = []
@@ -282,6 +296,75 @@ class WarpTile(_Config):
         return errors
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorTile(_Config):
+    """Tensor cores: mma.sync m16n8k8 TF32 on the warp-tiled kernel's cp.async pipeline (fastmm/kernels/tf32.cu),
+    in one pass (``tf32``, "medium" precision) or three (``tf32x3``: 3xTF32, FP32 accuracy, "high")."""
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 16
+    wm: int = 64
+    wn: int = 32
+    stages: int = 3
+    passes: int = 3
+    min_blocks: int = 1  # blocks per SM the register budget is planned for (__launch_bounds__)
+    source: ClassVar[str] = "tf32.cu"
+    layout_macros: ClassVar[bool] = True
+    dynamic_smem: ClassVar[bool] = True
+    headers: ClassVar[tuple[str, ...]] = ("pipeline.cuh",)
+
+    PAD: ClassVar[int] = 4  # floats of padding per shared-memory row, as in the warp-tiled kernel
+
+    @property
+    def family(self) -> str:  # type: ignore[override]  # two families, one source: the number of passes
+        return "tf32x3" if self.passes == 3 else "tf32"
+
+    @property
+    def function(self) -> str:
+        return "fastmm_tf32"
+
+    @property
+    def precision(self) -> str:
+        return "high" if self.passes == 3 else "medium"
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_s{self.stages}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return ((self.bm // self.wm) * (self.bn // self.wn) * 32, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.bk * (self.bm + self.bn + 2 * self.PAD) * 4
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "STAGES": self.stages,
+                "MIN_BLOCKS": self.min_blocks, "PASSES": self.passes, "THREADS": self.threads, "PAD": self.PAD,
+                "SUB_K": 0}
+
+    def _check(self) -> list[str]:
+        errors = []
+        if self.bm % self.wm or self.bn % self.wn or self.wm % 16 or self.wn % 8:
+            errors.append(f"tiles must nest: block {self.bm}x{self.bn}, warp {self.wm}x{self.wn}, mma 16x8")
+        if self.bk % 8 or self.stages < 2:
+            errors.append(f"BK must be a multiple of 8 and stages at least 2 (got {self.bk}, {self.stages})")
+        if self.passes not in (1, 3):
+            errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
+        if not errors:
+            for side in (self.bm, self.bn):  # the pipeline's copies: every thread the same number
+                if (side * self.bk) % (4 * self.threads) or (side * self.bk) % self.threads or self.threads % 8:
+                    errors.append(f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly")
+                    break
+        return errors
+
+
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[_Config, ...] = (
     Naive(32, 8),
@@ -300,6 +383,12 @@ CONFIGS: tuple[_Config, ...] = (
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # ... ragged sizes (1000^3, 4097^3)
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True),  # ... on less than a wave (768^3)
     WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True),   # small and skinny products, split-K slices
+    # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
+    TensorTile(128, 256, 16, 64, 64, 3, passes=3),  # large products
+    TensorTile(128, 128, 16, 64, 32, 3, passes=3),  # mid sizes
+    TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2),  # small products
+    TensorTile(128, 256, 16, 64, 64, 3, passes=1),
+    TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))

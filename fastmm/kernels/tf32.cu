@@ -1,0 +1,215 @@
+// Rung 5 of the ladder: tensor cores. mma.sync m16n8k8 TF32, either one pass ("medium": each operand rounded to
+// TF32, 10 mantissa bits) or three ("high", 3xTF32: FP32 accuracy from TF32 tensor cores).
+//
+// 3xTF32: every FP32 operand x is split into big = tf32(x) and small = tf32(x - big), and a product is
+// accumulated in FP32 as a_small * b_big + a_big * b_small + a_big * b_big; the dropped a_small * b_small is
+// below 2^-22 of a_big * b_big. The split is done in registers, on fragments read from shared memory, so global
+// and shared memory traffic are those of a plain FP32 kernel. (The method: CUTLASS's examples 27 and 28 and
+// Triton's input_precision="tf32x3"; the code here is fastmm's own.)
+//
+// Non-finite inputs keep NumPy's pattern. For x = inf, x - big is inf - inf = NaN, and a cross term
+// a_big * b_small is inf * 0 = NaN whenever the other operand is exact in TF32 (b_small = 0): so for an infinite
+// x the small part is 0 and the cross terms use 0 in place of big ("cross"), and only a_big * b_big sees the inf
+// (inf * 0 there is NaN, as in FP32). NaNs propagate through every term. A finite x within half a TF32 ulp of
+// FLT_MAX would round up to inf: it is truncated instead, so no finite input becomes infinite.
+//
+// Who computes what: a block of THREADS = (BM/WM) * (BN/WN) * 32 threads computes a BM x BN tile of C; each warp
+// a WM x WN warp tile of (WM/16) x (WN/8) mma tiles, accumulated in registers in the mma's C layout: lane l holds
+// rows g = l / 4 and g + 8, columns 2t and 2t + 1 (t = l % 4) of each 16 x 8 tile.
+//
+// Shared memory and copies are the warp-tiled kernel's (pipeline.cuh): STAGES BK-deep stages, A as As[k][m] and
+// B as Bs[k][n] with rows padded by PAD = 4 floats, filled by cp.async (16-byte copies along m or n, 4-byte
+// transposing copies along k), zero past the matrix edges. With rows of BM + 4 (BN + 4) floats, the mma
+// fragments' reads are conflict-free: lane (g, t) reads word t * (BM + 4) + g, i.e. bank 4t + g.
+//
+// Macros: THREADS, PAD, BM, BN, BK, WM, WN, STAGES, MIN_BLOCKS, PASSES (1 or 3), SUB_K (0: no sub-slices), and the
+// layout: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte
+// copies and 8-byte stores are legal (else 4-byte copies and stores).
+
+#define MT (WM / 16)   // mma tiles per warp along m
+#define NT (WN / 8)    // ... along n
+#define LDA_S (BM + PAD)
+#define LDB_S (BN + PAD)
+#define STAGE_FLOATS (BK * (LDA_S + LDB_S))
+
+static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 8 == 0, "tiles must nest in 16 x 8 mma tiles");
+static_assert(THREADS == (BM / WM) * (BN / WN) * 32, "one warp per warp tile");
+static_assert(BK % 8 == 0 && STAGES >= 2, "BK a multiple of the mma's k = 8; at least two stages");
+static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass or three");
+static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
+
+// x rounded to TF32 (to nearest, ties away), in FP32 layout with the low 13 bits zero.
+__device__ __forceinline__ unsigned tf32_rna(float x)
+{
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// The big part of x: rounded to TF32, except that a finite x never becomes infinite (truncated instead).
+__device__ __forceinline__ unsigned tf32_big(float x)
+{
+    const unsigned r = tf32_rna(x);
+    const float inf = __int_as_float(0x7f800000);
+    return fabsf(__uint_as_float(r)) == inf && fabsf(x) != inf ? __float_as_uint(x) & 0xffffe000u : r;
+}
+
+// 3xTF32's three values of x: big, big for the cross terms (0 for an infinite x), small (0 for an infinite x).
+__device__ __forceinline__ void split3(float x, unsigned& big, unsigned& cross, unsigned& small)
+{
+    big = tf32_big(x);
+    const bool inf = fabsf(x) == __int_as_float(0x7f800000);
+    small = inf ? 0u : tf32_rna(x - __uint_as_float(big));
+    cross = inf ? 0u : big;
+}
+
+// d += a * b on one 16 x 8 x 8 tile.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2])
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Two consecutive elements of one row of C at column n (even): one 8-byte store when both lie inside C and the
+// row is 16-byte aligned (VEC = 4), else up to two guarded scalar stores.
+__device__ __forceinline__ void store2(float* crow, int n, int N, float x, float y)
+{
+    if (VEC == 4 && n + 1 < N) {
+        *reinterpret_cast<float2*>(crow + n) = make_float2(x, y);
+    } else {
+        if (n < N) crow[n] = x;
+        if (n + 1 < N) crow[n + 1] = y;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+fastmm_tf32(FASTMM_GEMM_PARAMS)
+{
+    extern __shared__ __align__(16) float smem[];  // STAGES x (As[BK][LDA_S], Bs[BK][LDB_S])
+
+    using CopyA = SliceCopy<BM, A_T == 0>;
+    using CopyB = SliceCopy<BN, B_T == 1>;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int z = z0 + blockIdx.z;
+
+    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
+    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
+    float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+
+    const long long lda = A_T ? a_sk : a_sm;
+    const long long ldb = B_T ? b_sn : b_sk;
+    const unsigned smem0 = smem_addr(smem);
+    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid, smem0);
+    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid, smem0 + 4 * BK * LDA_S);
+    const int m_left = M - bm, n_left = N - bn;
+    const int num_k_tiles = (K + BK - 1) / BK;
+    constexpr unsigned STAGE_BYTES = 4 * STAGE_FLOATS;
+
+    // The copies of the next K-tile into its stage form one cp.async group (empty past the last tile, so that
+    // every thread commits the same number of groups and wait_group counts stay uniform).
+    int next_kt = 0;
+    unsigned write_stage = 0;
+    auto issue_next = [&]() {
+        if (next_kt < num_k_tiles) {
+            const int k_left = K - next_kt * BK;
+#pragma unroll
+            for (int i = 0; i < CopyA::COUNT; ++i) copy_a.copy(i, write_stage, lda, m_left, k_left);
+#pragma unroll
+            for (int i = 0; i < CopyB::COUNT; ++i) copy_b.copy(i, write_stage, ldb, n_left, k_left);
+        }
+        copy_a.next_slice(lda);
+        copy_b.next_slice(ldb);
+        ++next_kt;
+        write_stage = write_stage == (STAGES - 1) * STAGE_BYTES ? 0 : write_stage + STAGE_BYTES;
+        cp_async_commit();
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) issue_next();
+
+    const float* stage = smem;  // the stage of K-tile kt
+    for (int kt = 0; kt < num_k_tiles; ++kt) {
+        // K-tile kt has landed once at most STAGES - 2 younger groups are pending; the barrier publishes it and
+        // frees the stage read during kt - 1, which the copies of K-tile kt + STAGES - 1 refill now.
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        issue_next();
+        const float* As = stage + wm0 + g;
+        const float* Bs = stage + BK * LDA_S + wn0 + g;
+        // One k-step at a time: unrolled, the compiler hoisted the next step's reads and splits over this one's
+        // mmas and ran out of registers (the 128 x 256 tiles spilled).
+#pragma unroll 1
+        for (int ks = 0; ks < BK / 8; ++ks) {
+            const int k0 = (ks * 8 + t) * LDA_S, k4 = (ks * 8 + t + 4) * LDA_S;
+            const int j0 = (ks * 8 + t) * LDB_S, j4 = (ks * 8 + t + 4) * LDB_S;
+            // A fragments of this k-step for every m tile (rows g and g + 8, k = t and t + 4), split once and
+            // used for every n tile; B fragments are split one n tile at a time, which keeps wide warp tiles
+            // within the register budget.
+#if PASSES == 3
+            unsigned a_big[MT][4], a_cross[MT][4], a_small[MT][4];
+#else
+            unsigned a_big[MT][4];
+#endif
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const float x[4] = {As[k0 + i * 16], As[k0 + i * 16 + 8], As[k4 + i * 16], As[k4 + i * 16 + 8]};
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+#if PASSES == 3
+                    split3(x[r], a_big[i][r], a_cross[i][r], a_small[i][r]);
+#else
+                    a_big[i][r] = tf32_big(x[r]);
+#endif
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const float y[2] = {Bs[j0 + j * 8], Bs[j4 + j * 8]};
+#if PASSES == 3
+                unsigned b_big[2], b_cross[2], b_small[2];
+                split3(y[0], b_big[0], b_cross[0], b_small[0]);
+                split3(y[1], b_big[1], b_cross[1], b_small[1]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    // Smallest terms first: they are added to the running sum before the large one.
+                    mma_tf32(acc[i][j], a_small[i], b_cross);
+                    mma_tf32(acc[i][j], a_cross[i], b_small);
+                    mma_tf32(acc[i][j], a_big[i], b_big);
+                }
+#else
+                const unsigned b_big[2] = {tf32_big(y[0]), tf32_big(y[1])};
+#pragma unroll
+                for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], a_big[i], b_big);
+#endif
+            }
+        }
+        stage = stage == smem + (STAGES - 1) * STAGE_FLOATS ? smem : stage + STAGE_FLOATS;
+    }
+    cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
+
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const int m = bm + wm0 + i * 16 + g;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int n = bn + wn0 + j * 8 + 2 * t;
+            if (m < M) store2(c + (long long)m * c_sm, n, N, acc[i][j][0], acc[i][j][1]);
+            if (m + 8 < M) store2(c + (long long)(m + 8) * c_sm, n, N, acc[i][j][2], acc[i][j][3]);
+        }
+    }
+}

@@ -1,0 +1,122 @@
+"""Tensor-core precision modes on the GPU: "high" (3xTF32) at FP32 accuracy against cuBLAS SGEMM over several value
+distributions, "medium" (one TF32 pass) against cuBLAS's own TF32 path, NumPy's non-finite pattern in every mode,
+and the modes reaching the kernels through every way of setting them. (Layouts, ragged edges, batches and views of
+every tensor-core configuration are in test_gpu_kernels.py, which runs every kernel in CONFIGS.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastmm
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+
+MODES = ("highest", "high", "medium")
+
+
+def _error(c, ref64) -> float:
+    c = cp.asnumpy(c).astype(np.float64)
+    return float(np.linalg.norm(c - ref64) / np.linalg.norm(ref64))
+
+
+def _cublas(a, b, tf32=False):
+    linalg = cp._core._routines_linalg
+    before = linalg.get_compute_type(np.dtype(np.float32))
+    if tf32:
+        linalg.set_compute_type(np.dtype(np.float32), linalg.COMPUTE_TYPE_TF32)
+    try:
+        return cp.matmul(a, b)
+    finally:
+        linalg.set_compute_type(np.dtype(np.float32), before)
+
+
+def _values(rng, kind, shape):
+    if kind == "normal":
+        return rng.standard_normal(shape)
+    if kind == "uniform":
+        return rng.random(shape)
+    if kind == "wide":  # magnitudes from 1e-10 to 1e10
+        return rng.standard_normal(shape) * 10.0 ** rng.uniform(-10, 10, shape)
+    if kind == "cancelling":  # large terms of both signs whose sum is small
+        x = rng.standard_normal(shape)
+        return x + 1e3 * np.sign(rng.standard_normal(shape))
+    raise ValueError(kind)
+
+
+CASES = [("normal", 1024, 1024, 1024), ("uniform", 1024, 1024, 1024), ("wide", 512, 512, 512),
+         ("cancelling", 512, 512, 2048), ("normal", 2048, 2048, 64), ("normal", 1000, 999, 1001),
+         ("normal", 4096, 4096, 4096)]
+
+
+@pytest.mark.parametrize("kind,m,n,k", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}" for c in CASES])
+def test_high_is_as_accurate_as_cublas_sgemm(kind, m, n, k, rng):
+    a = _values(rng, kind, (m, k)).astype(np.float32)
+    b = _values(rng, kind, (k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    da, db = cp.asarray(a), cp.asarray(b)
+    sgemm = _error(_cublas(da, db), ref)
+    high = _error(fastmm.matmul(da, db, precision="high"), ref)
+    print(f"{kind} {m}x{n}x{k}: high {high:.2e}, cuBLAS SGEMM {sgemm:.2e}")
+    assert high <= max(sgemm, 1e-7) * (2.0 if k < 256 else 1.0), (high, sgemm)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (777, 555, 333)], ids=str)
+def test_medium_is_as_accurate_as_cublas_tf32(m, n, k, rng):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    da, db = cp.asarray(a), cp.asarray(b)
+    tf32 = _error(_cublas(da, db, tf32=True), ref)
+    medium = _error(fastmm.matmul(da, db, precision="medium"), ref)
+    print(f"{m}x{n}x{k}: medium {medium:.2e}, cuBLAS TF32 {tf32:.2e}")
+    assert 1e-5 < medium <= 1.5 * tf32, (medium, tf32)  # really one TF32 pass, and no worse than cuBLAS's
+
+
+def _pattern(x):
+    x = np.asarray(x)
+    return np.isnan(x), np.isposinf(x), np.isneginf(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_non_finite_inputs_give_numpys_pattern(mode, rng):
+    """Where NumPy's result is NaN or +-inf, ours is, and nowhere else. Every case is independent of the order of
+    summation (single products that overflow, infinities, NaNs), so any two correct GEMMs agree on it."""
+    m, n, k = 70, 70, 90
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    b[::7] = np.round(b[::7])           # values exact in TF32, whose small part is 0 (the inf * 0 trap)
+    b[3, 5] = 0.0
+    a[1, 3] = np.inf                    # row 1: inf against b's row 3 (0 in column 5: NaN) and an exact row 7
+    a[1, 7] = np.inf
+    a[2, 10] = -np.inf
+    a[4, 20] = np.nan
+    b[30, 40] = np.inf
+    b[31, 41] = np.nan
+    b[0] = np.where(np.arange(n) % 2, 0.5, 4.0) * np.sign(rng.standard_normal(n))
+    a[6, 0] = 3e38                      # huge: x 0.5 is finite, x 4 overflows to inf in one product
+    a[8, 0] = np.finfo(np.float32).max  # would round up to inf in TF32: must stay finite (x 0.5)
+    a[9] = 1e-40                        # subnormals
+    b[:, 50] = 1e-39
+    with np.errstate(all="ignore"):
+        want = a @ b
+    got = cp.asnumpy(fastmm.matmul(cp.asarray(a), cp.asarray(b), precision=mode))
+    for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
+        assert np.array_equal(w, g), f"{mode}: {what} differs at {np.argwhere(w != g)[:5].tolist()}"
+
+
+def test_every_way_of_setting_the_mode_reaches_the_kernels(rng, launches):
+    a = fastmm.asarray(rng.standard_normal((512, 512)).astype(np.float32))
+    a @ a
+    fastmm.matmul(a, a, precision="high")
+    with fastmm.matmul_precision("medium"):
+        np.matmul(a, a)
+    fastmm.set_float32_matmul_precision("high")
+    try:
+        np.dot(a, a)
+    finally:
+        fastmm.set_float32_matmul_precision("highest")
+    a @ a
+    modes = [fastmm._plan.get_config(name).precision for name in launches]
+    assert modes == ["highest", "high", "medium", "high", "highest"], launches
