@@ -418,23 +418,31 @@ def test_shape_mismatch_is_numpys_error(fake_cupy, dtype, ashape, bshape, rng):
             assert got[0] == "raised" and got[1] is want[1] and got[2] == want[2], (numpy_func.__name__, got)
 
 
-def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(fake_cupy, monkeypatch):
-    """Under the CuPy hook's `yield_to_cublas`, a shape where the plan measured cuBLAS ahead raises CublasAhead
-    before anything is launched; the same shape outside runs fastmm's kernel, and its replay is not reused inside."""
+@pytest.fixture
+def launched(fake_cupy, monkeypatch):
+    """The runtime replaced by a stand-in that records the name of each kernel launched (an assumed H100)."""
     from fastmm import _cuda, _plan
 
-    launched = []
+    names = []
 
     class Launch:
         def __init__(self, config, variant, device_id, **args):
             self.name = config.name
 
         def __call__(self, *ptrs):
-            launched.append(self.name)
+            names.append(self.name)
 
     monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
     monkeypatch.setattr(_cuda, "Launch", Launch)
     monkeypatch.setattr(_gemm, "replays", {})
+    return names
+
+
+def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(launched):
+    """Under the CuPy hook's `yield_to_cublas`, a shape where the plan measured cuBLAS ahead raises CublasAhead
+    before anything is launched; the same shape outside runs fastmm's kernel, and its replay is not reused inside."""
+    from fastmm import _plan
+
     a = _fastmm(np.zeros((768, 768), np.float32))
     _dispatch.matmul(a, a)
     _dispatch.matmul(a, a)  # a replay
@@ -448,21 +456,9 @@ def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(fa
     assert not _plan.yielding_to_cublas()
 
 
-def test_precision_modes_choose_kernels_and_never_share_replays(fake_cupy, monkeypatch):
-    from fastmm import _cuda, _plan
+def test_precision_modes_choose_kernels_and_never_share_replays(launched):
+    from fastmm import _plan
 
-    launched = []
-
-    class Launch:
-        def __init__(self, config, variant, device_id, **args):
-            self.name = config.name
-
-        def __call__(self, *ptrs):
-            launched.append(self.name)
-
-    monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
-    monkeypatch.setattr(_cuda, "Launch", Launch)
-    monkeypatch.setattr(_gemm, "replays", {})
     a = _fastmm(np.zeros((2048, 2048), np.float32))
     for mode in ("highest", "high", "medium", "high", "highest"):  # the second time of each: a replay
         with _plan.matmul_precision(mode):

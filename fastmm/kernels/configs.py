@@ -212,8 +212,41 @@ class RegTile(_Config):
         return errors
 
 
+class _Pipelined:
+    """What the kernels on pipeline.cuh's cp.async stages share: one warp per WM x WN warp tile of a BM x BN block
+    tile, STAGES BK-deep stages of A and B in dynamic shared memory, rows padded by PAD floats, layouts compiled in."""
+
+    layout_macros: ClassVar[bool] = True
+    dynamic_smem: ClassVar[bool] = True
+    headers: ClassVar[tuple[str, ...]] = ("pipeline.cuh",)
+    PAD: ClassVar[int] = 4  # floats of padding per shared-memory row (pipeline.cuh's layout)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return ((self.bm // self.wm) * (self.bn // self.wn) * 32, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.bk * (self.bm + self.bn + 2 * self.PAD) * 4
+
+    def _pipeline_macros(self) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "STAGES": self.stages,
+                "MIN_BLOCKS": self.min_blocks, "THREADS": self.threads, "PAD": self.PAD}
+
+    def _slices_divide(self) -> list[str]:
+        """Every thread issues the same number of copies (4-byte ones for a transposing operand)."""
+        for side in (self.bm, self.bn):
+            if (side * self.bk) % self.threads or (side * self.bk // 4) % self.threads:
+                return [f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly"]
+        return []
+
+
 @dataclasses.dataclass(frozen=True)
-class WarpTile(_Config):
+class WarpTile(_Pipelined, _Config):
     """Warp tiling: a BM x BN x BK block tile cut into WM x WN warp tiles of TM x TN thread tiles, fed by a
     STAGES-deep cp.async pipeline (fastmm/kernels/warptile.cu)."""
 
@@ -237,11 +270,6 @@ class WarpTile(_Config):
     sub_k: int = 0
     family: ClassVar[str] = "warptile"
     source: ClassVar[str] = "warptile.cu"
-    layout_macros: ClassVar[bool] = True
-    dynamic_smem: ClassVar[bool] = True
-    headers: ClassVar[tuple[str, ...]] = ("pipeline.cuh",)
-
-    PAD: ClassVar[int] = 4  # floats of padding per shared-memory row (warptile.cu's PAD)
 
     @property
     def name(self) -> str:
@@ -249,22 +277,9 @@ class WarpTile(_Config):
                 f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}"
                 f"{f'_sub{self.sub_k}' if self.sub_k else ''}")
 
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return ((self.bm // self.wm) * (self.bn // self.wn) * 32, 1, 1)
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.bm, self.bn)
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.stages * self.bk * (self.bm + self.bn + 2 * self.PAD) * 4
-
     def _tile_macros(self) -> dict[str, int]:
-        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "TM": self.tm,
-                "TN": self.tn, "STAGES": self.stages, "MIN_BLOCKS": self.min_blocks, "SPREAD": int(self.spread),
-                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k, "THREADS": self.threads, "PAD": self.PAD}
+        return {**self._pipeline_macros(), "TM": self.tm, "TN": self.tn, "SPREAD": int(self.spread),
+                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k}
 
     def _check(self) -> list[str]:
         errors = []
@@ -279,11 +294,7 @@ class WarpTile(_Config):
         if self.stages < 2:
             errors.append(f"a cp.async pipeline needs at least 2 stages (got {self.stages})")
         if not errors:
-            # Every thread issues the same number of copies (4-byte ones for a transposing operand).
-            for side in (self.bm, self.bn):
-                if (side * self.bk) % self.threads or (side * self.bk // 4) % self.threads:
-                    errors.append(f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly")
-                    break
+            errors += self._slices_divide()
         if self.sub_k and not errors:
             # A body copies sub_k rows of each operand in whole passes of the block's threads: 8 rows for a
             # transposing copy, threads * 4 / side (or threads / side, 4-byte copies) rows otherwise.
@@ -297,7 +308,7 @@ class WarpTile(_Config):
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorTile(_Config):
+class TensorTile(_Pipelined, _Config):
     """Tensor cores: mma.sync m16n8k8 TF32 on the warp-tiled kernel's cp.async pipeline (fastmm/kernels/tf32.cu),
     in one pass (``tf32``, "medium" precision) or three (``tf32x3``: 3xTF32, FP32 accuracy, "high")."""
 
@@ -310,11 +321,6 @@ class TensorTile(_Config):
     passes: int = 3
     min_blocks: int = 1  # blocks per SM the register budget is planned for (__launch_bounds__)
     source: ClassVar[str] = "tf32.cu"
-    layout_macros: ClassVar[bool] = True
-    dynamic_smem: ClassVar[bool] = True
-    headers: ClassVar[tuple[str, ...]] = ("pipeline.cuh",)
-
-    PAD: ClassVar[int] = 4  # floats of padding per shared-memory row, as in the warp-tiled kernel
 
     @property
     def family(self) -> str:  # type: ignore[override]  # two families, one source: the number of passes
@@ -332,22 +338,8 @@ class TensorTile(_Config):
     def name(self) -> str:
         return f"{self.family}_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_s{self.stages}"
 
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return ((self.bm // self.wm) * (self.bn // self.wn) * 32, 1, 1)
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.bm, self.bn)
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.stages * self.bk * (self.bm + self.bn + 2 * self.PAD) * 4
-
     def _tile_macros(self) -> dict[str, int]:
-        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm, "WN": self.wn, "STAGES": self.stages,
-                "MIN_BLOCKS": self.min_blocks, "PASSES": self.passes, "THREADS": self.threads, "PAD": self.PAD,
-                "SUB_K": 0}
+        return {**self._pipeline_macros(), "PASSES": self.passes, "SUB_K": 0}
 
     def _check(self) -> list[str]:
         errors = []
@@ -358,10 +350,7 @@ class TensorTile(_Config):
         if self.passes not in (1, 3):
             errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
         if not errors:
-            for side in (self.bm, self.bn):  # the pipeline's copies: every thread the same number
-                if (side * self.bk) % (4 * self.threads) or (side * self.bk) % self.threads or self.threads % 8:
-                    errors.append(f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly")
-                    break
+            errors += self._slices_divide()
         return errors
 
 

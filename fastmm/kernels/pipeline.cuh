@@ -120,3 +120,30 @@ struct SliceCopy {
     __device__ __forceinline__ void next_sub(long long ld) { src += TRANS ? SUB_K : SUB_K * ld; }
 };
 
+// The opening of a pipelined kernel, the same in every family, in two parts (a family declares its own lane
+// coordinates in between). FASTMM_PIPELINE_WARP: the copiers' types, this thread's warp and the origin of its warp
+// tile (CopyA, CopyB, tid, warp, lane, wm0, wn0). FASTMM_PIPELINE_TILE: the block's tile and batch item, each
+// operand's leading dimension (the stride that is not 1) and its copier at K-tile 0 of the tile (bm, bn, z, a, b,
+// c, lda, ldb, smem0, copy_a, copy_b, m_left, n_left, num_k_tiles, STAGE_BYTES; the family defines LDA_S and
+// STAGE_FLOATS).
+#define FASTMM_PIPELINE_WARP                                                                  \
+    using CopyA = SliceCopy<BM, A_T == 0>;                                                    \
+    using CopyB = SliceCopy<BN, B_T == 1>;                                                    \
+    const int tid = threadIdx.x;                                                              \
+    const int warp = tid / 32, lane = tid % 32;                                               \
+    const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN
+
+#define FASTMM_PIPELINE_TILE(smem)                                                            \
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;                                     \
+    const int z = z0 + blockIdx.z;                                                            \
+    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);                  \
+    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);                  \
+    float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);                        \
+    const long long lda = A_T ? a_sk : a_sm;                                                  \
+    const long long ldb = B_T ? b_sn : b_sk;                                                  \
+    const unsigned smem0 = smem_addr(smem);                                                   \
+    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid, smem0);                                 \
+    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid, smem0 + 4 * BK * LDA_S);                \
+    const int m_left = M - bm, n_left = N - bn;                                               \
+    const int num_k_tiles = (K + BK - 1) / BK;                                                \
+    constexpr unsigned STAGE_BYTES = 4 * STAGE_FLOATS

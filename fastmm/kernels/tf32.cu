@@ -89,28 +89,9 @@ fastmm_tf32(FASTMM_GEMM_PARAMS)
 {
     extern __shared__ __align__(16) float smem[];  // STAGES x (As[BK][LDA_S], Bs[BK][LDB_S])
 
-    using CopyA = SliceCopy<BM, A_T == 0>;
-    using CopyB = SliceCopy<BN, B_T == 1>;
-
-    const int tid = threadIdx.x;
-    const int warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
-    const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;
-    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
-    const int z = z0 + blockIdx.z;
-
-    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
-    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
-    float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-
-    const long long lda = A_T ? a_sk : a_sm;
-    const long long ldb = B_T ? b_sn : b_sk;
-    const unsigned smem0 = smem_addr(smem);
-    CopyA copy_a(a + (A_T ? bm : bm * lda), lda, tid, smem0);
-    CopyB copy_b(b + (B_T ? bn * ldb : bn), ldb, tid, smem0 + 4 * BK * LDA_S);
-    const int m_left = M - bm, n_left = N - bn;
-    const int num_k_tiles = (K + BK - 1) / BK;
-    constexpr unsigned STAGE_BYTES = 4 * STAGE_FLOATS;
+    FASTMM_PIPELINE_WARP;
+    const int g = lane / 4, t = lane % 4;  // the mma fragments' group and thread in group
+    FASTMM_PIPELINE_TILE(smem);
 
     // The copies of the next K-tile into its stage form one cp.async group (empty past the last tile, so that
     // every thread commits the same number of groups and wait_group counts stay uniform).
