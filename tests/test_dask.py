@@ -1,0 +1,72 @@
+"""fastmm.dask without a GPU: the optional import, the graph's chunk type, and Dask's lookup tables.
+
+Graphs are built here on a machine with no GPU (as a Dask client or scheduler may be): nothing is uploaded until
+a task runs. Computing them is tested in test_gpu_dask.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+
+def test_without_dask_the_import_error_names_the_extra():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["dask"] = None          # as if Dask were not installed
+        import fastmm                       # the core package never needs it
+        try:
+            import fastmm.dask
+        except ImportError as e:
+            assert "pip install 'fastmm[dask]'" in str(e), e
+            print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+da = pytest.importorskip("dask.array", reason="Dask is not installed: pip install 'fastmm[dask]'")
+pytest.importorskip("cupy", reason="fastmm arrays need CuPy installed (no GPU needed to build a graph)")
+
+import fastmm  # noqa: E402
+import fastmm.dask as fd  # noqa: E402
+from fastmm import linalg  # noqa: E402
+
+
+def test_meta_is_an_empty_fastmm_array_that_needs_no_gpu():
+    m = fd.meta(np.float64, 3)
+    assert type(m) is fastmm.ndarray and m.shape == (0, 0, 0) and m.dtype == np.float64
+
+
+@pytest.mark.parametrize("source", ["numpy", "memmap", "dask"])
+def test_from_array_builds_a_graph_of_fastmm_chunks(source, tmp_path):
+    host = np.arange(100 * 80, dtype=np.float32).reshape(100, 80)
+    if source == "memmap":
+        mm = np.lib.format.open_memmap(tmp_path / "a.npy", mode="w+", dtype=np.float32, shape=host.shape)
+        mm[...] = host
+        x = fd.from_array(mm, chunks=(30, 40))
+    elif source == "dask":
+        x = fd.from_array(da.from_array(host, chunks=(30, 40)))
+    else:
+        x = fd.from_array(host, chunks=(30, 40))
+    assert type(x._meta) is fastmm.ndarray and x.dtype == np.float32
+    assert x.chunks == ((30, 30, 30, 10), (40, 40))
+    y = x @ x.T  # a graph: nothing runs, nothing is uploaded (there is no GPU here)
+    assert y.shape == (100, 100) and y.numblocks == (4, 4)
+    assert type(fd.to_host(y)._meta) is np.ndarray
+
+
+def test_dasks_lookups_hand_fastmm_chunks_to_fastmm():
+    from dask.array.dispatch import concatenate_lookup, einsum_lookup, empty_lookup, tensordot_lookup
+
+    assert tensordot_lookup.dispatch(fastmm.ndarray) is linalg.tensordot
+    assert concatenate_lookup.dispatch(fastmm.ndarray) is fd._concatenate
+    assert einsum_lookup.dispatch(fastmm.ndarray) is fd._einsum
+    assert empty_lookup.dispatch(fastmm.ndarray) is fd._empty
+    import cupy
+
+    assert tensordot_lookup.dispatch(cupy.ndarray) is cupy.tensordot  # plain CuPy chunks stay CuPy's

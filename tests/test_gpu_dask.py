@@ -1,0 +1,70 @@
+"""fastmm.dask on the GPU: products of fastmm chunks on Dask's threaded scheduler (ragged chunks, a transposed
+operand, batches, tensordot and einsum) against cupy.matmul, streamed from host memory, and on two GPUs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+da = pytest.importorskip("dask.array", reason="Dask is not installed: pip install 'fastmm[dask]'")
+cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+
+import fastmm  # noqa: E402
+import fastmm.dask as fd  # noqa: E402
+
+
+def _close(got, want, tol=1e-5):
+    got, want = cp.asarray(got, cp.float64), cp.asarray(want, cp.float64)
+    assert got.shape == want.shape
+    err = float(cp.linalg.norm(got - want) / cp.linalg.norm(want))
+    assert err < tol, err
+
+
+@pytest.mark.parametrize("chunks", [(300, 250), (512, 512), (1000, 77)], ids=str)
+def test_chunked_products_on_the_threaded_scheduler(chunks, rng, launches):
+    a = rng.standard_normal((1000, 700)).astype(np.float32)
+    b = rng.standard_normal((900, 700)).astype(np.float32)
+    x, y = fd.from_array(a, chunks=chunks), fd.from_array(b, chunks=chunks)
+    want = cp.matmul(cp.asarray(a), cp.asarray(b).T)
+    for expr in (x @ y.T, da.matmul(x, y.T), da.dot(x, y.T), da.tensordot(x, y, axes=([1], [1])),
+                 da.einsum("ik,jk->ij", x, y)):
+        assert type(expr._meta) is fastmm.ndarray
+        got = expr.compute(scheduler="threads")
+        assert type(got) is fastmm.ndarray
+        _close(got, want)
+    assert launches, "no fastmm kernel ran"
+
+
+def test_batched_product_and_results_to_the_host(rng):
+    a = rng.standard_normal((6, 200, 150)).astype(np.float32)
+    b = rng.standard_normal((6, 150, 170)).astype(np.float32)
+    x, y = fd.from_array(a, chunks=(2, 100, 75)), fd.from_array(b, chunks=(3, 75, 85))
+    got = fd.to_host(x @ y).compute(scheduler="threads")
+    assert type(got) is np.ndarray
+    _close(got, np.matmul(a.astype(np.float64), b.astype(np.float64)))
+
+
+def test_streaming_a_host_memmap_through_the_gpu(rng, tmp_path):
+    """Out of core in miniature: operands in memory-mapped files, the result stored chunk by chunk to another."""
+    n = 2048
+    a = np.lib.format.open_memmap(tmp_path / "a.npy", mode="w+", dtype=np.float32, shape=(n, n))
+    a[...] = rng.standard_normal((n, n)).astype(np.float32)
+    out = np.lib.format.open_memmap(tmp_path / "c.npy", mode="w+", dtype=np.float32, shape=(n, n))
+    x = fd.from_array(a, chunks=512)
+    da.store(fd.to_host(x @ x.T), out, scheduler="threads")
+    _close(np.asarray(out), a.astype(np.float64) @ a.astype(np.float64).T)
+
+
+def test_two_gpus_with_a_local_cuda_cluster(rng):
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip(f"needs two GPUs; this machine has {cp.cuda.runtime.getDeviceCount()}")
+    pytest.importorskip("dask_cuda", reason="dask-cuda is not installed (LocalCUDACluster)")
+    from dask.distributed import Client
+    from dask_cuda import LocalCUDACluster
+
+    a = rng.standard_normal((4096, 2048)).astype(np.float32)
+    with LocalCUDACluster(n_workers=2) as cluster, Client(cluster) as client:
+        x = fd.from_array(a, chunks=(1024, 2048))
+        got = client.compute(fd.to_host(x @ x.T)).result()
+    _close(got, a.astype(np.float64) @ a.astype(np.float64).T)
