@@ -134,9 +134,16 @@ def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
     strides = [lda, ldb, ldc, *s0, *s1, *(s for _, st in outer for s in st)]
     ptrs = (a.data.ptr, b.data.ptr, c.data.ptr)
     aligned = all(p % 16 == 0 for p in ptrs) and all(s % 4 == 0 for s in strides)
-    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, aligned)
+    # One operand alone (the few-column kernel loads only its A in 16-byte pieces): its pointer, leading
+    # dimension and batch strides.
+    a_aligned, b_aligned = (ptrs[i] % 16 == 0 and all(s % 4 == 0 for s in (strides[i], s0[i], s1[i],
+                                                                            *(st[i] for _, st in outer)))
+                            for i in (0, 1))
+    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, aligned, a_aligned, b_aligned)
+    # C's stride along n: 1 for every kernel but the few-column one, which also writes C^T (for few rows).
+    c_sn = c.strides[-1] // 4 if n > 1 else 1
     args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
-                c=ptrs[2], c_sm=ldc, c_sn=1, batch=n0 * n1, batch_inner=n1,
+                c=ptrs[2], c_sm=ldc, c_sn=c_sn, batch=n0 * n1, batch_inner=n1,
                 batch_strides=(s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]))
     # `keep` holds any contiguous copies alive until the caller has launched on them.
     return problem, dict(args=args, outer=outer, copied=a is not a0 or b is not b0, keep=(a, b))
@@ -203,6 +210,14 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             raise _plan.CublasAhead(why)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, record)
+    if _plan.few_rows(problem) and isinstance(choice.config, _plan.Skinny):
+        # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides). The launch's
+        # operands swap roles, which a replay of (a, b, c) cannot express.
+        if record is not None:
+            record.append(None)
+        a, b, c = b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2)
+        problem, launch = problem_for(a, b, c)
+        record = None
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
     prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args)

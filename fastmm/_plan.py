@@ -13,8 +13,8 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, RegTile, TensorTile, Variant, WarpTile, _Config, get_config,
-                              validate)
+from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, RegTile, Skinny, TensorTile, Variant, WarpTile, _Config,
+                              get_config, validate)
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency", "CUBLAS_AHEAD",
@@ -33,6 +33,8 @@ class Problem:
     a_t: bool = False      # A has unit stride along m (e.g. ``a.T`` of a C-ordered array)
     b_t: bool = False      # B has unit stride along k
     aligned: bool = True   # 16-byte aligned rows everywhere: 128-bit loads and stores are legal
+    a_aligned: bool = True  # ... in A alone (the few-column kernel reads only A in 16-byte pieces)
+    b_aligned: bool = True  # ... in B alone (A of the transposed product, for few rows)
 
     @property
     def flops(self) -> int:
@@ -41,6 +43,21 @@ class Problem:
     @property
     def variant(self) -> Variant:
         return Variant(self.a_t, self.b_t, 4 if self.aligned else 1)
+
+    def variant_for(self, config: _Config) -> Variant:
+        """The layout variant `config` runs: the few-column kernel needs only A aligned for its wide loads, and
+        for few rows it runs the transposed product, whose A is B^T and whose B is A^T."""
+        if isinstance(config, Skinny):
+            if few_rows(self):
+                return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned else 1)
+            return Variant(self.a_t, self.b_t, 4 if self.a_aligned else 1)
+        return self.variant
+
+    def blocks(self, config: _Config) -> int:
+        """Blocks of `config` one launch needs (the transposed product's, for few rows on the few-column kernel)."""
+        if isinstance(config, Skinny) and few_rows(self):
+            return dataclasses.replace(self, m=self.n, n=self.m).tiles(config)
+        return self.tiles(config)
 
     def tiles(self, config: _Config) -> int:
         bm, bn = config.tile
@@ -79,14 +96,15 @@ class Choice:
 
     def explain(self, problem: Problem, device: Device) -> str:
         shape = f"{problem.m}x{problem.n}x{problem.k}" + (f", batch {problem.batch}" if problem.batch != 1 else "")
+        wide = self.variant.vec == 4
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
-                  f"{'16-byte aligned' if problem.aligned else 'not 16-byte aligned (scalar loads)'}")
+                  f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
                 f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
                 f"  mode    {self.config.precision}: {PRECISIONS[self.config.precision]}\n"
                 f"  rule    {self.rule}: {self.reason}\n"
-                f"  grid    {problem.tiles(self.config) * self.splits} blocks of {self.config.threads} threads "
+                f"  grid    {problem.blocks(self.config) * self.splits} blocks of {self.config.threads} threads "
                 f"for {device.sm_count} SMs")
 
 
@@ -264,9 +282,45 @@ def split_count(problem: Problem, device: Device) -> int:
     return max(2, min(slices, problem.k // _SPLIT_MIN_SLICE))
 
 
+# Few columns (or rows): at most this many, against more of the other side. Such products read each element of the
+# large operand for 2 FLOPs: bound by memory, where the few-column kernel reads it once in wide loads.
+_FEW = 16
+SKINNY = ("skinny_n1", "skinny_n4", "skinny_n16")
+
+
+def _few_columns(problem: Problem) -> bool:
+    return problem.n <= _FEW and problem.m >= problem.n
+
+
+def few_rows(problem: Problem) -> bool:
+    """Few rows against many columns: the few-column kernel runs on the transposed product C^T = B^T A^T."""
+    return problem.m <= _FEW and problem.n > _FEW
+
+
+def _skinny_for(problem: Problem, device: Device) -> str:
+    """The narrowest few-column configuration that holds the product's few columns (or rows) in one block."""
+    few = problem.m if few_rows(problem) else problem.n
+    return next(name for name in SKINNY if get_config(name).nmax >= few)
+
+
+def skinny_splits(problem: Problem, device: Device) -> int:
+    """Slices of K for the few-column kernel: enough blocks for min_blocks per SM, slices at least
+    _SPLIT_MIN_SLICE deep (single products only, as for split-K)."""
+    if problem.batch != 1:
+        return 1
+    config = get_config(_skinny_for(problem, device))
+    rows = problem.n if few_rows(problem) else problem.m
+    blocks = -(-rows // config.tile[0])
+    want = -(-config.min_blocks * device.sm_count // blocks)
+    return max(1, min(want, problem.k // _SPLIT_MIN_SLICE))
+
+
 RULES: tuple[Rule, ...] = (
     Rule("empty", "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
+    Rule("few-columns", f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
+         "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
+         "the rows alone would leave SMs idle", lambda p, d: _few_columns(p) or few_rows(p), _skinny_for),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, WT64),
@@ -294,8 +348,9 @@ _SKINNY_MIN_ELEMENTS = 1 << 22
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
     Ahead("split-k", "long K on few output tiles: cuBLAS ran 128x128x65536 1.5x faster (auto 0.68x cuBLAS)",
           lambda p, c, d: c.rule == "split-k" and not _skinny(p)),
-    Ahead("skinny", f"an output side below {_SKINNY} (matrix-vector, a few columns): bound by memory, where cuBLAS's "
-          "gemv-style kernels ran twice as fast (matvec 8192x1x8192 and 4096x16x4096: auto 0.49x cuBLAS)",
+    Ahead("skinny", f"an output side below {_SKINNY} (matrix-vector, a few columns): bound by memory; cuBLAS's "
+          "gemv-style kernels ran twice as fast as the tiled kernels (matvec 8192x1x8192 and 4096x16x4096: 0.49x "
+          "cuBLAS), and stay in charge until the bench has measured the few-column kernel",
           lambda p, c, d: _skinny(p) and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave (768^3: auto 0.73x cuBLAS)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
@@ -475,6 +530,7 @@ _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
     "warptile": _fill,
     "tf32x3": _fill_from(TF32X3_TILES),
     "tf32": _fill_from(TF32_TILES),
+    "skinny": _skinny_for,
 }
 
 
@@ -670,11 +726,13 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         for rule in RULES:
             if rule.test(problem, device):
                 name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
-                splits = split_count(problem, device) if rule.name == "split-k" else 1
-                choice = Choice(get_config(name), problem.variant, rule.name, rule.reason, splits)
+                splits = (split_count(problem, device) if rule.name == "split-k" else
+                          skinny_splits(problem, device) if rule.name == "few-columns" else 1)
+                config = get_config(name)
+                choice = Choice(config, problem.variant_for(config), rule.name, rule.reason, splits)
                 break
         if precision != "highest":
-            if choice.rule == "split-k":  # the split-K slices and their reduction are the SIMT path's
+            if choice.rule in ("split-k", "few-columns"):  # memory-bound or split: the FP32 paths
                 choice = dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                              "uses FP32 FMAs here)")
             elif choice.rule != "empty":
@@ -683,17 +741,19 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None
-        if tuned and choice.rule not in ("empty", "split-k", "tensor"):
+        if tuned and choice.rule not in ("empty", "split-k", "tensor", "few-columns"):
             entry = tuned_entries(device).get(tune_bucket(problem))
         if entry is not None and entry.get("kernel") in _BY_NAME:
             choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",
                             f"autotuned on this GPU for {tune_bucket(problem)}: {entry['tflops']:.1f} TFLOP/s "
                             f"against {entry['heuristic_tflops']:.1f} for the table's {entry['heuristic']}")
     elif kernel in FAMILIES:
-        choice = Choice(get_config(_FAMILY_DEFAULT[kernel](problem, device)), problem.variant,
-                        "forced", f"kernel family {kernel!r} was requested; tile chosen for the shape")
+        config = get_config(_FAMILY_DEFAULT[kernel](problem, device))
+        choice = Choice(config, problem.variant_for(config), "forced",
+                        f"kernel family {kernel!r} was requested; tile chosen for the shape")
     else:
-        choice = Choice(get_config(kernel), problem.variant, "forced", f"kernel {kernel!r} was requested")
+        config = get_config(kernel)
+        choice = Choice(config, problem.variant_for(config), "forced", f"kernel {kernel!r} was requested")
     validated(choice.config, device)
     if len(_memo) > 4096:
         _memo.clear()
@@ -703,7 +763,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
 
 # Names the rules use must exist: catch a renamed configuration at import, not at the first product.
 for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_LOOP, WT256_32, WT256_LOOP16, WT256,
-              WT128x64_LOOP, WT128x64, WT128x64_SUMS, WT64, *TF32X3_TILES, *TF32_TILES):
+              WT128x64_LOOP, WT128x64, WT128x64_SUMS, WT64, *TF32X3_TILES, *TF32_TILES, *SKINNY):
     get_config(_name)
 assert all(isinstance(get_config(n), TensorTile) for n in TF32X3_TILES + TF32_TILES)
 assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(WT64), WarpTile)

@@ -418,19 +418,26 @@ def test_shape_mismatch_is_numpys_error(fake_cupy, dtype, ashape, bshape, rng):
             assert got[0] == "raised" and got[1] is want[1] and got[2] == want[2], (numpy_func.__name__, got)
 
 
+class _Names(list):
+    """Kernel names, in launch order; `.args`: (name, variant, launch arguments) of each Launch made."""
+
+
 @pytest.fixture
 def launched(fake_cupy, monkeypatch):
     """The runtime replaced by a stand-in that records the name of each kernel launched (an assumed H100)."""
     from fastmm import _cuda, _plan
 
-    names = []
+    names = _Names()
 
     class Launch:
         def __init__(self, config, variant, device_id, **args):
             self.name = config.name
+            launched_args.append((config.name, variant.suffix, args))
 
         def __call__(self, *ptrs):
             names.append(self.name)
+
+    launched_args = names.args = []
 
     monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
     monkeypatch.setattr(_cuda, "Launch", Launch)
@@ -482,3 +489,31 @@ def test_the_precision_keyword_sets_the_mode_for_one_call(monkeypatch):
     assert seen == ["high", "medium", "high", "medium", "highest"]
     with pytest.raises(ValueError, match="valid values"):
         fastmm.linalg.matmul(1, 2, precision="low")
+
+
+def test_few_rows_run_the_few_column_kernel_on_the_transposed_product(launched):
+    """v @ W and a few rows of A @ W: the kernel gets W^T as its A, A^T as its B, and writes C through both
+    strides (C^T's row stride is 1, its column stride C's row stride)."""
+    a = _fastmm(np.zeros((8, 512), np.float32))
+    w = _fastmm(np.zeros((512, 1024), np.float32))
+    out = _fastmm(np.zeros((8, 1040), np.float32))[:, :1024]  # C's rows 1040 apart
+    _dispatch.matmul(a, w, out=out)
+    (name, variant, args), = launched.args
+    assert name == "skinny_n16" and variant == "tt_v4"
+    assert (args["m"], args["n"], args["k"]) == (1024, 8, 512)
+    assert (args["a_sm"], args["a_sk"], args["b_sk"], args["b_sn"]) == (1, 1024, 1, 512)
+    assert (args["c_sm"], args["c_sn"]) == (1, 1040)
+
+
+def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
+    strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
+    monkeypatch.setattr(_gemm._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
+                        raising=False)
+    monkeypatch.setattr(_gemm._cp, "sum", lambda x, axis, out: np.sum(x, axis=axis, out=out), raising=False)
+    a = _fastmm(np.zeros((4096, 4096), np.float32))
+    v = _fastmm(np.zeros(4096, np.float32))
+    _dispatch.matmul(a, v)
+    (name, variant, args), (_, _, tail) = launched.args
+    assert name == "skinny_n1" and variant == "nn_v4"  # v's unit stride along k does not make A unaligned
+    # Three slices of K, whole multiples of 8 deep: two of 1368 as one batch, and the 1360 left.
+    assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (2, 1368, 1, 1360)

@@ -38,10 +38,11 @@ def test_unknown_kernel_lists_valid_names():
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
-    (16, 16, 16, 1, "tiled"), (1000, 1, 1000, 1, "tiled"), (1, 4096, 4096, 1, "split-k"),
+    (16, 16, 16, 1, "few-columns"), (1000, 1, 1000, 1, "few-columns"), (1, 4096, 4096, 1, "few-columns"),
+    (17, 17, 17, 1, "tiled"), (16, 17, 4096, 1, "few-columns"), (17, 4096, 4096, 1, "split-k"),
     (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "tiled"),
     (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "tiled"), (64, 64, 16384, 1, "split-k"),
-    (1, 1, 1 << 20, 1, "split-k"),
+    (1, 1, 1 << 20, 1, "few-columns"), (32, 32, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
 def test_rules_fire_in_order(m, n, k, batch, rule):
@@ -72,7 +73,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
     assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
-    assert choose(4096, 16, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
+    assert choose(4096, 32, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
     assert choose(768, 768, 768).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"      # K not a multiple of 16
@@ -94,9 +95,8 @@ def test_split_k_fills_the_gpu():
     assert c.name == "warptile_64x64x16_32x32_8x4_s4_tsum" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
     assert choose(64, 64, 4096).splits == 8                       # never slices thinner than 512
     assert choose(4096, 4096, 4096).splits == 1
-    # Skinny products with a long K split for accuracy: a slice per 1024 of K at least.
-    assert choose(8192, 1, 8192).splits == 8 and choose(8192, 1, 8192).rule == "split-k"
-    assert choose(4096, 16, 4096).splits == 5                     # 64 tiles: two blocks per SM
+    # Products with an output side of 17 to 31 and a long K split for accuracy: a slice per 1024 of K at least.
+    assert choose(8192, 24, 8192).splits == 8 and choose(8192, 24, 8192).rule == "split-k"
     assert "split-K into 66 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
@@ -335,3 +335,29 @@ def test_explain_names_the_mode():
     assert "mode    highest: FP32 FMAs" in fastmm.explain((4096, 4096), (4096, 4096))
     with pytest.raises(ValueError, match="valid values"):
         fastmm.explain((8, 8), (8, 8), precision="low")
+
+
+@pytest.mark.parametrize("m,n,k,name,splits", [
+    (8192, 1, 8192, "skinny_n1", 2),        # 256 blocks of 32 rows: two per SM
+    (4096, 16, 4096, "skinny_n16", 3),      # 128 blocks: three slices of K
+    (4096, 3, 4096, "skinny_n4", 3),
+    (64, 1, 64, "skinny_n1", 1),            # never slices thinner than 512
+    (1, 8192, 8192, "skinny_n1", 2),        # few rows: the same kernel on the transposed product
+    (16, 16, 1 << 20, "skinny_n16", 264),   # one block of rows: K cut for two blocks per SM
+    (100, 4, 4096, "skinny_n4", 1 << 3),
+])
+def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits):
+    c = choose(m, n, k)
+    assert (c.rule, c.name, c.splits) == ("few-columns", name, splits)
+    assert c.config.precision == "highest" and _plan.choose(_plan.Problem(m, n, k), precision="high").name == name
+
+
+def test_few_column_variants_need_only_the_large_operand_aligned():
+    # x @ v: v's stride along k is one element, so the product is "unaligned", but A's rows are not.
+    matvec = _plan.choose(_plan.Problem(8192, 1, 8192, aligned=False, a_aligned=True, b_aligned=False))
+    assert matvec.variant == Variant(False, False, 4)
+    # v @ W (few rows): the kernel runs on W^T v^T; W^T has unit stride along m, v^T along k.
+    vecmat = _plan.choose(_plan.Problem(1, 8192, 8192, aligned=False, a_aligned=False, b_aligned=True))
+    assert vecmat.variant == Variant(True, True, 4)
+    text = fastmm.explain((1, 8192), (8192, 8192))
+    assert "kernel  skinny_n1_tt_v" in text and "grid    512 blocks of 256 threads" in text

@@ -22,6 +22,7 @@ __all__ = [
     "RegTile",
     "WarpTile",
     "TensorTile",
+    "Skinny",
     "Variant",
     "CONFIGS",
     "FAMILIES",
@@ -354,6 +355,45 @@ class TensorTile(_Pipelined, _Config):
         return errors
 
 
+@dataclasses.dataclass(frozen=True)
+class Skinny(_Config):
+    """Few columns (N <= nmax): bound by memory, each element of A read once in coalesced loads, B staged in shared
+    memory kc rows at a time, a fixed-order reduction (fastmm/kernels/skinny.cu). Few rows run it transposed."""
+
+    nmax: int = 16
+    kc: int = 256
+    min_blocks: int = 2  # blocks per SM the register budget is planned for: 16 warps of loads in flight
+    family: ClassVar[str] = "skinny"
+    source: ClassVar[str] = "skinny.cu"
+    layout_macros: ClassVar[bool] = True
+
+    ROWS: ClassVar[int] = 32  # rows of C per block (skinny.cu's ROWS_PER_BLOCK)
+
+    @property
+    def name(self) -> str:
+        return f"skinny_n{self.nmax}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (256, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.ROWS, self.nmax)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.kc * self.nmax
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"NMAX": self.nmax, "KC": self.kc, "THREADS": 256, "MIN_BLOCKS": self.min_blocks}
+
+    def _check(self) -> list[str]:
+        if self.kc % 128 or self.kc < 256 or self.nmax < 1:
+            return [f"kc must be a multiple of 128 and at least 256, nmax at least 1 (got {self.kc}, {self.nmax})"]
+        return []
+
+
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[_Config, ...] = (
     Naive(32, 8),
@@ -378,6 +418,10 @@ CONFIGS: tuple[_Config, ...] = (
     TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2),  # small products
     TensorTile(128, 256, 16, 64, 64, 3, passes=1),
     TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
+    # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block, k per chunk.
+    Skinny(1, 2048),
+    Skinny(4, 1024),
+    Skinny(16, 256),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))

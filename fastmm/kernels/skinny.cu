@@ -1,0 +1,146 @@
+// Rung 6 of the ladder: few columns (matrix-vector, a handful of right-hand sides). C (M x N) = A (M x K) @ B
+// (K x N) with N <= NMAX. Such a product does 2 FLOPs per element of A that it reads once: it is bound by
+// memory bandwidth, not by FMAs, and tiles built for FMA reuse waste their time (a 64 x 64 tile computes 64 columns
+// of which one is wanted). So: read each element of A exactly once, in wide coalesced loads, with enough loads in
+// flight per SM; keep B, which is small, in shared memory; reduce in a fixed order (the same result every run).
+// Few rows (M <= 16) run the same kernel on the transposed product C^T = B^T A^T (fastmm/_gemm.py), which is why
+// C is written through both of its strides.
+//
+// Who computes what: a block computes ROWS_PER_BLOCK = 32 rows of C, all NMAX columns from blockIdx.x * NMAX, over
+// the whole of K (long K is split into slices by the plan, as a batch of products summed afterwards). K is walked
+// in chunks of KC rows of B, staged in shared memory by the whole block.
+//
+// A with unit stride along k (A_T = 0, a row-major matrix): warp w owns rows 4w .. 4w + 3 of the block's 32; lane l
+// reads A[row][k .. k + 3] for k = 4l + 128i (one 16-byte load with VEC = 4, four 4-byte loads otherwise), so a
+// warp reads 512 contiguous bytes of a row per instruction, and multiplies them with B^T staged as Bt[j][k]
+// (k contiguous: the 16-byte shared reads of a warp are contiguous too). Each lane keeps 4 x NMAX partial sums,
+// reduced across the warp's lanes by shuffles at the end.
+//
+// A with unit stride along m (A_T = 1, a transposed view): lane l owns row l of the block's 32 and warp w the k's
+// congruent to w mod 8 of each chunk; a warp reads 128 contiguous bytes of a column of A per instruction, and B is
+// staged as Bs[k][j], read as a broadcast. The 8 warps' partial sums are added in shared memory in a fixed order.
+//
+// Macros: NMAX (columns per block), THREADS (256: 8 warps), KC (k per chunk), MIN_BLOCKS, A_T, B_T, VEC (4: A's rows
+// are 16-byte aligned, so 16-byte loads along k are legal; B and C do not matter, they are read and written in
+// 4-byte pieces).
+
+#define WARPS (THREADS / 32)
+#define ROWS_PER_BLOCK 32
+#define ROWS_PER_WARP (ROWS_PER_BLOCK / WARPS)
+
+static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
+static_assert(KC % 128 == 0 && KC >= WARPS * ROWS_PER_BLOCK, "a chunk is whole passes of a warp's 32 lanes x 4 k, "
+              "and its stage holds the warps' partial sums");
+static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte loads of A along k) or 1");
+
+// Stage B's rows [k0, k0 + KC) and columns [n0, n0 + NMAX) in shared memory, zero outside B; `kfast` lays the
+// stage out k-contiguous (Bt[j][k]) rather than j-contiguous (Bs[k][j]). Consecutive threads take the elements
+// that are consecutive in global memory (k when B has unit stride along k, else j): coalesced reads.
+__device__ __forceinline__ void stage_b(float* stage, bool kfast, const float* b, long long b_sk, long long b_sn,
+                                        int k0, int K, int n0, int N)
+{
+    for (int i = threadIdx.x; i < KC * NMAX; i += THREADS) {
+        const int k = B_T ? i % KC : i / NMAX;
+        const int j = B_T ? i / KC : i % NMAX;
+        const bool inside = k0 + k < K && n0 + j < N;
+        const float v = inside ? b[(long long)(k0 + k) * b_sk + (long long)(n0 + j) * b_sn] : 0.0f;
+        stage[kfast ? j * KC + k : k * NMAX + j] = v;
+    }
+}
+
+// MIN_BLOCKS = 2 blocks per SM (16 warps, up to 128 registers each): enough loads in flight to cover the memory
+// latency. (Without it ptxas kept the A_T = 1 layout of 16 columns to 64 registers and spilled.)
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+fastmm_skinny(FASTMM_GEMM_PARAMS)
+{
+    // The stage of B; after the K loop (A_T = 1) the warps' partial sums, which fit in it (KC >= 256).
+    __shared__ __align__(16) float stage[KC * NMAX];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int m0 = blockIdx.y * ROWS_PER_BLOCK, n0 = blockIdx.x * NMAX;
+    const int z = z0 + blockIdx.z;
+    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
+    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
+    float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+
+#if A_T == 0
+    float acc[ROWS_PER_WARP][NMAX];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r)
+#pragma unroll
+        for (int j = 0; j < NMAX; ++j) acc[r][j] = 0.0f;
+    const int row0 = m0 + warp * ROWS_PER_WARP;
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        __syncthreads();  // the previous chunk's stage has been read by every warp
+        stage_b(stage, true, b, b_sk, b_sn, k0, K, n0, N);
+        __syncthreads();
+#pragma unroll 2
+        for (int kk = 4 * lane; kk < KC; kk += 128) {
+            const int k = k0 + kk;
+            if (k >= K) break;
+            float4 x[ROWS_PER_WARP];
+#pragma unroll
+            for (int r = 0; r < ROWS_PER_WARP; ++r) {
+                const float* row = a + (long long)(row0 + r) * a_sm + k;
+                if (row0 + r >= M) {
+                    x[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                } else if (VEC == 4 && k + 3 < K) {
+                    x[r] = __ldg(reinterpret_cast<const float4*>(row));
+                } else {
+                    x[r] = make_float4(__ldg(row), k + 1 < K ? __ldg(row + 1) : 0.0f,
+                                       k + 2 < K ? __ldg(row + 2) : 0.0f, k + 3 < K ? __ldg(row + 3) : 0.0f);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NMAX; ++j) {
+                const float4 y = *reinterpret_cast<const float4*>(stage + j * KC + kk);
+#pragma unroll
+                for (int r = 0; r < ROWS_PER_WARP; ++r)
+                    acc[r][j] = fmaf(x[r].w, y.w, fmaf(x[r].z, y.z, fmaf(x[r].y, y.y, fmaf(x[r].x, y.x, acc[r][j]))));
+            }
+        }
+    }
+    // The lanes' partial sums of each element, added in a fixed tree.
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r)
+#pragma unroll
+        for (int j = 0; j < NMAX; ++j) {
+            float v = acc[r][j];
+#pragma unroll
+            for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+            if (lane == 0 && row0 + r < M && n0 + j < N)
+                c[(long long)(row0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
+        }
+#else
+    float acc[NMAX];
+#pragma unroll
+    for (int j = 0; j < NMAX; ++j) acc[j] = 0.0f;
+    const int row = m0 + lane;
+    const float* col = a + row;  // A[row][k] = col[k * a_sk]
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        __syncthreads();
+        stage_b(stage, false, b, b_sk, b_sn, k0, K, n0, N);
+        __syncthreads();
+        const int kend = min(KC, K - k0);
+#pragma unroll 4
+        for (int kk = warp; kk < kend; kk += WARPS) {
+            const float x = row < M ? __ldg(col + (long long)(k0 + kk) * a_sk) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, stage[kk * NMAX + j], acc[j]);
+        }
+    }
+    // The 8 warps' partial sums of each element, added in warp order.
+    float* partial = stage;
+    __syncthreads();  // every warp is done with the last chunk's stage
+#pragma unroll
+    for (int j = 0; j < NMAX; ++j) partial[(warp * ROWS_PER_BLOCK + lane) * NMAX + j] = acc[j];
+    __syncthreads();
+    for (int i = tid; i < ROWS_PER_BLOCK * NMAX; i += THREADS) {
+        const int r = i / NMAX, j = i % NMAX;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) v += partial[(w * ROWS_PER_BLOCK + r) * NMAX + j];
+        if (m0 + r < M && n0 + j < N) c[(long long)(m0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
+    }
+#endif
+}
