@@ -15,6 +15,16 @@ SHAPES = {
     "16384x16384x64": (16384, 16384, 64, 1, False),
     "batch64x256^3": (256, 256, 256, 64, False),
     "AT.B4096^3": (4096, 4096, 4096, 1, True),
+    # Bound by memory, and the mid and ragged sizes (the weak shapes of the performance issues).
+    "matvec8192x1x8192": (8192, 1, 8192, 1, False),
+    "matvec16384x1x16384": (16384, 1, 16384, 1, False),
+    "4096x16x4096": (4096, 16, 4096, 1, False),
+    "vecmat1x8192x8192": (1, 8192, 8192, 1, False),
+    "8x4096x4096": (8, 4096, 4096, 1, False),
+    "16x16x1048576": (16, 16, 1 << 20, 1, False),
+    "batch64matvec1024": (1024, 1, 1024, 64, False),
+    "768^3": (768, 768, 768, 1, False),
+    "3001^3": (3001, 3001, 3001, 1, False),
 }
 
 

@@ -66,6 +66,15 @@ SHAPES = (
     Shape("128x128x65536", 128, 128, 65536),
     Shape("65536x128x128", 65536, 128, 128),
     Shape("16384x16384x64", 16384, 16384, 64),
+    # Bound by memory: few columns or rows, long K, batched matrix-vector (judged by bandwidth as well).
+    Shape("matvec 16384x1x16384", 16384, 1, 16384),
+    Shape("A^T.v 8192x1x8192", 8192, 1, 8192, a_t=True),
+    Shape("vecmat 1x8192x8192", 1, 8192, 8192),
+    Shape("8x4096x4096", 8, 4096, 4096),
+    Shape("8192x4x8192", 8192, 4, 8192),
+    Shape("16x16x1048576", 16, 16, 1 << 20),
+    Shape("batch 64 matvec 1024x1x1024", 1024, 1, 1024, batch=64),
+    Shape("3001^3", 3001, 3001, 3001),
 )
 
 # Extra interleaved (cuBLAS, auto) rounds per row; their timings and the first pass's give the medians.
@@ -238,6 +247,14 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
             res["tflops"] = shape.flops / res["seconds"] / 1e12
         kernel_line = fastmm.explain(fa[0][0], fa[0][1]).splitlines()[1].split(maxsplit=1)[1]
         row["auto_kernel"] = kernel_line.replace(", split-K into ", " x").replace(" slices", " K-slices")
+        if min(shape.m, shape.n) <= 16:
+            # Bound by memory: the bytes a product must move, and a device-to-device copy of A (read + write) as
+            # the ceiling, timed on the same operands.
+            row["bytes"] = 4 * shape.batch * (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n)
+            copies = [cp.empty_like(a) for a, _ in sets]
+            copy_s = time_per_call(lambda i: cp.copyto(copies[i], sets[i][0]), n_sets)
+            row["copy_tb_s"] = 2 * 4 * shape.batch * shape.m * shape.k / copy_s / 1e12
+            del copies
         if cpu:
             if shape.flops <= CPU_MAX_FLOPS:
                 ha, hb = a0.get(), b0.get()
@@ -283,6 +300,14 @@ def format_table(report: dict, kernels) -> str:
                 cells.append(f"{res['tflops']:>8.2f} ({res['tflops'] / base:5.2f}x cuBLAS)")
         err = max(v["rel_error"] for k, v in r["results"].items() if not _tf32_accuracy(k) and k != "numpy")
         lines.append(f"| {r['shape']:16s} | " + " | ".join(cells) + f" | {err:.1e} | {r.get('auto_kernel', '')} |")
+    memory = [r for r in report["rows"] if "bytes" in r]
+    if memory:
+        lines.append("\nbound by memory (TB/s: bytes of A, B and C over the median time; copy: A copied device to "
+                     "device, read + write):")
+        for r in memory:
+            rate = {c: r["bytes"] / r["results"][c]["seconds"] / 1e12 for c in ("cublas", "auto")}
+            lines.append(f"  {r['shape']:28s} auto {rate['auto']:5.2f}  cuBLAS {rate['cublas']:5.2f}  "
+                         f"copy {r['copy_tb_s']:5.2f}")
     if "overhead" in report:
         o = report["overhead"]
         for size, d in o.items():

@@ -1,0 +1,61 @@
+"""The few-column kernel on the GPU: matrix-vector and few-column products, few rows (the transposed product), in
+every layout, split over K and batched, right against float64 and bitwise the same on every run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+
+import fastmm  # noqa: E402
+from fastmm import _cuda, _plan  # noqa: E402
+
+SHAPES = [(4096, 1, 8192), (3000, 3, 777), (2049, 16, 4100), (1, 4096, 8192), (8, 3000, 5000), (16, 16, 65536),
+          (1, 1, 100000), (129, 5, 31)]
+
+
+def _operand(rng, rows, cols, transposed):
+    if transposed:
+        return cp.asarray(rng.uniform(-1, 1, (cols, rows)).astype(np.float32)).T
+    return cp.asarray(rng.uniform(-1, 1, (rows, cols)).astype(np.float32))
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt"])
+@pytest.mark.parametrize("m,n,k", SHAPES, ids=str)
+def test_few_columns_and_rows_are_right_and_deterministic(m, n, k, layout, rng, launches):
+    a, b = _operand(rng, m, k, layout[0] == "t"), _operand(rng, k, n, layout[1] == "t")
+    choice = _plan.choose(_plan.Problem(m, n, k), _cuda.device(0))
+    assert choice.rule == "few-columns"
+    want = a.astype(cp.float64) @ b.astype(cp.float64)
+    c = cp.full((m, n), cp.nan, cp.float32)
+    fastmm.matmul(a, b, out=c)
+    err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
+    assert err < 1e-5, err
+    assert all(name.startswith("skinny") for name in launches), launches
+    for _ in range(2):
+        assert bool((fastmm.matmul(a, b) == c).all())  # the same slices, summed in the same order
+
+
+def test_matrix_vector_forms(rng, launches):
+    a = cp.asarray(rng.uniform(-1, 1, (3000, 2000)).astype(np.float32))
+    v = cp.asarray(rng.uniform(-1, 1, 2000).astype(np.float32))
+    w = cp.asarray(rng.uniform(-1, 1, 3000).astype(np.float32))
+    fa = fastmm.asarray(a)
+    for got, want in ((fa @ v, a @ v), (w @ fa, w @ a), (np.dot(fa, v), a @ v), (np.matvec(fa, v), a @ v),
+                      (fa[::2] @ v, a[::2] @ v), (fa.T @ w, a.T @ w), (fastmm.matmul(fa[None], v[:, None]),
+                                                                      (a @ v)[None, :, None])):
+        assert got.shape == want.shape
+        err = float(cp.linalg.norm(got - want) / cp.linalg.norm(want))
+        assert err < 1e-5, err
+    assert launches and all(name.startswith("skinny") for name in launches), launches
+
+
+def test_batched_matrix_vector(rng, launches):
+    a = cp.asarray(rng.uniform(-1, 1, (64, 1024, 1024)).astype(np.float32))
+    v = cp.asarray(rng.uniform(-1, 1, (64, 1024, 1)).astype(np.float32))
+    got = fastmm.matmul(a, v)
+    want = cp.matmul(a.astype(cp.float64), v.astype(cp.float64))
+    assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < 1e-5
+    assert launches == ["skinny_n1"]  # one launch for the whole batch
