@@ -366,6 +366,15 @@ def add_arguments(p) -> None:
                    help="instead: scikit-learn on float32 CuPy data with and without accelerate_cupy(), in one run")
     p.add_argument("--hook-n", type=int, default=16384, help="--cupy-hook: samples (default: 16384)")
     p.add_argument("--hook-d", type=int, default=1024, help="--cupy-hook: features (default: 1024)")
+    p.add_argument("--dask", action="store_true",
+                   help="instead: Dask graphs of fastmm chunks (in memory, out of core, one GPU and several), one run")
+    p.add_argument("--dask-n-memory", type=int, default=32768, help="--dask: the in-memory product's size")
+    p.add_argument("--dask-n-ooc", type=int, default=32768, help="--dask: the out-of-core product's size")
+    p.add_argument("--dask-n", default="32768,49152", help="--dask: sizes on the local cluster (comma-separated)")
+    p.add_argument("--dask-chunk", type=int, default=8192, help="--dask: chunk side (default: 8192)")
+    p.add_argument("--dask-gpu-limit", type=float, default=8.0,
+                   help="--dask: GiB of GPU memory the out-of-core product may use (CuPy's pool limit)")
+    p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 
@@ -378,6 +387,10 @@ def main(args) -> int:
         from . import _cupy_hook_bench
 
         return _cupy_hook_bench.main(args)
+    if getattr(args, "dask", False):
+        from . import _dask_bench
+
+        return _dask_bench.main(args)
     import cupy as cp
 
     if not cp.cuda.is_available():
