@@ -56,15 +56,18 @@ def test_streaming_a_host_memmap_through_the_gpu(rng, tmp_path):
     _close(np.asarray(out), a.astype(np.float64) @ a.astype(np.float64).T)
 
 
-def test_two_gpus_with_a_local_cuda_cluster(rng):
+def test_two_gpus_with_a_local_cluster(rng):
+    """One worker per GPU (dask-cuda's LocalCUDACluster, or the same made of distributed's nannies)."""
     if cp.cuda.runtime.getDeviceCount() < 2:
         pytest.skip(f"needs two GPUs; this machine has {cp.cuda.runtime.getDeviceCount()}")
-    pytest.importorskip("dask_cuda", reason="dask-cuda is not installed (LocalCUDACluster)")
+    pytest.importorskip("distributed", reason="distributed is not installed: pip install 'fastmm[dask]'")
     from dask.distributed import Client
-    from dask_cuda import LocalCUDACluster
+
+    from fastmm._dask_bench import _cluster
 
     a = rng.standard_normal((4096, 2048)).astype(np.float32)
-    with LocalCUDACluster(n_workers=2) as cluster, Client(cluster) as client:
+    with _cluster(2) as cluster, Client(cluster) as client:
+        assert len(client.scheduler_info()["workers"]) == 2
         x = fd.from_array(a, chunks=(1024, 2048))
         got = client.compute(fd.to_host(x @ x.T)).result()
     _close(got, a.astype(np.float64) @ a.astype(np.float64).T)
