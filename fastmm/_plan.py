@@ -300,7 +300,8 @@ def few_rows(problem: Problem) -> bool:
 def _skinny_for(problem: Problem, device: Device) -> str:
     """The narrowest few-column configuration that holds the product's few columns (or rows) in one block."""
     few = problem.m if few_rows(problem) else problem.n
-    return next(name for name in SKINNY if get_config(name).nmax >= few)
+    # (Forced on a wide product, the widest: its blocks then cover the columns 16 at a time.)
+    return next((name for name in SKINNY if get_config(name).nmax >= few), SKINNY[-1])
 
 
 def skinny_splits(problem: Problem, device: Device) -> int:

@@ -361,3 +361,10 @@ def test_few_column_variants_need_only_the_large_operand_aligned():
     assert vecmat.variant == Variant(True, True, 4)
     text = fastmm.explain((1, 8192), (8192, 8192))
     assert "kernel  skinny_n1_tt_v" in text and "grid    512 blocks of 256 threads" in text
+
+
+def test_every_family_can_be_forced_on_any_shape():
+    for family in ("naive", "smem", "regtile", "warptile", "tf32x3", "tf32", "skinny"):
+        for m, n, k in ((4096, 4096, 4096), (8192, 1, 8192), (1, 8192, 8192), (7, 9, 5)):
+            c = _plan.choose(_plan.Problem(m, n, k), kernel=family)
+            assert c.rule == "forced" and c.config.family == family, (family, m, n, k)
