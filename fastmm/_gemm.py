@@ -220,7 +220,9 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
         record = None
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
-    prepared = _cuda.Launch(choice.config, choice.variant, device_id, **args)
+    # The layout the arguments describe (the plan's own variant, except on a transposed launch, where a size-1
+    # axis can read either way: the kernel and its strides must agree).
+    prepared = _cuda.Launch(choice.config, problem.variant_for(choice.config), device_id, **args)
     for index in np.ndindex(*(size for size, _ in launch["outer"])):
         offs = [sum(i * st[j] for i, (_, st) in zip(index, launch["outer"])) * 4 for j in range(3)]
         pa, pb, pc = (p + o for p, o in zip(ptrs, offs))
