@@ -12,6 +12,7 @@ steps of one call are recorded and later calls with the same signature replay th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -335,7 +336,12 @@ def plan_matmul(a, b, device: _plan.Device, kernel=None,
             notes.append(f"operand {name} has no unit-stride axis and is copied first")
             x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
     problem, _ = problem_for(ma, mb, c)
-    return problem, _plan.choose(problem, device, kernel, precision=precision), notes
+    choice = _plan.choose(problem, device, kernel, precision=precision)
+    if isinstance(choice.config, _plan.Skinny) and _plan.few_rows(problem):
+        # The launch's layout: that of the transposed product's own arguments, as `gemm` computes it.
+        swapped, _ = problem_for(mb.swapaxes(-1, -2), ma.swapaxes(-1, -2), c.swapaxes(-1, -2))
+        choice = dataclasses.replace(choice, variant=swapped.variant_for(choice.config))
+    return problem, choice, notes
 
 
 

@@ -48,9 +48,10 @@ class Problem:
         """The layout variant `config` runs: the few-column kernel needs only A aligned for its wide loads, and
         for few rows it runs the transposed product, whose A is B^T and whose B is A^T."""
         if isinstance(config, Skinny):
+            # (With A m-contiguous the kernel loads A 4 bytes at a time whatever the alignment: one binary.)
             if few_rows(self):
-                return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned else 1)
-            return Variant(self.a_t, self.b_t, 4 if self.a_aligned else 1)
+                return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned and self.b_t else 1)
+            return Variant(self.a_t, self.b_t, 4 if self.a_aligned and not self.a_t else 1)
         return self.variant
 
     def blocks(self, config: _Config) -> int:
@@ -357,7 +358,7 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           lambda p, c, d: c.config.name == WT128x64_SUMS),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "
           "(4097^3: auto 0.93x cuBLAS)",
-          lambda p, c, d: not p.aligned and p.tiles(c.config) >= d.sm_count),
+          lambda p, c, d: c.variant.vec == 1 and p.blocks(c.config) >= d.sm_count and c.rule != "few-columns"),
 )
 
 

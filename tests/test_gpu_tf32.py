@@ -120,3 +120,27 @@ def test_every_way_of_setting_the_mode_reaches_the_kernels(rng, launches):
     a @ a
     modes = [fastmm._plan.get_config(name).precision for name in launches]
     assert modes == ["highest", "high", "medium", "high", "highest"], launches
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rounding_to_tf32_never_changes_what_a_product_does(mode):
+    """The cases where rounding an operand to TF32 could: inf times a value that rounds to 0 (below 2^-137, or a
+    subnormal the tensor cores might flush), a NaN whose payload lies in the low 13 bits (truncation would make it
+    inf), a product far past FLT_MAX whose small parts have the opposite sign (the cross terms overflow too), and
+    an all-positive product that overflows everywhere."""
+    nan_low = np.array([0x7F800001], np.uint32).view(np.float32)[0]
+    a = np.zeros((8, 16), np.float32)
+    b = np.zeros((16, 8), np.float32)
+    a[0, 0], b[0, 0] = np.inf, 1e-42
+    a[1, 0], b[0, 1] = np.inf, 0.0
+    a[1, 1], b[1, 1] = 1.0, 1e-40        # row 1: inf * 1e-40 in column 1 as well
+    a[1, 1] = np.inf
+    a[2, 2], b[2, 2] = nan_low, 2.0
+    a[3, 3], b[3, 3] = np.float32(2.0**127 * (1 + 2.0**-11)), np.float32(2.0**20)
+    a[4:6] = 1e25 * (1 + np.arange(32, dtype=np.float32).reshape(2, 16) / 64)
+    b[:, 4:6] = 1e25
+    with np.errstate(all="ignore"):
+        want = a @ b
+    got = cp.asnumpy(fastmm.matmul(cp.asarray(a), cp.asarray(b), precision=mode))
+    for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
+        assert np.array_equal(w, g), f"{mode}: {what} differs at {np.argwhere(w != g)[:8].tolist()}"

@@ -383,7 +383,8 @@ class Skinny(_Config):
 
     @property
     def smem_bytes(self) -> int:
-        return 4 * self.kc * self.nmax
+        # skinny.cu's stage: the larger of its two padded layouts (rows of kc + 4, or of nmax + 1 for nmax > 1).
+        return 4 * max(self.nmax * (self.kc + 4), self.kc * (1 if self.nmax == 1 else self.nmax + 1))
 
     def _tile_macros(self) -> dict[str, int]:
         return {"NMAX": self.nmax, "KC": self.kc, "THREADS": 256, "MIN_BLOCKS": self.min_blocks}

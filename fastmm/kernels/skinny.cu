@@ -27,6 +27,11 @@
 #define WARPS (THREADS / 32)
 #define ROWS_PER_BLOCK 32
 #define ROWS_PER_WARP (ROWS_PER_BLOCK / WARPS)
+// Row pitches of the two stage layouts, padded so that the staging stores of consecutive threads fall in distinct
+// banks (KC + 4 keeps the 16-byte alignment of the k-contiguous layout's reads).
+#define KPITCH (KC + 4)
+#define JPITCH (NMAX == 1 ? 1 : NMAX + 1)
+#define STAGE_FLOATS (NMAX * KPITCH > KC * JPITCH ? NMAX * KPITCH : KC * JPITCH)
 
 static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
 static_assert(KC % 128 == 0 && KC >= WARPS * ROWS_PER_BLOCK, "a chunk is whole passes of a warp's 32 lanes x 4 k, "
@@ -34,8 +39,9 @@ static_assert(KC % 128 == 0 && KC >= WARPS * ROWS_PER_BLOCK, "a chunk is whole p
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte loads of A along k) or 1");
 
 // Stage B's rows [k0, k0 + KC) and columns [n0, n0 + NMAX) in shared memory, zero outside B; `kfast` lays the
-// stage out k-contiguous (Bt[j][k]) rather than j-contiguous (Bs[k][j]). Consecutive threads take the elements
-// that are consecutive in global memory (k when B has unit stride along k, else j): coalesced reads.
+// stage out k-contiguous (Bt[j][k], rows KPITCH apart) rather than j-contiguous (Bs[k][j], rows JPITCH apart).
+// Consecutive threads take the elements that are consecutive in global memory (k when B has unit stride along k,
+// else j): coalesced reads.
 __device__ __forceinline__ void stage_b(float* stage, bool kfast, const float* b, long long b_sk, long long b_sn,
                                         int k0, int K, int n0, int N)
 {
@@ -44,7 +50,7 @@ __device__ __forceinline__ void stage_b(float* stage, bool kfast, const float* b
         const int j = B_T ? i / KC : i % NMAX;
         const bool inside = k0 + k < K && n0 + j < N;
         const float v = inside ? b[(long long)(k0 + k) * b_sk + (long long)(n0 + j) * b_sn] : 0.0f;
-        stage[kfast ? j * KC + k : k * NMAX + j] = v;
+        stage[kfast ? j * KPITCH + k : k * JPITCH + j] = v;
     }
 }
 
@@ -54,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fastmm_skinny(FASTMM_GEMM_PARAMS)
 {
     // The stage of B; after the K loop (A_T = 1) the warps' partial sums, which fit in it (KC >= 256).
-    __shared__ __align__(16) float stage[KC * NMAX];
+    __shared__ __align__(16) float stage[STAGE_FLOATS];
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m0 = blockIdx.y * ROWS_PER_BLOCK, n0 = blockIdx.x * NMAX;
@@ -93,7 +99,7 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             }
 #pragma unroll
             for (int j = 0; j < NMAX; ++j) {
-                const float4 y = *reinterpret_cast<const float4*>(stage + j * KC + kk);
+                const float4 y = *reinterpret_cast<const float4*>(stage + j * KPITCH + kk);
 #pragma unroll
                 for (int r = 0; r < ROWS_PER_WARP; ++r)
                     acc[r][j] = fmaf(x[r].w, y.w, fmaf(x[r].z, y.z, fmaf(x[r].y, y.y, fmaf(x[r].x, y.x, acc[r][j]))));
@@ -126,7 +132,7 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
         for (int kk = warp; kk < kend; kk += WARPS) {
             const float x = row < M ? __ldg(col + (long long)(k0 + kk) * a_sk) : 0.0f;
 #pragma unroll
-            for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, stage[kk * NMAX + j], acc[j]);
+            for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, stage[kk * JPITCH + j], acc[j]);
         }
     }
     // The 8 warps' partial sums of each element, added in warp order.

@@ -10,8 +10,8 @@
 // Non-finite inputs keep NumPy's pattern. For x = inf, x - big is inf - inf = NaN, and a cross term
 // a_big * b_small is inf * 0 = NaN whenever the other operand is exact in TF32 (b_small = 0): so for an infinite
 // x the small part is 0 and the cross terms use 0 in place of big ("cross"), and only a_big * b_big sees the inf
-// (inf * 0 there is NaN, as in FP32). NaNs propagate through every term. A finite x within half a TF32 ulp of
-// FLT_MAX would round up to inf: it is truncated instead, so no finite input becomes infinite.
+// (inf * 0 there is NaN, as in FP32). NaNs propagate through every term. Rounding to TF32 must not change what a
+// product does with x otherwise either: see tf32_big (near FLT_MAX, below 2^-137, NaN payloads).
 //
 // Who computes what: a block of THREADS = (BM/WM) * (BN/WN) * 32 threads computes a BM x BN tile of C; each warp
 // a WM x WN warp tile of (WM/16) x (WN/8) mma tiles, accumulated in registers in the mma's C layout: lane l holds
@@ -38,20 +38,28 @@ static_assert(BK % 8 == 0 && STAGES >= 2, "BK a multiple of the mma's k = 8; at 
 static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass or three");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
 
-// x rounded to TF32 (to nearest, ties away), in FP32 layout with the low 13 bits zero.
+// x rounded to TF32 (to nearest, ties away), in FP32 layout with the low 13 bits zero. (PTX promises only a .b32
+// result; the mask, which ptxas folds into the conversion's own, makes the layout certain.)
 __device__ __forceinline__ unsigned tf32_rna(float x)
 {
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+    return r & 0xffffe000u;
 }
 
-// The big part of x: rounded to TF32, except that a finite x never becomes infinite (truncated instead).
+// The big part of x: x rounded to TF32, except where rounding would change what an FP32 product does with it:
+// a finite x never becomes infinite (near FLT_MAX: truncated instead), a nonzero x never becomes 0 (below 2^-137:
+// the smallest TF32 value of its sign, 2^-136, so that inf * x stays inf and not NaN), and a NaN stays a NaN
+// (one whose payload lies only in the low 13 bits would be truncated to inf).
 __device__ __forceinline__ unsigned tf32_big(float x)
 {
     const unsigned r = tf32_rna(x);
     const float inf = __int_as_float(0x7f800000);
-    return fabsf(__uint_as_float(r)) == inf && fabsf(x) != inf ? __float_as_uint(x) & 0xffffe000u : r;
+    if (fabsf(__uint_as_float(r)) == inf && fabsf(x) != inf)
+        return x != x ? 0x7fffe000u : __float_as_uint(x) & 0xffffe000u;
+    if ((r & 0x7fffffffu) == 0u && x != 0.0f)
+        return (__float_as_uint(x) & 0x80000000u) | 0x2000u;
+    return r;
 }
 
 // 3xTF32's three values of x: big, big for the cross terms (0 for an infinite x), small (0 for an infinite x).
@@ -167,10 +175,12 @@ fastmm_tf32(FASTMM_GEMM_PARAMS)
                 split3(y[1], b_big[1], b_cross[1], b_small[1]);
 #pragma unroll
                 for (int i = 0; i < MT; ++i) {
-                    // Smallest terms first: they are added to the running sum before the large one.
+                    // The large term first: a cross term can only overflow when its large term (2^10 times larger)
+                    // has overflowed already, with the product's sign; added first, the small terms' own overflow
+                    // (of either sign, as the small parts' signs are the rounding's) cannot turn +inf into NaN.
+                    mma_tf32(acc[i][j], a_big[i], b_big);
                     mma_tf32(acc[i][j], a_small[i], b_cross);
                     mma_tf32(acc[i][j], a_cross[i], b_small);
-                    mma_tf32(acc[i][j], a_big[i], b_big);
                 }
 #else
                 const unsigned b_big[2] = {tf32_big(y[0]), tf32_big(y[1])};
