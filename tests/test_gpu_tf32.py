@@ -131,10 +131,8 @@ def test_rounding_to_tf32_never_changes_what_a_product_does(mode):
     nan_low = np.array([0x7F800001], np.uint32).view(np.float32)[0]
     a = np.zeros((8, 16), np.float32)
     b = np.zeros((16, 8), np.float32)
-    a[0, 0], b[0, 0] = np.inf, 1e-42
-    a[1, 0], b[0, 1] = np.inf, 0.0
-    a[1, 1], b[1, 1] = 1.0, 1e-40        # row 1: inf * 1e-40 in column 1 as well
-    a[1, 1] = np.inf
+    a[0, 0], b[0, 0] = np.inf, 1e-42     # (0, 0): inf; (0, 1): inf * 0 = NaN
+    a[6, 6], b[6, 6] = np.inf, 1e-40     # (6, 6): inf
     a[2, 2], b[2, 2] = nan_low, 2.0
     a[3, 3], b[3, 3] = np.float32(2.0**127 * (1 + 2.0**-11)), np.float32(2.0**20)
     a[4:6] = 1e25 * (1 + np.arange(32, dtype=np.float32).reshape(2, 16) / 64)
