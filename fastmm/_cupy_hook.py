@@ -28,7 +28,9 @@ This module sits on top of fastmm, beside the array type: it calls the dispatch 
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import threading
 
 import numpy as np
 
@@ -44,25 +46,38 @@ _ABSENT = object()
 
 class _State:
     def __init__(self):
-        self.saved: dict[tuple[object, str], object] = {}  # (owner, name) -> what was there (or _ABSENT)
+        # (owner, name) -> (what was there, or _ABSENT; what the hook put there)
+        self.saved: dict[tuple[object, str], tuple[object, object]] = {}
         self.fastmm = 0      # products fastmm's kernels computed
-        self.to_cupy = 0     # products the plan left to cuBLAS (CUBLAS_AHEAD)
+        self.to_cupy = 0     # products left to CuPy: where cuBLAS is ahead, or forms fastmm does not take
         self.declined = 0    # products CuPy computed after fastmm failed
+        self.counting = threading.Lock()
         self.device = _dispatch.current_device  # the current device's id (tests put a stand-in here)
+
+    def count(self, name: str) -> None:
+        with self.counting:
+            setattr(self, name, getattr(self, name) + 1)
 
 
 _state = _State()
 _on_off = Switch(lambda: _install(), lambda: _uninstall())
 
 
+# Set while CuPy's original runs a product the hook handed it: CuPy's own code calls rebound names (cupy.dot calls
+# the dot method, cupy.einsum calls cupy.matmul), which must then go straight to CuPy rather than try fastmm again.
+_in_cupy: contextvars.ContextVar[bool] = contextvars.ContextVar("fastmm_cupy_hook_in_cupy", default=False)
+
+
 def _takes(*arrays) -> bool:
-    """Every argument is a float32 CuPy array on the current device (or None, for an absent `out`)."""
+    """Every argument is a float32 plain CuPy array on the current device (or None, for an absent `out`).
+
+    Plain: a subclass (a fastmm array, another library's) keeps what CuPy does with it, its own methods included."""
     cp = _dispatch._cupy()
     device = None
     for x in arrays:
         if x is None:
             continue
-        if not isinstance(x, cp.ndarray) or x.dtype != _F32:
+        if type(x) is not cp.ndarray or x.dtype != _F32:
             return False
         if device is None:
             device = _state.device()
@@ -71,25 +86,40 @@ def _takes(*arrays) -> bool:
     return True
 
 
+def _cupy(cupys):
+    token = _in_cupy.set(True)
+    try:
+        return cupys()
+    finally:
+        _in_cupy.reset(token)
+
+
 def _run(ours, cupys):
     """`ours()` on fastmm's kernels; CuPy's `cupys()` where the plan yields to cuBLAS or fastmm failed."""
+    failure = None
     try:
         with _plan.yield_to_cublas():
             result = ours()
     except _plan.CublasAhead:
-        _state.to_cupy += 1
-        return cupys()
-    except Exception as e:  # noqa: BLE001 - anything: CuPy computes the product, or raises its own error
+        pass
+    except (ValueError, TypeError):
+        # fastmm refused the arguments: a form CuPy may accept (then CuPy's result, no failure to report) or
+        # refuse (then CuPy's own error, raised by CuPy).
+        pass
+    except Exception as e:  # noqa: BLE001 - anything else: a failure inside fastmm; CuPy computes the product
         failure = e
     else:
-        _state.fastmm += 1
+        _state.count("fastmm")
         return result
-    # Outside the except block, so that CuPy's error (for a call CuPy refuses too) is raised as CuPy raises it.
-    result = cupys()
-    _state.declined += 1
+    # Outside the except blocks, so that CuPy's error (for a call CuPy refuses too) is raised as CuPy raises it.
+    result = _cupy(cupys)
+    if failure is None:
+        _state.count("to_cupy")
+        return result
+    _state.count("declined")
     warn_once(f"cupy-hook-{type(failure).__name__}",
               f"fastmm's CuPy hook could not run a float32 product on fastmm's kernels, so CuPy computed it "
-              f"({type(failure).__name__}: {failure}); later products still try fastmm", stacklevel=3)
+              f"({type(failure).__name__}: {failure}); later products still try fastmm", stacklevel=4)
     return result
 
 
@@ -105,6 +135,13 @@ def _two(args, kwargs):
 def _with_out(args, kwargs):
     """Two positional arrays and optionally `out`, positionally or by keyword."""
     if set(kwargs) <= {"out"} and (len(args) == 2 or len(args) == 3 and not kwargs):
+        return (*args, *kwargs.values())
+    return None
+
+
+def _with_out_keyword(args, kwargs):
+    """Two positional arrays and optionally `out` by keyword (cupy.matmul, a gufunc, takes no positional `out`)."""
+    if set(kwargs) <= {"out"} and len(args) == 2:
         return (*args, *kwargs.values())
     return None
 
@@ -132,7 +169,7 @@ _METHOD_FORMS = {
     "dot": (_with_out, lambda a, b, out=None: _dispatch.dot(a, b, out=out)),
 }
 _FUNCTION_FORMS = {
-    "matmul": (_with_out, lambda a, b, out=None: _dispatch.matmul(a, b, out=out)),
+    "matmul": (_with_out_keyword, lambda a, b, out=None: _dispatch.matmul(a, b, out=out)),
     "dot": (_with_out, lambda a, b, out=None: _dispatch.dot(a, b, out=out)),
     "tensordot": (_with_axes, lambda a, b, axes=2: _dispatch.tensordot(a, b, axes)),
     "inner": (_two, lambda a, b: _dispatch.inner(a, b)),
@@ -143,9 +180,11 @@ _FUNCTION_FORMS = {
 
 def _replacement(original, pick, ours):
     def hooked(*args, **kwargs):
-        arrays = pick(args, kwargs)
-        if arrays is not None and _takes(*arrays):
-            return _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs))
+        # (Not active: a reference taken while the hook was on, called after restore_cupy.)
+        if _on_off.active and not _in_cupy.get():
+            arrays = pick(args, kwargs)
+            if arrays is not None and _takes(*arrays):
+                return _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs))
         return original(*args, **kwargs)
     return hooked
 
@@ -171,24 +210,30 @@ def _install() -> None:
     try:
         for owner, name, (pick, ours) in _entries(cp):
             original = getattr(owner, name)
-            _state.saved[(owner, name)] = owner.__dict__.get(name, _ABSENT) if isinstance(owner, type) else original
+            was = owner.__dict__.get(name, _ABSENT) if isinstance(owner, type) else original
             hooked = made.get(id(original))
             if hooked is None:
                 hooked = made[id(original)] = _replacement(original, pick, ours)
                 functools.update_wrapper(hooked, original)  # name, docstring, and __wrapped__ for introspection
             setattr(owner, name, hooked)
+            _state.saved[(owner, name)] = (was, hooked)  # recorded once it is really there
     except BaseException:
         _uninstall()
         raise
 
 
 def _uninstall() -> None:
-    for (owner, name), was in _state.saved.items():
-        if was is _ABSENT:
-            delattr(owner, name)  # the type inherits its base's method again
-        else:
-            setattr(owner, name, was)
-    _state.saved.clear()
+    """Put back what the hook replaced; a name someone else rebound since is theirs, and left as it is."""
+    try:
+        for (owner, name), (was, hooked) in _state.saved.items():
+            if (owner.__dict__ if isinstance(owner, type) else vars(owner)).get(name) is not hooked:
+                continue
+            if was is _ABSENT:
+                delattr(owner, name)  # the type inherits its base's method again
+            else:
+                setattr(owner, name, was)
+    finally:
+        _state.saved.clear()
 
 
 # --------------------------------------------------------------------------------------------------------

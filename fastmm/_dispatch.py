@@ -517,6 +517,8 @@ def einsum(*args, kernel=None, **kwargs):
     layout = kwargs.get("order", "K")
     if layout is not None and str(layout).upper() not in ("C", "F", "A", "K"):
         raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {layout!r})")
+    if "dtype" in kwargs and (kwargs["dtype"] is None or np.dtype(kwargs["dtype"]) == np.result_type(*ops)):
+        del kwargs["dtype"]  # the result's own dtype (Dask passes dtype=None to every chunk's einsum)
     spec = None
     if len(ops) == 2 and not set(kwargs) - {"optimize"}:
         spec = einsum_as_gemm(subscripts, ops[0].shape, ops[1].shape)

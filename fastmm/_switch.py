@@ -14,42 +14,40 @@ from typing import Callable
 
 
 class Switch:
-    """One hook's state: on or off, open blocks, and whether a plain call asked for it to stay on."""
+    """One hook's state: on or off, open blocks, and the plain calls that asked for it to stay on."""
 
     def __init__(self, install: Callable[[], None], uninstall: Callable[[], None]):
         self.lock = threading.RLock()
         self._install, self._uninstall = install, uninstall
         self.active = False
-        self._for_good = False  # a plain call asked for the hook (and no later restore undid it)
+        # Calls that asked for the hook for good, less those that a block of their own took back. A count, not a
+        # flag: between one thread's call and its block's entry, another thread's plain call must not be lost.
+        self._for_good = 0
         self._blocks = 0
 
-    def on(self) -> bool:
-        """Turn the hook on for good. Returns whether this call is what set "for good" (a block opened by the
-        same object then takes it back, so that the block alone keeps the hook on)."""
+    def on(self) -> None:
+        """Turn the hook on for good (a block opened by the same call takes that back, see `enter`)."""
         with self.lock:
             if not self.active:
                 self._install()
                 self.active = True
-            made = not self._for_good
-            self._for_good = True
-            return made
+            self._for_good += 1
 
-    def enter(self, made_for_good: bool) -> None:
+    def enter(self) -> None:
+        """A block opens: its own call's "for good" becomes "for the block"."""
         with self.lock:
             self._blocks += 1
-            if made_for_good:
-                self._for_good = False
+            self._for_good = max(0, self._for_good - 1)
 
     def exit(self) -> None:
         with self.lock:
-            self._blocks -= 1
-            if self._blocks <= 0 and not self._for_good:
-                self._blocks = 0
+            self._blocks = max(0, self._blocks - 1)
+            if self._blocks == 0 and self._for_good == 0:
                 self.off()
 
     def off(self) -> None:
         with self.lock:
-            self._for_good = False
+            self._for_good = 0
             if self.active:
                 self._uninstall()
                 self.active = False
@@ -62,10 +60,10 @@ class Hook:
     _name = "hook"
 
     def __init__(self):
-        self._made_for_good = self._switch.on()
+        self._switch.on()
 
     def __enter__(self):
-        self._switch.enter(self._made_for_good)
+        self._switch.enter()
         return self
 
     def __exit__(self, *exc):

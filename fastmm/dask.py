@@ -32,10 +32,11 @@ from . import _array, _dispatch, linalg
 __all__ = ["from_array", "meta", "to_host"]
 
 
-def meta(dtype=np.float32, ndim: int = 2) -> _array.ndarray:
+def meta(dtype=np.float32, ndim: int = 2):
     """An empty fastmm array standing for the chunks' type in Dask's graph (Dask's ``meta``).
 
-    It holds no memory, so a graph can be built on a machine or thread that has no GPU (a scheduler, a client).
+    It holds no memory, so a graph of products can be built where no GPU is (a client, a scheduler). A 0-d meta
+    needs one element: it is a real one-element array on the current GPU, or NumPy's where there is none.
 
     Examples
     --------
@@ -43,14 +44,23 @@ def meta(dtype=np.float32, ndim: int = 2) -> _array.ndarray:
     >>> type(fastmm.dask.meta()).__name__        # doctest: +SKIP
     'ndarray'
     """
+    if ndim == 0:
+        try:
+            return _array.asarray(np.zeros((), dtype))
+        except Exception:  # noqa: BLE001 - no GPU here: NumPy's meta (Dask's default) rather than none
+            return np.zeros((), dtype)
+    return _null((0,) * ndim, dtype)
+
+
+def _null(shape, dtype):
+    """A fastmm array of `shape` (with a zero-length axis) over no memory: nothing can ever read it."""
     cp = _dispatch._cupy()
-    dtype = np.dtype(dtype)
     try:
         device = cp.cuda.runtime.getDevice()
     except cp.cuda.runtime.CUDARuntimeError:  # no GPU here: a graph is built, chunks are computed elsewhere
         device = 0
     none = cp.cuda.memory.MemoryPointer(cp.cuda.memory.UnownedMemory(0, 0, None, device_id=device), 0)
-    return _array.ndarray((0,) * ndim, dtype, memptr=none)
+    return _array.ndarray(shape, np.dtype(dtype), memptr=none)
 
 
 def _to_fastmm(block):
@@ -93,6 +103,12 @@ def to_host(x: _da.Array) -> _da.Array:
 
 
 def _concatenate(arrays, axis=0):
+    arrays = list(arrays)
+    if all(a.size == 0 for a in arrays):
+        # Metas (Dask concatenates them to build a graph): the result's shape, with no GPU work.
+        shape = np.concatenate([np.empty(a.shape, a.dtype) for a in arrays], axis=axis).shape
+        if 0 in shape:
+            return _null(shape, np.result_type(*arrays))
     cp = _dispatch._cupy()
     return _array._wrap(cp.concatenate([_dispatch.plain(a) for a in arrays], axis=axis))
 

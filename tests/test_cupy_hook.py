@@ -308,3 +308,69 @@ def test_a_process_that_exits_with_the_hook_on_exits_cleanly():
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_matmul_takes_out_by_keyword_only_as_cupy_does(calls):
+    a = array((8, 8))
+    with fastmm.accelerate_cupy():
+        assert cupy.matmul(a, a, a) == ("cupy", "matmul")  # CuPy's own answer (it raises TypeError itself)
+        assert cupy.dot(a, a, array((8, 8))) == ("fastmm", "dot")
+
+
+def test_subclasses_keep_what_cupy_does_with_them(calls):
+    class Mine(cupy.ndarray):
+        pass
+
+    a = array((8, 8)).view(Mine)
+    with fastmm.accelerate_cupy():
+        assert cupy.matmul(a, a) == ("cupy", "matmul")
+        assert cupy.dot(a, a) == ("cupy", "dot")
+
+
+def test_cupys_fallback_does_not_come_back_to_fastmm(calls, monkeypatch):
+    """CuPy's own dot calls the (rebound) dot method: inside a fallback that goes straight to CuPy."""
+    a = array((8, 8))
+    inner = []
+
+    def cupys_dot(x, y, out=None):
+        inner.append(x.dot(y))  # what CuPy's cupy.dot does
+        return ("cupy", "dot")
+
+    monkeypatch.setattr(cupy, "dot", cupys_dot)
+    monkeypatch.setattr(_dispatch, "dot", calls.stand_in("fastmm", "dot", raises=RuntimeError("broken")))
+    with fastmm.accelerate_cupy(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cupy.dot(a, a) == ("cupy", "dot")
+    assert inner == [("cupy", "ndarray.dot")] and who(calls) == [("fastmm", "dot"), ("cupy", "ndarray.dot")]
+
+
+def test_restore_leaves_a_later_rebinding_alone_and_stale_references_go_to_cupy(calls):
+    fastmm.accelerate_cupy()
+    hooked = cupy.matmul
+    theirs = lambda *args, **kwargs: "theirs"  # noqa: E731 - another package's hook, installed after ours
+    cupy.inner = theirs
+    fastmm.restore_cupy()
+    try:
+        assert cupy.inner is theirs
+        a = array((8, 8))
+        assert hooked(a, a) == ("cupy", "matmul")  # a reference kept from while the hook was on
+    finally:
+        del cupy.inner  # the `calls` fixture puts CuPy's own back
+
+
+def test_a_failed_install_raises_its_own_error_and_leaves_cupy_as_it_was(monkeypatch):
+    fastmm.restore_cupy()
+    before = snapshot()
+    real = hook._replacement
+    made = []
+
+    def failing(original, pick, ours):
+        if len(made) == 5:
+            raise KeyboardInterrupt
+        made.append(1)
+        return real(original, pick, ours)
+
+    monkeypatch.setattr(hook, "_replacement", failing)
+    with pytest.raises(KeyboardInterrupt):
+        fastmm.accelerate_cupy()
+    assert same(before, snapshot()) and hook._state.saved == {} and not fastmm.cupy_hook_status()["active"]

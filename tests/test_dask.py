@@ -70,3 +70,15 @@ def test_dasks_lookups_hand_fastmm_chunks_to_fastmm():
     import cupy
 
     assert tensordot_lookup.dispatch(cupy.ndarray) is cupy.tensordot  # plain CuPy chunks stay CuPy's
+
+
+def test_graphs_concatenate_metas_without_a_gpu():
+    x = fd.from_array(np.ones((100, 80), np.float32), chunks=(30, 40))
+    both = da.concatenate([x, x], axis=1)
+    assert type(both._meta) is fastmm.ndarray and both.shape == (100, 160)
+    assert fd._concatenate([fd.meta(), fd.meta()], axis=1).shape == (0, 0)
+
+
+def test_a_0d_meta_is_never_a_fastmm_array_over_no_memory():
+    m = fd.meta(np.float32, 0)
+    assert m.shape == () and (type(m) is np.ndarray or m.data.ptr != 0)

@@ -517,3 +517,13 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     assert name == "skinny_n1" and variant == "nn_v4"  # v's unit stride along k does not make A unaligned
     # Three slices of K, whole multiples of 8 deep: two of 1368 as one batch, and the 1360 left.
     assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (2, 1368, 1, 1360)
+
+
+def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):
+    """Dask calls every chunk's einsum with dtype=None: that must not send it to CuPy's einsum."""
+    seen = _numpy_gemm(monkeypatch)
+    a, b = _operand(rng, (3, 4), np.float32), _operand(rng, (4, 5), np.float32)
+    for dtype in (None, np.float32):
+        got = _dispatch.einsum("ij,jk->ik", _fastmm(a), _fastmm(b), dtype=dtype)
+        _check(got, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32))
+    assert len(seen) == 2

@@ -27,13 +27,14 @@ def test_chunked_products_on_the_threaded_scheduler(chunks, rng, launches):
     b = rng.standard_normal((900, 700)).astype(np.float32)
     x, y = fd.from_array(a, chunks=chunks), fd.from_array(b, chunks=chunks)
     want = cp.matmul(cp.asarray(a), cp.asarray(b).T)
-    for expr in (x @ y.T, da.matmul(x, y.T), da.dot(x, y.T), da.tensordot(x, y, axes=([1], [1])),
-                 da.einsum("ik,jk->ij", x, y)):
-        assert type(expr._meta) is fastmm.ndarray
+    for name, expr in (("@", x @ y.T), ("matmul", da.matmul(x, y.T)), ("dot", da.dot(x, y.T)),
+                       ("tensordot", da.tensordot(x, y, axes=([1], [1]))), ("einsum", da.einsum("ik,jk->ij", x, y))):
+        assert type(expr._meta) is fastmm.ndarray, name
+        launches.clear()
         got = expr.compute(scheduler="threads")
-        assert type(got) is fastmm.ndarray
+        assert launches, f"{name}: no fastmm kernel ran"
+        assert type(got) is fastmm.ndarray, name
         _close(got, want)
-    assert launches, "no fastmm kernel ran"
 
 
 def test_batched_product_and_results_to_the_host(rng):

@@ -64,3 +64,15 @@ def test_overlapping_blocks_in_threads_leave_it_on_until_the_last_exit():
     for t in threads:
         t.join()
     assert order == [True] * 8 and not switch.active and log == ["install", "uninstall"]
+
+
+def test_a_plain_call_between_another_threads_call_and_its_block_is_kept():
+    """Thread A: `with H():` is on() then enter(); thread B's plain on() may come in between."""
+    switch, H, log = make()
+    switch.on()      # A's call
+    switch.on()      # B's plain call: for good
+    switch.enter()   # A's block opens
+    switch.exit()    # ... and closes
+    assert switch.active and log == ["install"]
+    switch.off()
+    assert log == ["install", "uninstall"]
