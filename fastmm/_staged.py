@@ -10,6 +10,7 @@ slices of A and B; every piece is one fastmm product.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -37,11 +38,39 @@ def _staging(shape) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
+# Host copies into and out of the pinned buffer are the slow part of staging (one core copies about 10 GB/s; the
+# link moves 50 from pinned memory): large ones are cut into row blocks copied by several threads at once
+# (NumPy releases the GIL while it copies).
+_PARALLEL_BYTES = 8 << 20
+_COPIERS = max(1, min(8, (os.cpu_count() or 1) // 2))
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` (same shape after NumPy broadcasting of src), in parallel row blocks when large."""
+    global _pool
+    rows = dst.shape[-2] if dst.ndim >= 2 else 0
+    if _COPIERS == 1 or dst.nbytes < _PARALLEL_BYTES or rows < 2 * _COPIERS:
+        np.copyto(dst, src)
+        return
+    src = np.broadcast_to(src, dst.shape)
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(_COPIERS, thread_name_prefix="fastmm-staging")
+    step = -(-rows // _COPIERS)
+    jobs = [_pool.submit(np.copyto, dst[..., r:r + step, :], src[..., r:r + step, :]) for r in range(0, rows, step)]
+    for job in jobs:
+        job.result()
+
+
 def _put(host: np.ndarray):
     """A contiguous device copy of `host` (any strides), through the pinned buffer."""
     dev = _gemm.empty(host.shape)
     stage = _staging(host.shape)
-    np.copyto(stage, host)
+    _copy(stage, host)
     dev.set(stage)
     # From pinned memory the copy is truly asynchronous: it must finish before the buffer is filled again.
     _gemm._cupy().cuda.get_current_stream().synchronize()
@@ -52,7 +81,7 @@ def _get(dev, host: np.ndarray) -> None:
     """`host[...] = dev` (NumPy broadcasting, any strides), through the pinned buffer."""
     stage = _staging(dev.shape)
     dev.get(out=stage)
-    np.copyto(host, stage)
+    _copy(host, stage)
 
 
 def _pieces(length: int, per_unit: int, room: int) -> int:

@@ -346,3 +346,15 @@ def test_staged_refuses_what_cannot_fit(staged):
     b = np.ones((1, 100_000, 4), np.float32)
     with pytest.raises(fastmm.OutOfMemoryError, match="does not fit"):
         _staged.matmul_host(a, b, np.empty((1, 4, 4), np.float32), budget=100_000)
+
+
+@pytest.mark.parametrize("shape,view", [((3, 1500, 1000), lambda x: x), ((1, 3000, 1000), lambda x: x[:, ::-1]),
+                                        ((2, 2000, 1500), lambda x: x.swapaxes(-1, -2))], ids=str)
+def test_staging_copies_in_parallel_blocks_are_exact(shape, view, rng):
+    src = view(rng.standard_normal(shape).astype(np.float32))
+    dst = np.full(src.shape, np.nan, np.float32)
+    _staged._copy(dst, src)
+    assert np.array_equal(dst, src)
+    wide = np.full((4,) + src.shape[1:], np.nan, np.float32)[:, ::1]
+    _staged._copy(wide, src[:1])  # one matrix broadcast over a batch, as a shared result is delivered
+    assert all(np.array_equal(w, src[0]) for w in wide)
