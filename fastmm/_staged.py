@@ -27,14 +27,14 @@ MAX_STAGING_BYTES = 256 << 20
 _local = threading.local()
 
 
-def _staging(shape) -> np.ndarray:
-    """This thread's pinned buffer, grown to hold `shape` float32, as a C-contiguous array of that shape."""
+def _staging(shape, slot: str = "buf") -> np.ndarray:
+    """This thread's pinned buffer `slot`, grown to hold `shape` float32, as a C-contiguous array of that shape."""
     size = int(np.prod(shape))
-    buf = getattr(_local, "buf", None)
+    buf = getattr(_local, slot, None)
     if buf is None or buf.size < size:
         mem = _gemm._cupy().cuda.alloc_pinned_memory(max(size * _F4, 1 << 20))
         buf = np.frombuffer(mem, np.float32)  # the array's base keeps the pinned memory alive
-        _local.buf = buf
+        setattr(_local, slot, buf)
     return buf[:size].reshape(shape)
 
 
@@ -84,6 +84,54 @@ def _get(dev, host: np.ndarray) -> None:
     _copy(host, stage)
 
 
+# A single product with an A at least this large is pipelined in row blocks of about _BLOCK_BYTES of A: the host
+# copies of one block run while the GPU uploads, multiplies and downloads the one before.
+_PIPELINE_BYTES = 16 << 20
+_BLOCK_BYTES = 4 << 20
+
+
+def _pipelined(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    """``c[...] = a @ b`` for 2-D host arrays, A and C in row blocks through two pinned slots each.
+
+    Per block, on the current stream: upload A's rows, multiply, download C's rows; meanwhile the host fills the
+    other slot with the next block of A and empties the slot of the block before. An event per slot says when the
+    GPU is done with it, so that no slot is overwritten while a copy still reads it.
+    """
+    cp = _gemm._cupy()
+    stream = cp.cuda.get_current_stream()
+    m, k = a.shape
+    n = b.shape[1]
+    db = _put(b)
+    rows = max(1, min(m, _BLOCK_BYTES // max(k * _F4, 1)))
+    dev_a = [_gemm.empty((rows, k)) for _ in range(2)]
+    dev_c = [_gemm.empty((rows, n)) for _ in range(2)]
+    pin_a = [_staging((rows, k), f"pipe_a{i}") for i in range(2)]
+    pin_c = [_staging((rows, n), f"pipe_c{i}") for i in range(2)]
+    uploaded = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+    downloaded = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+    pending: list = [None, None]  # per slot: the rows of C its download holds, not yet copied out
+    for i, r in enumerate(range(0, m, rows)):
+        slot, h = i % 2, min(rows, m - r)
+        if i >= 2:
+            uploaded[slot].synchronize()  # the upload two blocks back has read this slot
+        _copy(pin_a[slot][:h], a[r:r + h])
+        dev_a[slot][:h].set(pin_a[slot][:h], stream=stream)
+        uploaded[slot].record(stream)
+        _dispatch.matmul(dev_a[slot][:h], db, out=dev_c[slot][:h])
+        if pending[slot] is not None:  # empty the slot before the next download lands in it
+            downloaded[slot].synchronize()
+            r0, h0 = pending[slot]
+            _copy(c[r0:r0 + h0], pin_c[slot][:h0])
+        dev_c[slot][:h].get(out=pin_c[slot][:h], stream=stream, blocking=False)
+        downloaded[slot].record(stream)
+        pending[slot] = (r, h)
+    for slot in sorted(range(2), key=lambda s: pending[s][0] if pending[s] else -1):
+        if pending[slot] is not None:
+            downloaded[slot].synchronize()
+            r0, h0 = pending[slot]
+            _copy(c[r0:r0 + h0], pin_c[slot][:h0])
+
+
 def _pieces(length: int, per_unit: int, room: int) -> int:
     """How many units of `per_unit` bytes fit in `room` bytes (at least 1; the caller checks that one fits)."""
     return max(1, min(length, room // max(per_unit, 1)))
@@ -105,6 +153,12 @@ def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None 
     a_shared = batch == 1 or a.strides[0] == 0
     b_shared = batch == 1 or b.strides[0] == 0
     whole = (m * k + k * n + m * n) * _F4
+    single = batch == 1 or a_shared and b_shared
+    if single and m * k * _F4 >= _PIPELINE_BYTES and k * n * _F4 <= room and whole <= budget:
+        _pipelined(a[0], b[0], c[0])
+        if batch > 1:  # every batch item is the same product
+            c[1:] = c[0]
+        return
     if max(m * k, k * n, m * n) * _F4 <= room and whole <= budget:
         # Whole matrices, as many at a time as fit; a shared operand goes up once, and if both are shared every
         # batch item is the same product, computed once and copied into each.

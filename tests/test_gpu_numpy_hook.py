@@ -137,3 +137,22 @@ def test_a_process_using_the_hook_from_threads_exits_cleanly():
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+@pytest.mark.parametrize("m,k,n", [(2048, 2048, 2048), (3001, 1500, 700)], ids=str)
+def test_pipelined_staging_on_the_gpu(m, k, n, rng, monkeypatch):
+    """A single large product goes through the pipeline (row blocks through two pinned slots), on a
+    non-blocking stream as well as the default one."""
+    import cupy as cp
+
+    monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 20)  # many blocks, so that every slot is reused
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    b = rng.standard_normal((1, k, n)).astype(np.float32)
+    for stream in (None, cp.cuda.Stream(non_blocking=True)):
+        c = np.full((1, m, n), np.nan, np.float32)
+        if stream is None:
+            _staged.matmul_host(a, b, c)
+        else:
+            with stream:
+                _staged.matmul_host(a, b, c)
+        _close(c, a, b)

@@ -358,3 +358,92 @@ def test_staging_copies_in_parallel_blocks_are_exact(shape, view, rng):
     wide = np.full((4,) + src.shape[1:], np.nan, np.float32)[:, ::1]
     _staged._copy(wide, src[:1])  # one matrix broadcast over a batch, as a shared result is delivered
     assert all(np.array_equal(w, src[0]) for w in wide)
+
+
+# --------------------------------------------------------------------------------------------------------
+# _staged: the pipelined path, against a stand-in GPU that runs its work late (as a real one may)
+# --------------------------------------------------------------------------------------------------------
+
+class _LazyStream:
+    """Queued work runs only when an event recorded after it (or the stream) is synchronized, reading its
+    inputs then: a slot overwritten or read too early gives wrong numbers here, as on a GPU."""
+
+    def __init__(self):
+        self.queue, self.done = [], 0
+
+    def run_until(self, index):
+        while self.done < index:
+            self.queue[self.done]()
+            self.done += 1
+
+    def synchronize(self):
+        self.run_until(len(self.queue))
+
+
+class _LazyDeviceArray(np.ndarray):
+    def set(self, host, stream=None):
+        def upload():
+            self[...] = host
+        (stream or _lazy.stream).queue.append(upload)
+        if stream is None:
+            _lazy.stream.synchronize()
+
+    def get(self, out, stream=None, blocking=True):
+        def download():
+            out[...] = self
+        s = stream or _lazy.stream
+        s.queue.append(download)
+        if blocking:
+            s.synchronize()
+        return out
+
+
+class _LazyEvent:
+    def __init__(self, disable_timing=False):
+        self.stream, self.index = None, 0
+
+    def record(self, stream):
+        self.stream, self.index = stream, len(stream.queue)
+
+    def synchronize(self):
+        self.stream.run_until(self.index)
+
+
+_lazy = types.SimpleNamespace(stream=None)
+
+
+@pytest.fixture
+def lazy_gpu(monkeypatch):
+    _lazy.stream = _LazyStream()
+    products = []
+    cp = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(alloc_pinned_memory=lambda n: bytearray(n), Event=_LazyEvent,
+                                   get_current_stream=lambda: _lazy.stream,
+                                   runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30)),
+                                   memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
+        empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(_LazyDeviceArray))
+
+    def matmul(a, b, out):
+        products.append(a.shape)
+
+        def compute():
+            out[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        _lazy.stream.queue.append(compute)
+
+    monkeypatch.setattr(_staged._gemm, "_cp", cp)
+    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=matmul))
+    monkeypatch.setattr(_staged, "_local", threading.local())
+    monkeypatch.setattr(_staged, "_PIPELINE_BYTES", 1 << 14)
+    monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 12)
+    return products
+
+
+@pytest.mark.parametrize("batch,m,k,n", [(1, 100, 64, 30), (1, 97, 50, 7), (3, 64, 64, 64)])
+def test_pipelined_blocks_never_reuse_a_slot_too_early(lazy_gpu, batch, m, k, n, rng):
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    b = rng.standard_normal((1, k, n)).astype(np.float32)
+    a3, b3 = np.broadcast_to(a, (batch, m, k)), np.broadcast_to(b, (batch, k, n))
+    c = np.full((batch, m, n), np.nan, np.float32)
+    _staged.matmul_host(a3, b3, c)
+    np.testing.assert_allclose(c, _ref(a3, b3), rtol=1e-6, atol=1e-5)
+    assert len(lazy_gpu) >= 4  # several row blocks: the pipeline ran
