@@ -23,6 +23,9 @@ import time
 import numpy as np
 
 
+OOC_WORKERS = 4
+
+
 def _cluster(gpus: int):
     """A local cluster with one single-threaded worker per GPU."""
     try:
@@ -87,7 +90,9 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     pool.set_limit(size=int(gpu_limit * 2 ** 30))
     try:
         x = fd.from_array(host, chunks=chunk)
-        secs = _timed(lambda: da.store(fd.to_host(x @ x.T), out, scheduler="threads", lock=False))
+        # A few tasks at a time, so that a few chunks at a time are resident on the GPU.
+        secs = _timed(lambda: da.store(fd.to_host(x @ x.T), out, scheduler="threads", num_workers=OOC_WORKERS,
+                                       lock=False))
     finally:
         pool.set_limit(size=0)
     rows_, cols = (np.sort(np.random.default_rng(s).choice(n_ooc, 64, replace=False)) for s in (2, 3))

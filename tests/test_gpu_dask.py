@@ -53,7 +53,7 @@ def test_streaming_a_host_memmap_through_the_gpu(rng, tmp_path):
     a[...] = rng.standard_normal((n, n)).astype(np.float32)
     out = np.lib.format.open_memmap(tmp_path / "c.npy", mode="w+", dtype=np.float32, shape=(n, n))
     x = fd.from_array(a, chunks=512)
-    da.store(fd.to_host(x @ x.T), out, scheduler="threads")
+    da.store(fd.to_host(x @ x.T), out, scheduler="threads", num_workers=4)
     _close(np.asarray(out), a.astype(np.float64) @ a.astype(np.float64).T)
 
 
