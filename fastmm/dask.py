@@ -66,9 +66,10 @@ def _null(shape, dtype):
 def _to_fastmm(block):
     # Host float32 chunks go up through fastmm's pinned staging (the link's full speed: an out-of-core product
     # uploads every chunk once per use), anything else as fastmm.asarray does.
-    if isinstance(block, np.ndarray) and block.dtype == np.float32 and block.ndim >= 1 and block.size:
-        from . import _staged
+    from . import _staged
 
+    if isinstance(block, np.ndarray) and block.dtype == np.float32 and block.ndim >= 1 and \
+            0 < block.nbytes <= _staged.MAX_STAGING_BYTES:  # (pinned memory is the whole machine's: bounded)
         return _array._wrap(_staged._put(block))
     return _array.asarray(block)
 
