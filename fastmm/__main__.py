@@ -51,7 +51,7 @@ def cmd_explain(args) -> int:
 
     m, n, k = args.m, args.n, args.k
     a = (args.batch, m, k) if args.batch > 1 else (m, k)
-    print(explain(a, (k, n), kernel=args.kernel))
+    print(explain(a, (k, n), kernel=args.kernel, precision=args.precision))
     return 0
 
 
@@ -135,6 +135,8 @@ def main(argv=None) -> int:
     e.add_argument("k", type=int, help="columns of A, rows of B")
     e.add_argument("--batch", type=int, default=1, help="a stack of BATCH products, A batched, B shared (default: 1)")
     e.add_argument("--kernel", default=None, help="plan with this kernel forced (a name from fastmm.kernel_names())")
+    e.add_argument("--precision", default=None, choices=["highest", "high", "medium"],
+                   help="plan in this precision mode (default: the current one, 'highest')")
     b = sub.add_parser("bench", help="TFLOP/s of every kernel, auto and cuBLAS over a table of shapes")
     from . import _bench
 
