@@ -42,16 +42,18 @@ def _staging(shape, slot: str = "buf") -> np.ndarray:
 # link moves 50 from pinned memory): large ones are cut into row blocks copied by several threads at once
 # (NumPy releases the GIL while it copies).
 _PARALLEL_BYTES = 8 << 20
-_COPIERS = max(1, min(8, (os.cpu_count() or 1) // 2))
+_COPIERS = max(1, min(8, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1) // 2))
 _pool = None
 _pool_lock = threading.Lock()
 
 
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` (same shape after NumPy broadcasting of src), in parallel row blocks when large."""
+def _copy(dst: np.ndarray, src: np.ndarray, min_bytes: int = _PARALLEL_BYTES) -> None:
+    """``dst[...] = src`` (same shape after NumPy broadcasting of src; never overlapping), in parallel row blocks
+    from `min_bytes` up: the calling thread copies the first block, the copiers' pool the others."""
     global _pool
     rows = dst.shape[-2] if dst.ndim >= 2 else 0
-    if _COPIERS == 1 or dst.nbytes < _PARALLEL_BYTES or rows < 2 * _COPIERS:
+    if _COPIERS == 1 or dst.nbytes < min_bytes or rows < 2 * _COPIERS:
         np.copyto(dst, src)
         return
     src = np.broadcast_to(src, dst.shape)
@@ -61,9 +63,20 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
 
             _pool = ThreadPoolExecutor(_COPIERS, thread_name_prefix="fastmm-staging")
     step = -(-rows // _COPIERS)
-    jobs = [_pool.submit(np.copyto, dst[..., r:r + step, :], src[..., r:r + step, :]) for r in range(0, rows, step)]
-    for job in jobs:
-        job.result()
+    jobs = [_pool.submit(np.copyto, dst[..., r:r + step, :], src[..., r:r + step, :]) for r in range(step, rows, step)]
+    try:
+        np.copyto(dst[..., :step, :], src[..., :step, :])
+        for job in jobs:
+            job.result()
+    except BaseException:
+        # On an error or an interrupt, every block is done or cancelled before this returns: nothing may still
+        # write `dst` once the caller goes on (NumPy's output buffer, or a pinned buffer about to be reused).
+        from concurrent.futures import wait
+
+        for job in jobs:
+            job.cancel()
+        wait(jobs)
+        raise
 
 
 def _put(host: np.ndarray):
@@ -71,9 +84,12 @@ def _put(host: np.ndarray):
     dev = _gemm.empty(host.shape)
     stage = _staging(host.shape)
     _copy(stage, host)
-    dev.set(stage)
-    # From pinned memory the copy is truly asynchronous: it must finish before the buffer is filled again.
-    _gemm._cupy().cuda.get_current_stream().synchronize()
+    try:
+        dev.set(stage)
+    finally:
+        # From pinned memory the copy is truly asynchronous: it must finish before the buffer is filled again
+        # (also when something failed after it was queued).
+        _gemm._cupy().cuda.get_current_stream().synchronize()
     return dev
 
 
@@ -88,6 +104,7 @@ def _get(dev, host: np.ndarray) -> None:
 # copies of one block run while the GPU uploads, multiplies and downloads the one before.
 _PIPELINE_BYTES = 16 << 20
 _BLOCK_BYTES = 4 << 20
+_PIPELINE_COPY_BYTES = 1 << 20  # a block's host copies are split among the copiers from this size
 
 
 def _pipelined(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
@@ -102,34 +119,51 @@ def _pipelined(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
     m, k = a.shape
     n = b.shape[1]
     db = _put(b)
-    rows = max(1, min(m, _BLOCK_BYTES // max(k * _F4, 1)))
-    dev_a = [_gemm.empty((rows, k)) for _ in range(2)]
-    dev_c = [_gemm.empty((rows, n)) for _ in range(2)]
-    pin_a = [_staging((rows, k), f"pipe_a{i}") for i in range(2)]
-    pin_c = [_staging((rows, n), f"pipe_c{i}") for i in range(2)]
-    uploaded = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
-    downloaded = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
-    pending: list = [None, None]  # per slot: the rows of C its download holds, not yet copied out
+    # Blocks of rows sized by the wider of A's and C's rows: both slots stay near _BLOCK_BYTES.
+    rows = max(1, min(m, _BLOCK_BYTES // max(max(k, n) * _F4, 1)))
+    slots = 1 if rows >= m else 2
+    dev_a = [_gemm.empty((rows, k)) for _ in range(slots)]
+    dev_c = [_gemm.empty((rows, n)) for _ in range(slots)]
+    pin_a = [_staging((rows, k), f"pipe_a{i}") for i in range(slots)]
+    pin_c = [_staging((rows, n), f"pipe_c{i}") for i in range(slots)]
+    uploaded = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
+    downloaded = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
+    pending: list = [None] * slots  # per slot: the rows of C its download holds, not yet copied out
+    try:
+        _blocks(a, c, db, rows, stream, dev_a, dev_c, pin_a, pin_c, uploaded, downloaded, pending)
+    except BaseException:
+        # Nothing may still read or write the slots once this returns (they are reused, or freed with the thread).
+        try:
+            stream.synchronize()
+        except Exception:  # noqa: BLE001 - a broken context: the original error is the one to report
+            pass
+        raise
+
+
+def _blocks(a, c, db, rows, stream, dev_a, dev_c, pin_a, pin_c, uploaded, downloaded, pending) -> None:
+    """`_pipelined`'s loop over blocks of rows, through len(pin_a) slots."""
+    m = a.shape[0]
+    slots = len(pin_a)
     for i, r in enumerate(range(0, m, rows)):
-        slot, h = i % 2, min(rows, m - r)
-        if i >= 2:
+        slot, h = i % slots, min(rows, m - r)
+        if i >= slots:
             uploaded[slot].synchronize()  # the upload two blocks back has read this slot
-        _copy(pin_a[slot][:h], a[r:r + h])
+        _copy(pin_a[slot][:h], a[r:r + h], _PIPELINE_COPY_BYTES)
         dev_a[slot][:h].set(pin_a[slot][:h], stream=stream)
         uploaded[slot].record(stream)
         _dispatch.matmul(dev_a[slot][:h], db, out=dev_c[slot][:h])
         if pending[slot] is not None:  # empty the slot before the next download lands in it
             downloaded[slot].synchronize()
             r0, h0 = pending[slot]
-            _copy(c[r0:r0 + h0], pin_c[slot][:h0])
+            _copy(c[r0:r0 + h0], pin_c[slot][:h0], _PIPELINE_COPY_BYTES)
         dev_c[slot][:h].get(out=pin_c[slot][:h], stream=stream, blocking=False)
         downloaded[slot].record(stream)
         pending[slot] = (r, h)
-    for slot in sorted(range(2), key=lambda s: pending[s][0] if pending[s] else -1):
+    for slot in sorted(range(slots), key=lambda s: pending[s][0] if pending[s] else -1):
         if pending[slot] is not None:
             downloaded[slot].synchronize()
             r0, h0 = pending[slot]
-            _copy(c[r0:r0 + h0], pin_c[slot][:h0])
+            _copy(c[r0:r0 + h0], pin_c[slot][:h0], _PIPELINE_COPY_BYTES)
 
 
 def _pieces(length: int, per_unit: int, room: int) -> int:

@@ -350,7 +350,8 @@ def test_staged_refuses_what_cannot_fit(staged):
 
 @pytest.mark.parametrize("shape,view", [((3, 1500, 1000), lambda x: x), ((1, 3000, 1000), lambda x: x[:, ::-1]),
                                         ((2, 2000, 1500), lambda x: x.swapaxes(-1, -2))], ids=str)
-def test_staging_copies_in_parallel_blocks_are_exact(shape, view, rng):
+def test_staging_copies_in_parallel_blocks_are_exact(shape, view, rng, monkeypatch):
+    monkeypatch.setattr(_staged, "_COPIERS", 4)  # parallel blocks whatever this machine's cores
     src = view(rng.standard_normal(shape).astype(np.float32))
     dst = np.full(src.shape, np.nan, np.float32)
     _staged._copy(dst, src)
@@ -447,3 +448,32 @@ def test_pipelined_blocks_never_reuse_a_slot_too_early(lazy_gpu, batch, m, k, n,
     _staged.matmul_host(a3, b3, c)
     np.testing.assert_allclose(c, _ref(a3, b3), rtol=1e-6, atol=1e-5)
     assert len(lazy_gpu) >= 4  # several row blocks: the pipeline ran
+
+
+def test_a_failed_parallel_copy_leaves_no_block_still_writing(monkeypatch):
+    """An interrupt while the blocks are copied: when _copy raises, no copier is still writing the destination."""
+    monkeypatch.setattr(_staged, "_COPIERS", 4)
+    real = np.copyto
+    started = threading.Event()
+
+    def slow(dst, src):
+        started.set()
+        time.sleep(0.05)
+        real(dst, src)
+
+    src = np.ones((4000, 1000), np.float32)
+    dst = np.zeros_like(src)
+    caller = threading.current_thread()
+
+    def first(dst_, src_):
+        if threading.current_thread() is caller:  # the calling thread's own block: interrupted mid-way
+            started.wait(5)
+            raise KeyboardInterrupt
+        slow(dst_, src_)
+
+    monkeypatch.setattr(_staged.np, "copyto", first)
+    with pytest.raises(KeyboardInterrupt):
+        _staged._copy(dst, src)
+    snapshot = dst.copy()
+    time.sleep(0.3)
+    assert np.array_equal(dst, snapshot)  # nothing changed after _copy returned
