@@ -1,8 +1,6 @@
 """Precision modes: `auto` in "highest" (FP32 FMAs), "high" (3xTF32) and "medium" (one TF32 pass), against cuBLAS
 SGEMM (track_ratio_to_cublas) and cuBLAS's own TF32 path (track_ratio_to_cublas_tf32), same operands and process."""
 
-import numpy as np
-
 from . import common
 
 
@@ -21,14 +19,10 @@ class PrecisionModes(common.GemmBenchmark):
         if self.kernel == "cublas":
             self.cp.matmul(a, b, out=c)
         elif self.kernel == "cublas tf32":
-            linalg = self.cp._core._routines_linalg
-            f32 = np.dtype(np.float32)
-            before = linalg.get_compute_type(f32)
-            linalg.set_compute_type(f32, linalg.COMPUTE_TYPE_TF32)
-            try:
+            from fastmm._bench import cublas_compute_tf32
+
+            with cublas_compute_tf32():
                 self.cp.matmul(a, b, out=c)
-            finally:
-                linalg.set_compute_type(f32, before)
         else:
             self.fastmm.matmul(a, b, out=c, kernel=self.kernel, precision=self.precision)
 

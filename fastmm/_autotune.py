@@ -122,10 +122,9 @@ def main(args) -> int:
         return _hook_measure.main_autotune(args)
     import cupy as cp
 
-    from ._bench import SHAPES, Shape
+    from ._bench import SHAPES, Shape, no_gpu
 
-    if not cp.cuda.is_available():
-        print("autotune needs a CUDA GPU; none is available", file=sys.stderr)
+    if no_gpu("autotune"):
         return 2
     shapes = []
     for text in args.shapes:

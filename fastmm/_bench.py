@@ -10,6 +10,7 @@ not timed re-reading a warm cache.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-__all__ = ["Shape", "SHAPES", "add_arguments", "main", "time_per_call", "rel_error"]
+__all__ = ["Shape", "SHAPES", "add_arguments", "main", "time_per_call", "rel_error", "cublas_compute_tf32"]
 
 L2_BYTES = 50 * 2**20  # H100: 50 MB, H200: 60 MB; the smaller is the safer bound for rotation
 
@@ -84,6 +85,32 @@ CPU_MAX_FLOPS = 2 * 1024**3
 # Skip a slow kernel on a row when one call would take longer than this at its expected rate.
 SLOW_SECONDS = 0.25
 _EXPECTED_TFLOPS = {"naive": 5.0, "smem": 8.0}
+
+
+def no_gpu(command: str) -> bool:
+    """Say so (on stderr) and return True when no CUDA GPU can run `command`."""
+    import cupy as cp
+
+    if cp.cuda.is_available():
+        return False
+    print(f"{command} needs a CUDA GPU; none is available", file=sys.stderr)
+    return True
+
+
+@contextlib.contextmanager
+def cublas_compute_tf32():
+    """Inside the block, CuPy's float32 products run cuBLAS's own TF32 path (what CUPY_TF32=1 selects): the
+    reference for the "medium" precision mode."""
+    import cupy as cp
+
+    linalg = cp._core._routines_linalg
+    f32 = np.dtype(np.float32)
+    before = linalg.get_compute_type(f32)
+    linalg.set_compute_type(f32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(f32, before)
 
 
 def rel_error(c, ref) -> float:
@@ -220,14 +247,9 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
 
         record("auto", auto)
 
-        def cublas_tf32(i):  # cuBLAS's own TF32 path, as CUPY_TF32=1 selects it
-            linalg = cp._core._routines_linalg
-            before = linalg.get_compute_type(np.dtype(np.float32))
-            linalg.set_compute_type(np.dtype(np.float32), linalg.COMPUTE_TYPE_TF32)
-            try:
+        def cublas_tf32(i):
+            with cublas_compute_tf32():
                 cp.matmul(*sets[i], out=outs[i])
-            finally:
-                linalg.set_compute_type(np.dtype(np.float32), before)
 
         modes = [("cublas tf32", cublas_tf32)]
         for mode in ("high", "medium"):
@@ -393,8 +415,7 @@ def main(args) -> int:
         return _dask_bench.main(args)
     import cupy as cp
 
-    if not cp.cuda.is_available():
-        print("bench needs a CUDA GPU; none is available", file=sys.stderr)
+    if no_gpu("bench"):
         return 2
     from .kernels.configs import CONFIGS
 

@@ -153,8 +153,9 @@ def main(args) -> int:
         return 2
     import cupy as cp
 
-    if not cp.cuda.is_available():
-        print("bench --cupy-hook needs a CUDA GPU; none is available", file=sys.stderr)
+    from ._bench import no_gpu
+
+    if no_gpu("bench --cupy-hook"):
         return 2
     rows = run(args.hook_n, args.hook_d, rounds=5, seed=args.seed)
     device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()

@@ -152,8 +152,9 @@ def main(args) -> int:
         return 2
     import cupy as cp
 
-    if not cp.cuda.is_available():
-        print("bench --dask needs a CUDA GPU; none is available", file=sys.stderr)
+    from ._bench import no_gpu
+
+    if no_gpu("bench --dask"):
         return 2
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():

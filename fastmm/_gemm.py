@@ -154,16 +154,32 @@ class Recorder(list):
     """The steps of one product, kept so that later products of the same signature can replay them.
 
     Steps are (Launch, a offset, b offset, c offset), offsets in bytes from the data pointers `base` of the
-    top-level a, b and c, or a `_SplitKReplay`. A None step means the product went through a copy or a
-    temporary whose address changes per call: such a product is not replayed.
+    top-level a, b and c, or a `_SplitKReplay` or `_SwappedReplay`. A None step means the product went through a
+    copy or a temporary whose address changes per call: such a product is not replayed.
     """
 
     def __init__(self, a_ptr: int, b_ptr: int, c_ptr: int):
         super().__init__()
         self.base = (a_ptr, b_ptr, c_ptr)
 
-    def launch(self, prepared, pa: int, pb: int, pc: int) -> None:
-        self.append((prepared, pa - self.base[0], pb - self.base[1], pc - self.base[2]))
+    def launch(self, prepared, pa: int, pb: int, pc: int, swapped: bool = False) -> None:
+        """A launch on pointers pa, pb, pc; `swapped`: of the transposed product, whose A is the caller's B."""
+        if swapped:
+            self.append(_SwappedReplay(prepared, pa - self.base[1], pb - self.base[0], pc - self.base[2]))
+        else:
+            self.append((prepared, pa - self.base[0], pb - self.base[1], pc - self.base[2]))
+
+
+class _SwappedReplay:
+    """Replay of a launch on the transposed product C^T = B^T A^T (few rows on the few-column kernel)."""
+
+    __slots__ = ("prepared", "db", "da", "dc")
+
+    def __init__(self, prepared, db: int, da: int, dc: int):
+        self.prepared, self.db, self.da, self.dc = prepared, db, da, dc
+
+    def __call__(self, a, b, c):
+        self.prepared(b.data.ptr + self.db, a.data.ptr + self.da, c.data.ptr + self.dc)
 
 
 def replay(steps, a, b, c) -> None:
@@ -211,14 +227,11 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             raise _plan.CublasAhead(why)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, record)
-    if _plan.few_rows(problem) and isinstance(choice.config, _plan.Skinny):
-        # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides). The launch's
-        # operands swap roles, which a replay of (a, b, c) cannot express.
-        if record is not None:
-            record.append(None)
+    swapped = _plan.few_rows(problem) and isinstance(choice.config, _plan.Skinny)
+    if swapped:
+        # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides).
         a, b, c = b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2)
         problem, launch = problem_for(a, b, c)
-        record = None
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
     # The layout the arguments describe (the plan's own variant, except on a transposed launch, where a size-1
@@ -232,7 +245,7 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             if launch["copied"]:
                 record.append(None)
             else:
-                record.launch(prepared, pa, pb, pc)
+                record.launch(prepared, pa, pb, pc, swapped)
 
 
 class _SplitKReplay:

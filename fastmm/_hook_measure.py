@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from . import _numpy_hook as hook
+from ._bench import no_gpu
 
 __all__ = ["measure_model", "bench_rows", "BENCH_SHAPES"]
 
@@ -124,20 +125,9 @@ def print_bench(rows, model) -> None:
               f"{r['err_numpy']:9.1e} {r['err_hook']:9.1e}")
 
 
-def _no_gpu(command: str) -> bool:
-    import cupy as cp
-
-    if not cp.cuda.is_available():
-        import sys
-
-        print(f"{command} --numpy-hook needs a CUDA GPU; none is available", file=sys.stderr)
-        return True
-    return False
-
-
 def main_autotune(args) -> int:
     """``python -m fastmm autotune --numpy-hook``: measure this machine, save the model, print what it decides."""
-    if _no_gpu("autotune"):
+    if no_gpu("autotune --numpy-hook"):
         return 2
     model, rows = measure_model(seed=args.seed)
     path = hook.save_model(model, rows)
@@ -150,7 +140,7 @@ def main_autotune(args) -> int:
 
 def main_bench(args) -> int:
     """``python -m fastmm bench --numpy-hook``: the table, with this machine's model (or the defaults)."""
-    if _no_gpu("bench"):
+    if no_gpu("bench --numpy-hook"):
         return 2
     model = hook.load_model()
     rows = bench_rows(model, seed=args.seed)

@@ -419,7 +419,8 @@ def test_shape_mismatch_is_numpys_error(fake_cupy, dtype, ashape, bshape, rng):
 
 
 class _Names(list):
-    """Kernel names, in launch order; `.args`: (name, variant, launch arguments) of each Launch made."""
+    """Kernel names, in launch order; `.args`: (name, variant, launch arguments) of each Launch made; `.ptrs`: the
+    pointers of each launch."""
 
 
 @pytest.fixture
@@ -436,8 +437,10 @@ def launched(fake_cupy, monkeypatch):
 
         def __call__(self, *ptrs):
             names.append(self.name)
+            names.ptrs.append(ptrs)
 
     launched_args = names.args = []
+    names.ptrs = []
 
     monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
     monkeypatch.setattr(_cuda, "Launch", Launch)
@@ -527,3 +530,16 @@ def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng
         got = _dispatch.einsum("ij,jk->ik", _fastmm(a), _fastmm(b), dtype=dtype)
         _check(got, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32))
     assert len(seen) == 2
+
+
+def test_few_row_products_replay_with_their_operands_swapped(launched):
+    """A second v @ W of the same signature replays the transposed launch: W's pointer as the kernel's A."""
+    a = _fastmm(np.zeros((8, 512), np.float32))
+    w = _fastmm(np.zeros((512, 1024), np.float32))
+    _dispatch.matmul(a, w)
+    a2 = _fastmm(np.zeros((8, 512), np.float32))
+    w2 = _fastmm(np.zeros((512, 1024), np.float32))
+    _dispatch.matmul(a2, w2)
+    assert len(launched.args) == 1  # the second product made no new Launch: a replay
+    first, second = launched.ptrs
+    assert first[:2] == (w.data.ptr, a.data.ptr) and second[:2] == (w2.data.ptr, a2.data.ptr)

@@ -22,14 +22,12 @@ def _error(c, ref64) -> float:
 
 
 def _cublas(a, b, tf32=False):
-    linalg = cp._core._routines_linalg
-    before = linalg.get_compute_type(np.dtype(np.float32))
-    if tf32:
-        linalg.set_compute_type(np.dtype(np.float32), linalg.COMPUTE_TYPE_TF32)
-    try:
+    from fastmm._bench import cublas_compute_tf32
+
+    if not tf32:
         return cp.matmul(a, b)
-    finally:
-        linalg.set_compute_type(np.dtype(np.float32), before)
+    with cublas_compute_tf32():
+        return cp.matmul(a, b)
 
 
 def _values(rng, kind, shape):
