@@ -190,14 +190,15 @@ def test_array_api_namespace_reaches_fastmm(rng, launches):
 
 
 def test_scikit_learn_array_api_products_run_on_fastmm():
-    """In a child process (SciPy's array-API mode must be set before SciPy is imported): scikit-learn's
-    rbf_kernel and PCA on float32 CuPy data, with and without the hook, counting fastmm's launches."""
+    """In a child process (SciPy's array-API mode must be set before SciPy is imported): scikit-learn's pairwise
+    kernels on float32 CuPy data, with and without the hook, counting fastmm's launches. rbf_kernel makes no
+    float32 product (scikit-learn computes float32 euclidean distances on float64 copies): it stays CuPy's."""
     pytest.importorskip("sklearn", reason="scikit-learn is not installed")
     pytest.importorskip("array_api_compat", reason="array_api_compat is not installed")
     code = textwrap.dedent("""
         import json, cupy as cp, sklearn, fastmm
         from fastmm import _cuda
-        from sklearn.metrics.pairwise import rbf_kernel, cosine_similarity
+        from sklearn.metrics.pairwise import cosine_similarity, linear_kernel, rbf_kernel
         n = []
         real = _cuda.Launch.__call__
         def spy(self, *a):
@@ -209,7 +210,8 @@ def test_scikit_learn_array_api_products_run_on_fastmm():
         Y = rng.standard_normal((2048, 512), dtype=cp.float32)
         out = {}
         with sklearn.config_context(array_api_dispatch=True):
-            for name, f in (("rbf", lambda: rbf_kernel(X, Y)), ("cos", lambda: cosine_similarity(X, Y))):
+            for name, f in (("rbf", lambda: rbf_kernel(X, Y)), ("cos", lambda: cosine_similarity(X, Y)),
+                            ("linear", lambda: linear_kernel(X, Y))):
                 n.clear(); plain = f(); out[name + "_plain_launches"] = len(n)
                 n.clear()
                 with fastmm.accelerate_cupy():
@@ -223,8 +225,9 @@ def test_scikit_learn_array_api_products_run_on_fastmm():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    for name in ("rbf", "cos"):
-        assert out[name + "_plain_launches"] == 0 and out[name + "_hook_launches"] >= 1, out
+    for name in ("rbf", "cos", "linear"):
+        assert out[name + "_plain_launches"] == 0, out
+        assert (out[name + "_hook_launches"] >= 1) == (name != "rbf"), out
         assert out[name + "_type"] == "ndarray" and out[name + "_err"] < 1e-5, out
 
 
