@@ -409,7 +409,7 @@ PRECISIONS: dict[str, str] = {
     "high": "3xTF32 on the tensor cores (each operand split into two TF32 parts; FP32 accuracy)",
     "medium": "one TF32 pass on the tensor cores (operands rounded to 10-bit mantissas: relative error near 3e-4)",
 }
-TF32X3_TILES = ("tf32x3_128x256x16_64x64_s3", "tf32x3_128x128x16_64x32_s3", "tf32x3_64x64x16_32x32_s4")
+TF32X3_TILES = ("tf32x3_128x128x32_64x32_s3", "tf32x3_128x128x16_64x32_s3", "tf32x3_64x64x16_32x32_s4")
 TF32_TILES = ("tf32_128x256x16_64x64_s3", "tf32_64x64x16_32x32_s4")
 _TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
 
@@ -506,7 +506,7 @@ def matmul_precision(precision: str) -> Iterator[None]:
     'medium'
     >>> print(fastmm.explain((4096, 4096), (4096, 4096), precision="high"))  # doctest: +ELLIPSIS
     4096x4096x4096 float32 ...
-      kernel  tf32x3_128x256x16_64x64_s3_nn_v4
+      kernel  tf32x3_128x128x32_64x32_s3_nn_v4
       mode    high: 3xTF32 on the tensor cores ...
     """
     token = _precision.set(_check_precision(precision))

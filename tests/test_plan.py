@@ -303,8 +303,8 @@ def test_precision_modes_follow_pytorchs_names():
 
 
 @pytest.mark.parametrize("m,n,k,high,medium", [
-    (4096, 4096, 4096, "tf32x3_128x256x16_64x64_s3", "tf32_128x256x16_64x64_s3"),
-    (2048, 1024, 2048, "tf32x3_128x128x16_64x32_s3", "tf32_64x64x16_32x32_s4"),
+    (4096, 4096, 4096, "tf32x3_128x128x32_64x32_s3", "tf32_128x256x16_64x64_s3"),
+    (2048, 1024, 2048, "tf32x3_128x128x32_64x32_s3", "tf32_64x64x16_32x32_s4"),
     (256, 256, 256, "tf32x3_64x64x16_32x32_s4", "tf32_64x64x16_32x32_s4"),
 ])
 def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
@@ -325,12 +325,12 @@ def test_modes_keep_the_fp32_paths_where_the_table_splits_k_or_has_nothing_to_do
     # A forced kernel wins over the mode, and a tensor family can be forced in any mode.
     assert _plan.choose(_plan.Problem(512, 512, 512), kernel="warptile", precision="high").config.precision == "highest"
     assert _plan.choose(_plan.Problem(512, 512, 512), kernel="tf32x3").config.precision == "high"
-    assert {"tf32x3", "tf32", "tf32x3_128x256x16_64x64_s3"} <= set(fastmm.kernel_names())
+    assert {"tf32x3", "tf32", "tf32x3_128x128x32_64x32_s3"} <= set(fastmm.kernel_names())
 
 
 def test_explain_names_the_mode():
     text = fastmm.explain((4096, 4096), (4096, 4096), precision="high")
-    assert "kernel  tf32x3_128x256x16_64x64_s3_nn_v4" in text and "mode    high: 3xTF32" in text
+    assert "kernel  tf32x3_128x128x32_64x32_s3_nn_v4" in text and "mode    high: 3xTF32" in text
     assert "rule    tensor: precision 'high'" in text and "accelerate_cupy" not in text
     assert "mode    highest: FP32 FMAs" in fastmm.explain((4096, 4096), (4096, 4096))
     with pytest.raises(ValueError, match="valid values"):

@@ -322,6 +322,7 @@ class TensorTile(_Pipelined, _Config):
     passes: int = 3
     min_blocks: int = 1  # blocks per SM the register budget is planned for (__launch_bounds__)
     source: ClassVar[str] = "tf32.cu"
+    PAD: ClassVar[int] = 8  # the mma fragments' reads hit banks 8t + g: conflict-free only with rows of 8 mod 32
 
     @property
     def family(self) -> str:  # type: ignore[override]  # two families, one source: the number of passes
@@ -414,7 +415,9 @@ CONFIGS: tuple[_Config, ...] = (
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True),  # ... on less than a wave (768^3)
     WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True),   # small and skinny products, split-K slices
     # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
-    TensorTile(128, 256, 16, 64, 64, 3, passes=3),  # large products
+    # 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
+    # the kernel past 255 registers and it spilled.
+    TensorTile(128, 128, 32, 64, 32, 3, passes=3),  # large products: 32-deep stages, half the barriers
     TensorTile(128, 128, 16, 64, 32, 3, passes=3),  # mid sizes
     TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2),  # small products
     TensorTile(128, 256, 16, 64, 64, 3, passes=1),

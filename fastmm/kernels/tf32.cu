@@ -18,9 +18,17 @@
 // rows g = l / 4 and g + 8, columns 2t and 2t + 1 (t = l % 4) of each 16 x 8 tile.
 //
 // Shared memory and copies are the warp-tiled kernel's (pipeline.cuh): STAGES BK-deep stages, A as As[k][m] and
-// B as Bs[k][n] with rows padded by PAD = 4 floats, filled by cp.async (16-byte copies along m or n, 4-byte
-// transposing copies along k), zero past the matrix edges. With rows of BM + 4 (BN + 4) floats, the mma
-// fragments' reads are conflict-free: lane (g, t) reads word t * (BM + 4) + g, i.e. bank 4t + g.
+// B as Bs[k][n] with rows padded by PAD = 8 floats, filled by cp.async (16-byte copies along m or n, 4-byte
+// transposing copies along k), zero past the matrix edges. With rows of BM + 8 (BN + 8) floats, the mma
+// fragments' reads are conflict-free: lane (g, t) reads word t * (BM + 8) + g, i.e. bank 8t + g. (With the SIMT
+// kernels' PAD = 4, banks 4t + g, every read was a two-way conflict: measured with ncu, 2 wavefronts per load.)
+// The transposing copies stay conflict-free: a warp writes 8 k by 4 m, banks 8k + m.
+//
+// Rounding: on a k-step where no operand value of the warp is infinite, NaN or within half a TF32 step of FLT_MAX
+// (one compare per value and one vote per warp), a value rounds to TF32 by integer arithmetic (add half a step,
+// clear the low 13 bits: ties away from zero, as cvt.rna) and tiny values (below 2^-137) round to 0, which only
+// matters next to an infinity; otherwise the whole warp takes the careful path (tf32_big, split3). The careful
+// path on every value cost about 10 instructions per value and left the tensor cores idle most of the time.
 //
 // Macros: THREADS, PAD, BM, BN, BK, WM, WN, STAGES, MIN_BLOCKS, PASSES (1 or 3), SUB_K (0: no sub-slices), and the
 // layout: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte
@@ -38,28 +46,24 @@ static_assert(BK % 8 == 0 && STAGES >= 2, "BK a multiple of the mma's k = 8; at 
 static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass or three");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
 
-// x rounded to TF32 (to nearest, ties away), in FP32 layout with the low 13 bits zero. (PTX promises only a .b32
-// result; the mask, which ptxas folds into the conversion's own, makes the layout certain.)
-__device__ __forceinline__ unsigned tf32_rna(float x)
-{
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r & 0xffffe000u;
-}
+// x rounded to TF32 when x is finite and below FLT_MAX's last TF32 step (see `plain`): to nearest, ties away from
+// zero (as cvt.rna.tf32.f32), in FP32 layout with the low 13 bits zero: add half a TF32 step, clear the low bits.
+__device__ __forceinline__ unsigned tf32_near(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+// Whether tf32_near(x) is tf32_big(x) up to tiny values: false for inf, NaN (the compare is false) and values
+// that would round up to inf.
+__device__ __forceinline__ bool plain(float x) { return fabsf(x) < __int_as_float(0x7f7ff000); }
 
 // The big part of x: x rounded to TF32, except where rounding would change what an FP32 product does with it:
 // a finite x never becomes infinite (near FLT_MAX: truncated instead), a nonzero x never becomes 0 (below 2^-137:
 // the smallest TF32 value of its sign, 2^-136, so that inf * x stays inf and not NaN), and a NaN stays a NaN
-// (one whose payload lies only in the low 13 bits would be truncated to inf).
+// (rounding would turn one whose payload lies only in the low 13 bits into inf).
 __device__ __forceinline__ unsigned tf32_big(float x)
 {
-    const unsigned r = tf32_rna(x);
-    const float inf = __int_as_float(0x7f800000);
-    if (fabsf(__uint_as_float(r)) == inf && fabsf(x) != inf)
-        return x != x ? 0x7fffe000u : __float_as_uint(x) & 0xffffe000u;
-    if ((r & 0x7fffffffu) == 0u && x != 0.0f)
-        return (__float_as_uint(x) & 0x80000000u) | 0x2000u;
-    return r;
+    const unsigned u = __float_as_uint(x), e = u & 0x7fffffffu;
+    if (e >= 0x7f7ff000u) return e > 0x7f800000u ? 0x7fffe000u : u & 0xffffe000u;  // NaN; inf, near FLT_MAX
+    if (e != 0u && e < 0x1000u) return (u & 0x80000000u) | 0x2000u;                   // tiny
+    return tf32_near(x);
 }
 
 // 3xTF32's three values of x: big, big for the cross terms (0 for an infinite x), small (0 for an infinite x).
@@ -67,7 +71,7 @@ __device__ __forceinline__ void split3(float x, unsigned& big, unsigned& cross, 
 {
     big = tf32_big(x);
     const bool inf = fabsf(x) == __int_as_float(0x7f800000);
-    small = inf ? 0u : tf32_rna(x - __uint_as_float(big));
+    small = inf ? 0u : tf32_near(x - __uint_as_float(big));  // (NaN for a NaN x: whatever it rounds to, big is NaN)
     cross = inf ? 0u : big;
 }
 
@@ -78,6 +82,91 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a * b over one k-step of 3xTF32, from the parts of a and b: big, small and big as the cross terms use it.
+// The three terms go into a fresh partial sum, added to d on the FP32 cores (rounded to nearest). The tensor
+// cores' own FP32 accumulation truncates: chained over all of K, that bias grew the error linearly with K
+// (measured on an H100: 7e-6 at K = 1024 and 5.7e-5 at 8192, against cuBLAS SGEMM's 5.7e-7 and 1.6e-6);
+// truncated over 24 products only, it stays below the FP32 rounding of the sum.
+// The large term first: a cross term can only overflow when its large term (2^10 times larger) has overflowed
+// already, with the product's sign; added first, the small terms' own overflow (of either sign, as the small
+// parts' signs are the rounding's) cannot turn +inf into NaN.
+__device__ __forceinline__ void three_terms(float (&d)[4], const unsigned (&a_big)[4], const unsigned (&a_small)[4],
+                                            const unsigned (&a_cross)[4], const unsigned (&b_big)[2],
+                                            const unsigned (&b_small)[2], const unsigned (&b_cross)[2])
+{
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_tf32(part, a_big, b_big);
+    mma_tf32(part, a_small, b_cross);
+    mma_tf32(part, a_cross, b_small);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) d[r] += part[r];
+}
+
+// One k-step (k = 8) of the warp tile: acc += A's fragments x times B's fragments, this lane's at b0[j * 8] and
+// b4[j * 8] (k = t and t + 4) for n tile j. PLAIN: the warp's values are all plain, rounded by tf32_near; else
+// the careful split (split3), which keeps NumPy's non-finite pattern. (B is read here, a second time after the
+// vote: kept in registers from the vote on, its 16 values made the 128 x 256 tiles spill.)
+template <bool PLAIN>
+__device__ __forceinline__ void k_step(float (&acc)[MT][NT][4], const float (&x)[MT][4], const float* b0,
+                                       const float* b4)
+{
+#if PASSES == 3
+    if (PLAIN) {
+        // A's parts made once and used for every n tile, B's one n tile at a time (within the register budget
+        // of the widest warp tiles); plain values are finite, so the cross terms' big parts are the big parts.
+        unsigned a_big[MT][4], a_small[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                a_big[i][r] = tf32_near(x[i][r]);
+                a_small[i][r] = tf32_near(x[i][r] - __uint_as_float(a_big[i][r]));
+            }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            unsigned b_big[2], b_small[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                b_big[r] = tf32_near(r ? b4[j * 8] : b0[j * 8]);
+                b_small[r] = tf32_near((r ? b4[j * 8] : b0[j * 8]) - __uint_as_float(b_big[r]));
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i) three_terms(acc[i][j], a_big[i], a_small[i], a_big[i], b_big, b_small, b_big);
+        }
+    } else {
+        // Rare (a non-finite value or one near FLT_MAX in the warp's k-step): A's parts are remade for every n
+        // tile, which holds fewer registers than the plain path (a second copy of that path made the kernel
+        // spill).
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            unsigned b_big[2], b_cross[2], b_small[2];
+            split3(b0[j * 8], b_big[0], b_cross[0], b_small[0]);
+            split3(b4[j * 8], b_big[1], b_cross[1], b_small[1]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                unsigned a_big[4], a_cross[4], a_small[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) split3(x[i][r], a_big[r], a_cross[r], a_small[r]);
+                three_terms(acc[i][j], a_big, a_small, a_cross, b_big, b_small, b_cross);
+            }
+        }
+    }
+#else
+    unsigned a_big[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a_big[i][r] = PLAIN ? tf32_near(x[i][r]) : tf32_big(x[i][r]);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const unsigned b_big[2] = {PLAIN ? tf32_near(b0[j * 8]) : tf32_big(b0[j * 8]),
+                                   PLAIN ? tf32_near(b4[j * 8]) : tf32_big(b4[j * 8])};
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], a_big[i], b_big);
+    }
+#endif
 }
 
 // Two consecutive elements of one row of C at column n (even): one 8-byte store when both lie inside C and the
@@ -146,55 +235,25 @@ fastmm_tf32(FASTMM_GEMM_PARAMS)
         for (int ks = 0; ks < BK / 8; ++ks) {
             const int k0 = (ks * 8 + t) * LDA_S, k4 = (ks * 8 + t + 4) * LDA_S;
             const int j0 = (ks * 8 + t) * LDB_S, j4 = (ks * 8 + t + 4) * LDB_S;
-            // A fragments of this k-step for every m tile (rows g and g + 8, k = t and t + 4), split once and
-            // used for every n tile; B fragments are split one n tile at a time, which keeps wide warp tiles
-            // within the register budget.
-#if PASSES == 3
-            unsigned a_big[MT][4], a_cross[MT][4], a_small[MT][4];
-#else
-            unsigned a_big[MT][4];
-#endif
+            // This lane's values of the k-step: A's fragments (rows g and g + 8, k = t and t + 4) for every m
+            // tile, B's (k = t and t + 4, column g) for every n tile.
+            float x[MT][4];
+            bool all_plain = true;
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const float x[4] = {As[k0 + i * 16], As[k0 + i * 16 + 8], As[k4 + i * 16], As[k4 + i * 16 + 8]};
+                x[i][0] = As[k0 + i * 16];
+                x[i][1] = As[k0 + i * 16 + 8];
+                x[i][2] = As[k4 + i * 16];
+                x[i][3] = As[k4 + i * 16 + 8];
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-#if PASSES == 3
-                    split3(x[r], a_big[i][r], a_cross[i][r], a_small[i][r]);
-#else
-                    a_big[i][r] = tf32_big(x[r]);
-#endif
-                }
+                for (int r = 0; r < 4; ++r) all_plain &= plain(x[i][r]);
             }
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const float y[2] = {Bs[j0 + j * 8], Bs[j4 + j * 8]};
-#if PASSES == 3
-                unsigned b_big[2], b_cross[2], b_small[2];
-                split3(y[0], b_big[0], b_cross[0], b_small[0]);
-                split3(y[1], b_big[1], b_cross[1], b_small[1]);
-#pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    // The three terms of this k-step go into a fresh partial sum, added to the accumulator on the
-                    // FP32 cores (rounded to nearest). The tensor cores' own FP32 accumulation truncates: chained
-                    // over all of K, that bias grew the error linearly with K (measured on an H100: 7e-6 at
-                    // K = 1024 and 5.7e-5 at 8192, against cuBLAS SGEMM's 5.7e-7 and 1.6e-6); truncated over
-                    // 24 products only, it stays below the FP32 rounding of the sum.
-                    // The large term first: a cross term can only overflow when its large term (2^10 times larger)
-                    // has overflowed already, with the product's sign; added first, the small terms' own overflow
-                    // (of either sign, as the small parts' signs are the rounding's) cannot turn +inf into NaN.
-                    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_tf32(part, a_big[i], b_big);
-                    mma_tf32(part, a_small[i], b_cross);
-                    mma_tf32(part, a_cross[i], b_small);
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[i][j][r] += part[r];
-                }
-#else
-                const unsigned b_big[2] = {tf32_big(y[0]), tf32_big(y[1])};
-#pragma unroll
-                for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], a_big[i], b_big);
-#endif
+            for (int j = 0; j < NT; ++j) all_plain &= plain(Bs[j0 + j * 8]) & plain(Bs[j4 + j * 8]);
+            if (__all_sync(0xffffffffu, all_plain)) {
+                k_step<true>(acc, x, Bs + j0, Bs + j4);
+            } else {
+                k_step<false>(acc, x, Bs + j0, Bs + j4);
             }
         }
         stage = stage == smem + (STAGES - 1) * STAGE_FLOATS ? smem : stage + STAGE_FLOATS;
