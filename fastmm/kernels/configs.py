@@ -219,7 +219,7 @@ class _Pipelined:
 
     layout_macros: ClassVar[bool] = True
     dynamic_smem: ClassVar[bool] = True
-    headers: ClassVar[tuple[str, ...]] = ("pipeline.cuh",)
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "pipeline.cuh")
     PAD: ClassVar[int] = 4  # floats of padding per shared-memory row (pipeline.cuh's layout)
 
     @property
@@ -366,6 +366,7 @@ class Skinny(_Config):
     min_blocks: int = 2  # blocks per SM the register budget is planned for: 16 warps of loads in flight
     family: ClassVar[str] = "skinny"
     source: ClassVar[str] = "skinny.cu"
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
     layout_macros: ClassVar[bool] = True
 
     ROWS: ClassVar[int] = 32  # rows of C per block (skinny.cu's ROWS_PER_BLOCK)
@@ -384,8 +385,9 @@ class Skinny(_Config):
 
     @property
     def smem_bytes(self) -> int:
-        # skinny.cu's stage: the larger of its two padded layouts (rows of kc + 4, or of nmax + 1 for nmax > 1).
-        return 4 * max(self.nmax * (self.kc + 4), self.kc * (1 if self.nmax == 1 else self.nmax + 1))
+        # skinny.cu's two stages: each the larger of its two padded layouts (rows of kc + 4, or of JPITCH).
+        jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
+        return 2 * 4 * max(self.nmax * (self.kc + 4), self.kc * jpitch)
 
     def _tile_macros(self) -> dict[str, int]:
         return {"NMAX": self.nmax, "KC": self.kc, "THREADS": 256, "MIN_BLOCKS": self.min_blocks}
@@ -424,7 +426,7 @@ CONFIGS: tuple[_Config, ...] = (
     TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
     # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block, k per chunk.
     Skinny(1, 2048),
-    Skinny(4, 1024),
+    Skinny(4, 512),
     Skinny(16, 256),
 )
 

@@ -1,31 +1,9 @@
 // cp.async copies of operand slices into shared-memory stages, shared by the pipelined kernel families
-// (warptile.cu, tf32.cu). Prepended after common.cuh by fastmm/kernels/build.py for configurations that use it.
+// (warptile.cu, tf32.cu). Prepended after common.cuh and cp_async.cuh by fastmm/kernels/build.py for
+// configurations that use it.
 //
 // Needs these macros: THREADS (threads per block), BK (the K-depth of a stage), PAD (floats of padding per
 // shared-memory row), VEC (4: 16-byte copies are legal; 1: 4-byte copies), SUB_K (rows per sub-slice, or 0).
-
-__device__ __forceinline__ unsigned smem_addr(const void* p)
-{
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte copy global -> shared; the bytes past `src_bytes` (0..16) are zero-filled. .cg skips L1: each
-// block reads its tiles once, and L2 is where blocks share them.
-__device__ __forceinline__ void cp_async16(unsigned dst, const float* src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-// 4-byte copy (the only size that can transpose); .ca is the only cache mode cp.async allows at this size.
-__device__ __forceinline__ void cp_async4(unsigned dst, const float* src, int src_bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Copies of one BK-deep slice of an operand into a shared stage laid out [BK][X + PAD], X = BM (A) or BN (B).
 //

@@ -13,8 +13,8 @@
 // A with unit stride along k (A_T = 0, a row-major matrix): warp w owns rows 4w .. 4w + 3 of the block's 32; lane l
 // reads A[row][k .. k + 3] for k = 4l + 128i (one 16-byte load with VEC = 4, four 4-byte loads otherwise), so a
 // warp reads 512 contiguous bytes of a row per instruction, and multiplies them with B^T staged as Bt[j][k]
-// (k contiguous: the 16-byte shared reads of a warp are contiguous too). Each lane keeps 4 x NMAX partial sums,
-// reduced across the warp's lanes by shuffles at the end.
+// (k contiguous: the 16-byte shared reads of a warp are contiguous too). Each lane keeps 4 x NMAX partial sums
+// (4 x 4 for a matrix-vector product), reduced across the warp's lanes by shuffles at the end.
 //
 // A with unit stride along m (A_T = 1, a transposed view): lane l owns row l of the block's 32 and warp w the k's
 // congruent to w mod 8 of each chunk; a warp reads 128 contiguous bytes of a column of A per instruction, and B is
@@ -30,7 +30,9 @@
 // Row pitches of the two stage layouts, padded so that the staging stores of consecutive threads fall in distinct
 // banks (KC + 4 keeps the 16-byte alignment of the k-contiguous layout's reads).
 #define KPITCH (KC + 4)
-#define JPITCH (NMAX == 1 ? 1 : NMAX + 1)
+// Bs[k][j] rows of a multiple of 4 columns are read as 16-byte broadcasts (a 4-byte shared load per FMA left the
+// A_T = 1 kernel bound by shared loads: 8x4096x4096 ran at 0.48x cuBLAS), so they keep 16-byte alignment.
+#define JPITCH (NMAX == 1 ? 1 : NMAX % 4 == 0 ? NMAX + 4 : NMAX + 1)
 #define STAGE_FLOATS (NMAX * KPITCH > KC * JPITCH ? NMAX * KPITCH : KC * JPITCH)
 
 static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
@@ -38,19 +40,26 @@ static_assert(KC % 128 == 0 && KC >= WARPS * ROWS_PER_BLOCK, "a chunk is whole p
               "and its stage holds the warps' partial sums");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte loads of A along k) or 1");
 
-// Stage B's rows [k0, k0 + KC) and columns [n0, n0 + NMAX) in shared memory, zero outside B; `kfast` lays the
-// stage out k-contiguous (Bt[j][k], rows KPITCH apart) rather than j-contiguous (Bs[k][j], rows JPITCH apart).
-// Consecutive threads take the elements that are consecutive in global memory (k when B has unit stride along k,
-// else j): coalesced reads.
-__device__ __forceinline__ void stage_b(float* stage, bool kfast, const float* b, long long b_sk, long long b_sn,
+// B's chunk [k0, k0 + KC) x [n0, n0 + NMAX) is copied into one of two shared stages by cp.async (zero outside B),
+// issued before the FMAs of the chunk before it, so that the copies' latency hides behind them. (Staged with plain
+// loads between two barriers, every chunk stalled the whole block on its B loads: 4096x16x4096 ran at 0.67 TB/s
+// against cuBLAS's 1.50; prefetched into registers instead, the 16-column kernel spilled.) Consecutive threads
+// take the elements that are consecutive in global memory (k when B has unit stride along k, else j): coalesced
+// reads. `kfast` lays the stage out k-contiguous (Bt[j][k], rows KPITCH apart) rather than j-contiguous (Bs[k][j],
+// rows JPITCH apart). One cp.async group per chunk, committed by every thread.
+static_assert(KC * NMAX % THREADS == 0, "a chunk of B divides evenly among the threads");
+
+__device__ __forceinline__ void issue_b(float* stage, bool kfast, const float* b, long long b_sk, long long b_sn,
                                         int k0, int K, int n0, int N)
 {
+#pragma unroll 4
     for (int i = threadIdx.x; i < KC * NMAX; i += THREADS) {
         const int k = B_T ? i % KC : i / NMAX;
         const int j = B_T ? i / KC : i % NMAX;
         const bool inside = k0 + k < K && n0 + j < N;
-        const float v = inside ? b[(long long)(k0 + k) * b_sk + (long long)(n0 + j) * b_sn] : 0.0f;
-        stage[kfast ? j * KPITCH + k : k * JPITCH + j] = v;
+        // A copy that reads nothing (src-size 0) may point anywhere: cp.async reads no byte.
+        cp_async4(smem_addr(stage + (kfast ? j * KPITCH + k : k * JPITCH + j)),
+                  b + (inside ? (long long)(k0 + k) * b_sk + (long long)(n0 + j) * b_sn : 0), inside ? 4 : 0);
     }
 }
 
@@ -59,8 +68,8 @@ __device__ __forceinline__ void stage_b(float* stage, bool kfast, const float* b
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fastmm_skinny(FASTMM_GEMM_PARAMS)
 {
-    // The stage of B; after the K loop (A_T = 1) the warps' partial sums, which fit in it (KC >= 256).
-    __shared__ __align__(16) float stage[STAGE_FLOATS];
+    // Two stages of B; after the K loop (A_T = 1) the warps' partial sums, which fit in the first (KC >= 256).
+    __shared__ __align__(16) float stages[2][STAGE_FLOATS];
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m0 = blockIdx.y * ROWS_PER_BLOCK, n0 = blockIdx.x * NMAX;
@@ -69,17 +78,30 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
 
+    constexpr bool KFAST = A_T == 0;
+    issue_b(stages[0], KFAST, b, b_sk, b_sn, 0, K, n0, N);
+    cp_async_commit();
 #if A_T == 0
-    float acc[ROWS_PER_WARP][NMAX];
+    // PARTS partial sums per element of C: for a matrix-vector product, one per k of the lane's 16-byte load (four
+    // running sums a quarter as long: with one, the error came out at 2.7x cuBLAS gemv's at 16384^2); with more
+    // columns the registers hold one (four spilled).
+    constexpr int PARTS = NMAX == 1 ? 4 : 1;
+    float acc[ROWS_PER_WARP][NMAX][PARTS];
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r)
 #pragma unroll
-        for (int j = 0; j < NMAX; ++j) acc[r][j] = 0.0f;
+        for (int j = 0; j < NMAX; ++j)
+#pragma unroll
+            for (int p = 0; p < PARTS; ++p) acc[r][j][p] = 0.0f;
     const int row0 = m0 + warp * ROWS_PER_WARP;
-    for (int k0 = 0; k0 < K; k0 += KC) {
-        __syncthreads();  // the previous chunk's stage has been read by every warp
-        stage_b(stage, true, b, b_sk, b_sn, k0, K, n0, N);
+    for (int k0 = 0, c = 0; k0 < K; k0 += KC, c ^= 1) {
+        // This chunk's copies have landed for every thread, and every warp is done with the other stage (the
+        // previous chunk's), into which the next chunk's copies now go.
+        cp_async_wait<0>();
         __syncthreads();
+        if (k0 + KC < K) issue_b(stages[c ^ 1], KFAST, b, b_sk, b_sn, k0 + KC, K, n0, N);
+        cp_async_commit();
+        const float* stage = stages[c];
 #pragma unroll 2
         for (int kk = 4 * lane; kk < KC; kk += 128) {
             const int k = k0 + kk;
@@ -101,8 +123,17 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             for (int j = 0; j < NMAX; ++j) {
                 const float4 y = *reinterpret_cast<const float4*>(stage + j * KPITCH + kk);
 #pragma unroll
-                for (int r = 0; r < ROWS_PER_WARP; ++r)
-                    acc[r][j] = fmaf(x[r].w, y.w, fmaf(x[r].z, y.z, fmaf(x[r].y, y.y, fmaf(x[r].x, y.x, acc[r][j]))));
+                for (int r = 0; r < ROWS_PER_WARP; ++r) {
+                    float* sum = acc[r][j];
+                    if (PARTS == 4) {
+                        sum[0] = fmaf(x[r].x, y.x, sum[0]);
+                        sum[PARTS - 3] = fmaf(x[r].y, y.y, sum[PARTS - 3]);
+                        sum[PARTS - 2] = fmaf(x[r].z, y.z, sum[PARTS - 2]);
+                        sum[PARTS - 1] = fmaf(x[r].w, y.w, sum[PARTS - 1]);
+                    } else {
+                        sum[0] = fmaf(x[r].w, y.w, fmaf(x[r].z, y.z, fmaf(x[r].y, y.y, fmaf(x[r].x, y.x, sum[0]))));
+                    }
+                }
             }
         }
     }
@@ -111,7 +142,8 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     for (int r = 0; r < ROWS_PER_WARP; ++r)
 #pragma unroll
         for (int j = 0; j < NMAX; ++j) {
-            float v = acc[r][j];
+            float v = PARTS == 4 ? (acc[r][j][0] + acc[r][j][PARTS - 3]) + (acc[r][j][PARTS - 2] + acc[r][j][PARTS - 1])
+                                 : acc[r][j][0];
 #pragma unroll
             for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
             if (lane == 0 && row0 + r < M && n0 + j < N)
@@ -123,21 +155,36 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     for (int j = 0; j < NMAX; ++j) acc[j] = 0.0f;
     const int row = m0 + lane;
     const float* col = a + row;  // A[row][k] = col[k * a_sk]
-    for (int k0 = 0; k0 < K; k0 += KC) {
+    for (int k0 = 0, c = 0; k0 < K; k0 += KC, c ^= 1) {
+        // This chunk's copies have landed for every thread, and every warp is done with the other stage (the
+        // previous chunk's), into which the next chunk's copies now go.
+        cp_async_wait<0>();
         __syncthreads();
-        stage_b(stage, false, b, b_sk, b_sn, k0, K, n0, N);
-        __syncthreads();
+        if (k0 + KC < K) issue_b(stages[c ^ 1], KFAST, b, b_sk, b_sn, k0 + KC, K, n0, N);
+        cp_async_commit();
+        const float* stage = stages[c];
         const int kend = min(KC, K - k0);
 #pragma unroll 4
         for (int kk = warp; kk < kend; kk += WARPS) {
             const float x = row < M ? __ldg(col + (long long)(k0 + kk) * a_sk) : 0.0f;
+            if (NMAX % 4 == 0) {
 #pragma unroll
-            for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, stage[kk * JPITCH + j], acc[j]);
+                for (int j = 0; j < NMAX; j += 4) {
+                    const float4 y = *reinterpret_cast<const float4*>(stage + kk * JPITCH + j);
+                    acc[j] = fmaf(x, y.x, acc[j]);
+                    acc[j + 1] = fmaf(x, y.y, acc[j + 1]);
+                    acc[j + 2] = fmaf(x, y.z, acc[j + 2]);
+                    acc[j + 3] = fmaf(x, y.w, acc[j + 3]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, stage[kk * JPITCH + j], acc[j]);
+            }
         }
     }
     // The 8 warps' partial sums of each element, added in warp order.
-    float* partial = stage;
-    __syncthreads();  // every warp is done with the last chunk's stage
+    float* partial = stages[0];
+    __syncthreads();  // every warp is done with the last chunk's stage (no copies are pending: the last group is empty)
 #pragma unroll
     for (int j = 0; j < NMAX; ++j) partial[(warp * ROWS_PER_BLOCK + lane) * NMAX + j] = acc[j];
     __syncthreads();
