@@ -350,9 +350,10 @@ _SKINNY_MIN_ELEMENTS = 1 << 22
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
     Ahead("split-k", "long K on few output tiles: cuBLAS ran 128x128x65536 1.5x faster (auto 0.68x cuBLAS)",
           lambda p, c, d: c.rule == "split-k" and not _skinny(p)),
-    Ahead("skinny", f"an output side below {_SKINNY} (matrix-vector, a few columns): bound by memory; cuBLAS's "
-          "gemv-style kernels ran twice as fast as the tiled kernels (matvec 8192x1x8192 and 4096x16x4096: 0.49x "
-          "cuBLAS), and stay in charge until the bench has measured the few-column kernel",
+    Ahead("skinny", f"an output side below {_SKINNY} (matrix-vector, a few columns): bound by memory; the few-column "
+          "kernel is level with cuBLAS's gemv on some of these (matvec 16384^2: 1.02x) and well behind on others "
+          "(4096x16x4096: 0.43-0.60x, 8x4096x4096: 0.42-0.56x; matrix-vector products split over K vary between "
+          "runs), so cuBLAS keeps the class",
           lambda p, c, d: _skinny(p) and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave (768^3: auto 0.73x cuBLAS)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
