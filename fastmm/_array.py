@@ -63,9 +63,35 @@ else:  # pragma: no cover - another CuPy's internals: the public constructor
         return ndarray(x.shape, x.dtype, x.data, x.strides)
 
 
-def _returned(result, out):
+def _retype(x):
+    """`x`, a CuPy array that fastmm has just made and nothing else refers to, made a fastmm array in place."""
+    x.__class__ = ndarray
+    return x
+
+
+def _fresh(x, *operands):
+    """A product's result as a fastmm array, with no new object where that is safe.
+
+    Every array a product returns without ``out=`` was made during the call (by fastmm, or by CuPy for
+    fastmm): a new result or a new view. Such an object has no other owner, so its type can be changed in place
+    (``__class__`` assignment: fastmm's type adds no fields to CuPy's) instead of making a second object that
+    shares its memory, which a small product would pay for on every call. An operand handed back (no product
+    does that, but a check is cheaper than a doubt) is wrapped as `_wrap` does, never retyped: it is the user's.
+    """
+    if type(x) is _cp.ndarray and _RETYPE:
+        for o in operands:
+            if x is o:
+                return _wrap(x)
+        x.__class__ = ndarray  # as _retype, inline: this is every small product's path
+        return x
+    return _wrap(x)
+
+
+def _returned(result, out, *operands):
     """NumPy returns `out` itself when one is given; otherwise results are fastmm arrays."""
-    return result if out is not None and result is out else _wrap(result)
+    if out is not None:
+        return result if result is out else _wrap(result)
+    return _fresh(result, *operands)
 
 
 def _upload(x):
@@ -165,6 +191,9 @@ class ndarray(_cp.ndarray):
     True
     """
 
+    # No instance dictionary: CuPy's arrays take no attributes either, and the same layout as cupy.ndarray is
+    # what lets `_fresh` retype a new CuPy result instead of wrapping it.
+    __slots__ = ()
     __array_priority__ = 200.0  # above CuPy's 100: binary operators with plain CuPy arrays come to us
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -172,7 +201,7 @@ class ndarray(_cp.ndarray):
         if impl is not None:
             out = _one_out(kwargs)
             result = impl(*inputs, out=out, **kwargs)
-            return result if out is None and kwargs.get("subok", True) is False else _returned(result, out)
+            return result if out is None and kwargs.get("subok", True) is False else _returned(result, out, *inputs)
         inputs = _upload(inputs)
         if "out" in kwargs:
             kwargs["out"] = _upload(kwargs["out"])
@@ -181,17 +210,17 @@ class ndarray(_cp.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         impl = _GEMM_FUNCTIONS.get(func)
         if impl is not None:
-            return _returned(impl(*args, **kwargs), kwargs.get("out"))
+            return _returned(impl(*args, **kwargs), kwargs.get("out"), *args)
         return _wrap(_cp.ndarray.__array_function__(self, func, types, _upload(args), _upload(kwargs)))
 
     def __matmul__(self, other):
         if _defers_to(self, other):
             return NotImplemented
-        return _wrap(_dispatch.matmul(self, other))
+        return _fresh(_dispatch.matmul(self, other), self, other)
 
     def __rmatmul__(self, other):
         # The reflected operator is the last chance: NumPy never defers here (the ufunc raises instead).
-        return _wrap(_dispatch.matmul(other, self))
+        return _fresh(_dispatch.matmul(other, self), self, other)
 
     def __imatmul__(self, other):
         if _defers_to(self, other, inplace=True):
@@ -201,6 +230,8 @@ class ndarray(_cp.ndarray):
         return self
 
     def dot(self, b, out=None):
+        if out is None:
+            return _fresh(_dispatch.dot(self, b), self, b)
         return _returned(_dispatch.dot(self, b, out=out), out)
 
     def __array__(self, dtype=None, copy=None):
@@ -224,12 +255,41 @@ def _returning_fastmm(method):
     return wrapper
 
 
-for _name in ("all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose", "clip", "compress",
+_cupy_astype = _cp.ndarray.astype
+
+
+def _astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+    # CuPy's product routines ask every operand for ``astype(its own dtype, order='K', copy=False)``, which is the
+    # array itself: answered here, without CuPy's call and the wrapping.
+    if copy is False and dtype is self.dtype and order == "K":
+        return self
+    return _wrap(_cupy_astype(self, dtype, order, casting, subok, copy))
+
+
+_astype.__name__, _astype.__doc__ = "astype", _cupy_astype.__doc__
+ndarray.astype = _astype
+
+for _name in ("all", "any", "argmax", "argmin", "argpartition", "argsort", "choose", "clip", "compress",
               "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal", "flatten", "max", "mean", "min",
               "nonzero", "partition", "prod", "ptp", "ravel", "repeat", "reshape", "round", "squeeze", "std", "sum",
               "swapaxes", "take", "trace", "transpose", "var"):
     if hasattr(_cp.ndarray, _name):
         setattr(ndarray, _name, _returning_fastmm(getattr(_cp.ndarray, _name)))
+
+
+def _can_retype() -> bool:
+    """Whether this CuPy lets `_fresh` change an array's type in place (the layouts must match, and CuPy's array
+    type must allow ``__class__`` assignment); tried on an array object that holds no memory."""
+    if _base is None:  # pragma: no cover - another CuPy's internals
+        return False
+    try:
+        _retype(_base.__new__(_cp.ndarray))
+    except TypeError:  # pragma: no cover - another CuPy's internals
+        return False
+    return True
+
+
+_RETYPE = _can_retype()
 
 
 def asarray(obj, dtype=None) -> ndarray:

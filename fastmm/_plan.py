@@ -640,6 +640,12 @@ def forced_kernel() -> str | None:
     return _forced.get()
 
 
+def settings() -> tuple:
+    """What the plan of a product depends on besides its operands, in one call (a small product's replay key reads
+    it on every call): the forced kernel, the float32 precision, and whether to yield to cuBLAS."""
+    return _forced.get(), _precision.get() or _precision_default, _yield.get()
+
+
 def validated(config: _Config, device: Device, regs_per_thread: int | None = None) -> _Config:
     """`config`, after checking it against `device` (and its compiled register count, when known)."""
     validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,

@@ -28,14 +28,17 @@ from __future__ import annotations
 import contextlib
 
 from . import _dispatch, _plan
-from ._array import _returned, _wrap
+from ._array import _fresh, _returned
 
 __all__ = ["matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"]
 
 
+_CURRENT = contextlib.nullcontext()  # reusable, and one object fewer per call
+
+
 def _precise(precision):
     """The block a product runs in: `precision` when given (``precision=``), else the current one."""
-    return contextlib.nullcontext() if precision is None else _plan.matmul_precision(precision)
+    return _CURRENT if precision is None else _plan.matmul_precision(precision)
 
 
 def matmul(a, b, out=None, *, kernel=None, precision=None, **kwargs):
@@ -105,8 +108,10 @@ def matmul(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     >>> c = a @ b                            # the same product  # doctest: +SKIP
     >>> d = fastmm.matmul(a, b, kernel="regtile")                # doctest: +SKIP
     """
-    with _precise(precision):
-        return _returned(_dispatch.matmul(a, b, out=out, kernel=kernel, **kwargs), out)
+    if precision is None:  # the common call, without a block's cost (small products pay it on every call)
+        return _returned(_dispatch.matmul(a, b, out=out, kernel=kernel, **kwargs), out, a, b)
+    with _plan.matmul_precision(precision):
+        return matmul(a, b, out, kernel=kernel, **kwargs)
 
 
 def dot(a, b, out=None, *, kernel=None, precision=None):
@@ -163,8 +168,10 @@ def dot(a, b, out=None, *, kernel=None, precision=None):
     >>> np.dot(a, a.T).shape                  # the same   # doctest: +SKIP
     (2, 2)
     """
-    with _precise(precision):
-        return _returned(_dispatch.dot(a, b, out=out, kernel=kernel), out)
+    if precision is None:  # as in matmul
+        return _returned(_dispatch.dot(a, b, out=out, kernel=kernel), out, a, b)
+    with _plan.matmul_precision(precision):
+        return dot(a, b, out, kernel=kernel)
 
 
 def inner(a, b, *, kernel=None, precision=None):
@@ -205,7 +212,7 @@ def inner(a, b, *, kernel=None, precision=None):
     (2, 2)
     """
     with _precise(precision):
-        return _wrap(_dispatch.inner(a, b, kernel=kernel))
+        return _fresh(_dispatch.inner(a, b, kernel=kernel), a, b)
 
 
 def vdot(a, b, *, kernel=None, precision=None):
@@ -244,7 +251,7 @@ def vdot(a, b, *, kernel=None, precision=None):
     5.0
     """
     with _precise(precision):
-        return _wrap(_dispatch.vdot(a, b, kernel=kernel))
+        return _fresh(_dispatch.vdot(a, b, kernel=kernel), a, b)
 
 
 def tensordot(a, b, axes=2, *, kernel=None, precision=None):
@@ -289,7 +296,7 @@ def tensordot(a, b, axes=2, *, kernel=None, precision=None):
     (5, 2)
     """
     with _precise(precision):
-        return _wrap(_dispatch.tensordot(a, b, axes, kernel=kernel))
+        return _fresh(_dispatch.tensordot(a, b, axes, kernel=kernel), a, b)
 
 
 def einsum(*operands, kernel=None, precision=None, **kwargs):
@@ -347,7 +354,7 @@ def einsum(*operands, kernel=None, precision=None, **kwargs):
     (8, 2, 4)
     """
     with _precise(precision):
-        return _returned(_dispatch.einsum(*operands, kernel=kernel, **kwargs), kwargs.get("out"))
+        return _returned(_dispatch.einsum(*operands, kernel=kernel, **kwargs), kwargs.get("out"), *operands)
 
 
 def matvec(a, b, out=None, *, kernel=None, precision=None, **kwargs):
@@ -395,7 +402,7 @@ def matvec(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     (5, 2)
     """
     with _precise(precision):
-        return _returned(_dispatch.matvec(a, b, out=out, kernel=kernel, **kwargs), out)
+        return _returned(_dispatch.matvec(a, b, out=out, kernel=kernel, **kwargs), out, a, b)
 
 
 def vecmat(a, b, out=None, *, kernel=None, precision=None, **kwargs):
@@ -441,7 +448,7 @@ def vecmat(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     (4,)
     """
     with _precise(precision):
-        return _returned(_dispatch.vecmat(a, b, out=out, kernel=kernel, **kwargs), out)
+        return _returned(_dispatch.vecmat(a, b, out=out, kernel=kernel, **kwargs), out, a, b)
 
 
 def vecdot(a, b, out=None, *, kernel=None, precision=None, **kwargs):
@@ -486,4 +493,4 @@ def vecdot(a, b, out=None, *, kernel=None, precision=None, **kwargs):
     (4,)
     """
     with _precise(precision):
-        return _returned(_dispatch.vecdot(a, b, out=out, kernel=kernel, **kwargs), out)
+        return _returned(_dispatch.vecdot(a, b, out=out, kernel=kernel, **kwargs), out, a, b)

@@ -62,3 +62,27 @@ def test_compile_command_reports_every_binary(tmp_path):
                        env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"{len(_all_binaries())} binaries: 0 failed to compile, 0 spill registers" in p.stdout
+
+
+def test_launch_arguments_match_the_kernels_parameter_list():
+    """The bytes a launch packs follow FASTMM_GEMM_PARAMS (common.cuh), and packing the three pointers between
+    runs packed once (what every launch does) gives the same bytes as packing every argument."""
+    import re
+    from pathlib import Path
+
+    from fastmm import _cuda
+
+    text = (Path(build.__file__).parent / "common.cuh").read_text()
+    params = re.search(r"#define FASTMM_GEMM_PARAMS(.*?)\n\n", text, re.S).group(1)
+    kinds = {"int": "i", "long long": "q", "float*": "P"}
+    fmt = "".join(kinds[re.sub(r"^const |__restrict__|\s+$", "", p.strip().rsplit(" ", 1)[0]).strip()]
+                  for p in params.replace("\\", "").split(","))
+    assert fmt == _cuda._ARG_FORMAT
+    values = list(range(1, len(fmt) + 1))
+    pointers = [i for i, ch in enumerate(fmt) if ch == "P"]
+    for i, ptr in zip(pointers, (0x7F0000000010, 0x7F0000100020, 0x7F0000200030)):
+        values[i] = ptr
+    whole = _cuda._ARGS.pack(*values)
+    runs = _cuda._ARGS_SPLIT.unpack(_cuda._ARGS.pack(*[0 if i in pointers else v for i, v in enumerate(values)]))
+    assert _cuda._pack(runs[0], values[pointers[0]], runs[2], values[pointers[1]], runs[4], values[pointers[2]],
+                       runs[6]) == whole

@@ -261,6 +261,35 @@ def test_views_behave_as_cupys(rng):
     assert type(fastmm.asarray(a).view(cp.ndarray)) is cp.ndarray
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_results_are_new_fastmm_arrays_and_operands_keep_their_type(dtype, rng):
+    """A product's result is retyped in place (no second object): it must be a fastmm array that owns its memory,
+    and no operand, plain CuPy or fastmm, may change type or be handed back."""
+    import fastmm
+
+    a, v = operand(rng, (5, 5), dtype), operand(rng, (5,), dtype)
+    fa, ca, fv, cv = fastmm.asarray(a), cp.asarray(a), fastmm.asarray(v), cp.asarray(v)
+    products = [lambda: fa.dot(fa), lambda: fa @ ca, lambda: ca @ fa, lambda: np.matmul(fa, ca), lambda: np.dot(ca, fa),
+                lambda: fv.dot(fv), lambda: fa.dot(fv), lambda: np.inner(fa, cv), lambda: np.vdot(fv, cv),
+                lambda: np.tensordot(fa, ca, 1), lambda: np.einsum("ij,jk->ik", fa, ca), lambda: fastmm.matmul(fa, ca),
+                lambda: fastmm.dot(ca, ca), lambda: fastmm.inner(ca, ca), lambda: np.matvec(fa, cv)]
+    for product in products:
+        r = product()
+        assert type(r) is fastmm.ndarray
+        assert r.base is None and all(r is not x and not np.shares_memory(r, x) for x in (fa, ca, fv, cv))
+        assert (type(fa), type(ca), type(fv), type(cv)) == (fastmm.ndarray, cp.ndarray, fastmm.ndarray, cp.ndarray)
+    same(fa.dot(fv), a.dot(v))
+    same(fv.dot(fv), v.dot(v))
+    # astype, which CuPy's products call on every operand: no copy when none is asked for, CuPy's copies otherwise.
+    assert fa.astype(fa.dtype, copy=False) is fa
+    t = fa.T[::2]
+    assert type(t.astype(dtype, order="C", copy=None)) is fastmm.ndarray
+    assert t.astype(dtype, order="C", copy=None).flags.c_contiguous and not np.shares_memory(t.astype(dtype), t)
+    assert type(fa.astype(np.complex128)) is fastmm.ndarray
+    with pytest.raises(ValueError):
+        t.astype(dtype, order="C", copy=False)  # CuPy's error: a copy is needed
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.int8, np.bool_, np.float32, np.float64], ids=str)
 def test_mixed_dtype_nd_dot_and_empty_contractions(dtype, rng):
     import fastmm
