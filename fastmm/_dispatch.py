@@ -204,6 +204,12 @@ def _cupy_dot(a, b, shape_rule):
         raise
 
 
+def _owning(view):
+    """`view`, a view of an array this call made and holds alone, as an array that owns that memory (no base), as
+    NumPy's and CuPy's product results do; a reshape or transpose of a private result is otherwise its view."""
+    return _cupy().ndarray(view.shape, view.dtype, view.data, view.strides)
+
+
 def _cupy_product(func, a, b, dtype, *args):
     """CuPy's `func` on plain views of `a` and `b` cast to `dtype`.
 
@@ -477,7 +483,7 @@ def inner(a, b, *, kernel=None):
         return _cupy_product(cupy_own().inner, a, b, res)
     k = a.shape[-1]
     c = matmul(a.reshape(-1, k), b.reshape(-1, k).T, kernel=kernel)
-    return c.reshape(shape)
+    return _owning(c.reshape(shape))
 
 
 def vdot(a, b, *, kernel=None):
@@ -510,7 +516,7 @@ def tensordot(a, b, axes=2, *, kernel=None):
     a2 = a.transpose(free_a + axes_a).reshape(-1, k)
     b2 = b.transpose(axes_b + free_b).reshape(k, -1)
     c = matmul(a2, b2, kernel=kernel)
-    return c.reshape([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b])
+    return _owning(c.reshape([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b]))
 
 
 def einsum(*args, kernel=None, **kwargs):
@@ -539,7 +545,7 @@ def einsum(*args, kernel=None, **kwargs):
         b3 = b.transpose([lb.index(c) for c in batch + k + n]).reshape(size(batch), size(k), size(n))
         c = matmul(a3, b3, kernel=kernel).reshape([sizes[c] for c in batch + m + n])
         order = batch + m + n
-        r = c.transpose([order.index(c) for c in out_labels])
+        r = _owning(c.transpose([order.index(c) for c in out_labels]))
     if out is None:
         return r
     if tuple(out.shape) != r.shape:

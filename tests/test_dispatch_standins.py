@@ -22,9 +22,13 @@ from fastmm import _dispatch, _gemm
 class FakeCupyArray(np.ndarray):
     """Stands in for cupy.ndarray: a device array with `.data.ptr`/`.data.device_id` and `.get()`."""
 
+    def __new__(cls, shape, dtype, memptr, strides):
+        """CuPy's constructor over existing memory (`memptr` as `data` gives it)."""
+        return np.lib.stride_tricks.as_strided(memptr.array, shape, strides).view(cls)
+
     @property
     def data(self):
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0], device_id=0)
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0], device_id=0, array=np.asarray(self))
 
     def get(self):
         return np.asarray(self)

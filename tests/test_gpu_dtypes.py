@@ -263,8 +263,10 @@ def test_views_behave_as_cupys(rng):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_results_are_new_fastmm_arrays_and_operands_keep_their_type(dtype, rng):
-    """A product's result is retyped in place (no second object): it must be a fastmm array that owns its memory,
-    and no operand, plain CuPy or fastmm, may change type or be handed back."""
+    """A product's result is retyped in place (no second object): it must be a fastmm array that owns its memory
+    (as NumPy's and CuPy's results do; CuPy's einsum of other dtypes than float32 returns a view of its own
+    intermediate, and so does fastmm's, which is CuPy's), and no operand, plain CuPy or fastmm, may change type or
+    be handed back."""
     import fastmm
 
     a, v = operand(rng, (5, 5), dtype), operand(rng, (5,), dtype)
@@ -273,10 +275,11 @@ def test_results_are_new_fastmm_arrays_and_operands_keep_their_type(dtype, rng):
                 lambda: fv.dot(fv), lambda: fa.dot(fv), lambda: np.inner(fa, cv), lambda: np.vdot(fv, cv),
                 lambda: np.tensordot(fa, ca, 1), lambda: np.einsum("ij,jk->ik", fa, ca), lambda: fastmm.matmul(fa, ca),
                 lambda: fastmm.dot(ca, ca), lambda: fastmm.inner(ca, ca), lambda: np.matvec(fa, cv)]
-    for product in products:
+    for i, product in enumerate(products):
         r = product()
         assert type(r) is fastmm.ndarray
-        assert r.base is None and all(r is not x and not np.shares_memory(r, x) for x in (fa, ca, fv, cv))
+        assert r.base is None or i == 10 and dtype != np.float32, i
+        assert all(r is not x and not np.shares_memory(r, x) for x in (fa, ca, fv, cv)), i
         assert (type(fa), type(ca), type(fv), type(cv)) == (fastmm.ndarray, cp.ndarray, fastmm.ndarray, cp.ndarray)
     same(fa.dot(fv), a.dot(v))
     same(fv.dot(fv), v.dot(v))
