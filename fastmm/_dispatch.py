@@ -356,7 +356,9 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
     if out is not None:
         check_out(out, r.shape)
         return _deliver(r, out)
-    return r
+    # r is this call's own (a new array, or CuPy's new result), seen through reshapes for vectors and moved axes:
+    # a result with no base, as NumPy's and CuPy's are.
+    return r if r.base is None else _owning(r)
 
 
 def matmul(a, b, out=None, *, kernel=None, **kwargs):
