@@ -289,8 +289,15 @@ def test_results_are_new_fastmm_arrays_and_operands_keep_their_type(dtype, rng):
     assert type(t.astype(dtype, order="C", copy=None)) is fastmm.ndarray
     assert t.astype(dtype, order="C", copy=None).flags.c_contiguous and not np.shares_memory(t.astype(dtype), t)
     assert type(fa.astype(np.complex128)) is fastmm.ndarray
-    with pytest.raises(ValueError):
-        t.astype(dtype, order="C", copy=False)  # CuPy's error: a copy is needed
+    ct = ca.T[::2]  # a copy is needed: whatever CuPy does (newer CuPys raise), fastmm does
+    try:
+        want = ct.astype(dtype, order="C", copy=False)
+    except ValueError:
+        with pytest.raises(ValueError):
+            t.astype(dtype, order="C", copy=False)
+    else:
+        got = t.astype(dtype, order="C", copy=False)
+        assert type(got) is fastmm.ndarray and np.shares_memory(got, t) == np.shares_memory(want, ct)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.int8, np.bool_, np.float32, np.float64], ids=str)
