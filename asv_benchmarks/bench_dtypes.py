@@ -1,7 +1,7 @@
 """Products of other dtypes on fastmm arrays: they go to CuPy, and must cost what CuPy costs.
 
 `x.dot(y)` on float64 fastmm arrays against the same call on plain CuPy arrays, in the same process: the ratio
-is the price of fastmm's shell (NumPy's rules, plain views for CuPy, wrapping the result), which must stay
+is the price of fastmm's shell (NumPy's checks, a Python method call, the result's type), which must stay
 near 1.0 (a target of at most 10% on products large enough to time, 1024^2 and up).
 """
 
