@@ -172,6 +172,8 @@ class ndarray(_cp.ndarray):
     - ``np.asarray(x)`` copies to the host; ``np.asarray(x, copy=False)`` raises `ValueError`, because no
       host view of GPU memory exists.
     - ``repr`` shows ``fastmm.array(...)``.
+    - Like CuPy's arrays, it takes no attributes of its own (``a.note = 1`` raises `AttributeError`): it has
+      exactly CuPy's layout, which lets a product's new result become a fastmm array without a second object.
 
     How it differs from ``numpy.ndarray``: it lives in GPU memory, on the device that was current when it
     was made, and the product functions differ as `fastmm.linalg` says.
@@ -210,7 +212,9 @@ class ndarray(_cp.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         impl = _GEMM_FUNCTIONS.get(func)
         if impl is not None:
-            return _returned(impl(*args, **kwargs), kwargs.get("out"), *args)
+            # np.dot's out may come positionally (np.dot(a, b, out)); the others take it by keyword only.
+            out = kwargs.get("out", args[2] if func is np.dot and len(args) > 2 else None)
+            return _returned(impl(*args, **kwargs), out, *args)
         return _wrap(_cp.ndarray.__array_function__(self, func, types, _upload(args), _upload(kwargs)))
 
     def __matmul__(self, other):
@@ -261,7 +265,7 @@ _cupy_astype = _cp.ndarray.astype
 def _astype(self, dtype, order="K", casting=None, subok=None, copy=True):
     # CuPy's product routines ask every operand for ``astype(its own dtype, order='K', copy=False)``, which is the
     # array itself: answered here, without CuPy's call and the wrapping.
-    if copy is False and dtype is self.dtype and order == "K":
+    if copy is False and dtype is self.dtype and order == "K" and casting is None and subok is None:
         return self
     return _wrap(_cupy_astype(self, dtype, order, casting, subok, copy))
 

@@ -350,9 +350,9 @@ def _pointer_split(fmt: str) -> struct.Struct:
     """A struct of `fmt`'s bytes as the runs between its pointers ('P') and the pointers: a launch packs its three
     pointers between runs packed once, three values instead of twenty (a third of the cost of packing all)."""
     ends = [struct.calcsize(fmt[:i + 1]) for i, ch in enumerate(fmt) if ch == "P"]
-    parts, start = [], 0
+    parts, start, pointer = [], 0, struct.calcsize("P")
     for end in ends:
-        parts.append(f"{end - 8 - start}sP")
+        parts.append(f"{end - pointer - start}sP")
         start = end
     return struct.Struct("".join(parts) + f"{struct.calcsize(fmt) - start}s")
 

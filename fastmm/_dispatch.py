@@ -192,8 +192,8 @@ def _cupy_dot(a, b, shape_rule):
 
     The one CuPy routine handed the operands as they are, not as plain views: it is the compiled method of CuPy's
     base array class, called through that class, so it never reaches fastmm's ``dot`` (no call back), and it asks
-    each operand only for ``astype(its own dtype, copy=False)`` (which fastmm's answers without a call) and, for
-    two vectors, ``ravel`` (a fastmm array, as CuPy's result would be). Two plain views cost more (measured: 1.16x
+    each operand only for ``astype(its own dtype, copy=False)`` (which fastmm's answers without a call), ``copy``
+    for an operand with no unit-stride axis and, for two vectors, ``ravel`` (fastmm arrays, as CuPy's would be). Two plain views cost more (measured: 1.16x
     CuPy's call against 1.22x at 64 x 64). A shape mismatch raises NumPy's error (`shape_rule`'s) rather than
     CuPy's."""
     module, own = _own
@@ -437,8 +437,9 @@ def dot(a, b, out=None, *, kernel=None):
     """``np.dot``: N-D operands contract a's last axis with b's second-to-last, as one batched product."""
     cp = _cupy()
     if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray):
-        # The common case of other dtypes, kept short: float64 `x.dot(y)` costs what CuPy's does. (NumPy's dtypes
-        # of the GPU kinds are singletons, so `is` finds equal ones; any other pair takes the long path.)
+        # The common case of other dtypes, kept short: float64 `x.dot(y)` costs what CuPy's does. (An array's dtype
+        # of a GPU kind is one of NumPy's singletons, so `is` finds the common equal pairs; any other pair, e.g.
+        # int64 as 'l' and as 'q', or a dtype with metadata, takes the long path, with the same result.)
         dtype = a.dtype
         if dtype is b.dtype and dtype.char in _CUPY_DOT and a.ndim and b.ndim \
                 and a.data.device_id == cp.cuda.runtime.getDevice() == b.data.device_id:

@@ -35,3 +35,26 @@ def test_fresh_results_are_retyped_in_place_and_operands_never(monkeypatch):
     assert type(operand) is cp.ndarray and wrapped == [operand]
     assert _array._returned(operand, operand) is operand  # out= is returned as it is
     assert type(operand) is cp.ndarray
+
+
+def test_astype_answers_a_cast_to_its_own_dtype_and_leaves_the_rest_to_cupy():
+    from fastmm import _array
+
+    x = _array._retype(_bare())
+    assert x.astype(x.dtype, copy=False) is x
+    assert x.astype(x.dtype, "K", None, None, False) is x  # as CuPy's own routines call it
+    with pytest.raises(TypeError):  # CuPy's refusal of casting= and subok=, not a shortcut's silence
+        x.astype(x.dtype, casting="unsafe", copy=False)
+    with pytest.raises(TypeError):
+        x.astype(x.dtype, subok=True, copy=False)
+
+
+def test_np_dot_returns_a_positional_out_itself(monkeypatch):
+    import numpy as np
+
+    from fastmm import _array
+
+    a, b, out = _array._retype(_bare()), _array._retype(_bare()), _bare()
+    monkeypatch.setitem(_array._GEMM_FUNCTIONS, np.dot, lambda a, b, out=None: out)
+    assert np.dot(a, b, out) is out and type(out) is cp.ndarray
+    assert np.dot(a, b, out=out) is out

@@ -111,6 +111,9 @@ def test_out_for_every_dtype(dtype, rng):
     out = fastmm.asarray(np.zeros((6, 4), res))
     assert np.dot(fa, fb, out=out) is out
     same(out, np.dot(a, b))
+    plain_out = cp.zeros((6, 4), res)  # np.dot's out may come positionally, and a plain CuPy out stays CuPy's
+    assert np.dot(fa, fb, plain_out) is plain_out and type(plain_out) is cp.ndarray
+    same(plain_out.view(fastmm.ndarray), np.dot(a, b))
     out3 = fastmm.asarray(np.zeros((2, 6, 4), res))
     a3 = operand(rng, (2, 6, 5), dtype)
     assert np.dot(fastmm.asarray(a3), fb, out=out3) is out3
