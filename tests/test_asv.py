@@ -48,3 +48,30 @@ def test_gpu_benchmarks_skip_cleanly_without_a_gpu():
         pass
     with pytest.raises(common.SkipNotImplemented):
         SquareKernels().setup(256, "auto")
+
+
+def test_interleaved_ratio_cancels_a_drift_that_sequential_timing_reads_as_a_difference():
+    """Two identical products on a GPU whose clocks slow down over the run: timed one after the other, the second
+    reads slower; interleaved in alternating order, the ratio stays 1."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from asv_benchmarks import common
+    finally:
+        sys.path.pop(0)
+    calls = []
+
+    def drifting(fn):  # 1% slower with every timed batch, whichever function it times
+        calls.append(fn)
+        return 1.0 + 0.01 * len(calls)
+
+    def product():
+        pass
+
+    def same_product():
+        pass
+
+    sequential = drifting(product) / drifting(same_product)
+    assert sequential < 0.995  # 1% of a difference that is not there
+    calls.clear()
+    assert common.interleaved_ratio(product, same_product, 1, timer=drifting) == pytest.approx(1.0, abs=0.002)
+    assert calls[:4] == [product, same_product, same_product, product]
