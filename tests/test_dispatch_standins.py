@@ -517,7 +517,7 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     monkeypatch.setattr(_gemm._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
     monkeypatch.setattr(_gemm._cp, "sum", lambda x, axis, out: np.sum(x, axis=axis, out=out), raising=False)
-    a = _fastmm(np.zeros((4096, 4096), np.float32))
+    a = _fastmm(np.zeros((2816, 4096), np.float32))  # 88 blocks of 32 rows: 3 slices are one wave of 264
     v = _fastmm(np.zeros(4096, np.float32))
     _dispatch.matmul(a, v)
     (name, variant, args), (_, _, tail) = launched.args
