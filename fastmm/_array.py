@@ -46,21 +46,16 @@ def _wrap(x):
     return x
 
 
-# A fastmm array that owns a CuPy result's memory (as the result does) is made the way CuPy makes its own results
-# where CuPy allows: its compiled base class's constructor and initialiser, without ``cupy.ndarray.__new__``'s
-# Python frames and its call of ``__array_finalize__`` (which fastmm does not define). That is a quarter of the
-# cost of wrapping, which every small product pays.
+# CuPy's base array class, where CuPy has one: `_can_retype` tries a bare object of it.
 _base = getattr(getattr(getattr(_cp, "_core", None), "core", None), "_ndarray_base", None)
-if _base is not None and hasattr(_base, "_init"):
-    _base_new = _base.__new__
 
-    def _owning(x):
-        y = _base_new(ndarray)
-        y._init(x.shape, x.dtype, x.data, x.strides)
-        return y
-else:  # pragma: no cover - another CuPy's internals: the public constructor
-    def _owning(x):
-        return ndarray(x.shape, x.dtype, x.data, x.strides)
+
+def _owning(x):
+    """A fastmm array that owns `x`'s memory, as `x` does: CuPy's compiled initialiser (the dispatch layer's
+    `owning`), then retyped."""
+    if _RETYPE:
+        return _retype(_dispatch.owning(x))
+    return ndarray(x.shape, x.dtype, x.data, x.strides)  # pragma: no cover - another CuPy's internals
 
 
 def _retype(x):

@@ -22,13 +22,13 @@ import warnings
 import numpy as np
 
 from . import _errors, _gemm
-from ._gemm import _cupy, empty, plan_matmul, problem_for  # noqa: F401  (plan_matmul: public through here)
+from ._gemm import _cupy, empty, owning, plan_matmul, problem_for  # noqa: F401  (plan_matmul: public through here)
 from ._rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufunc_keywords, check_out, dot_shapes,
                      einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype, matmul_shapes,
                      tensordot_axes, ufunc_dtypes, vector_product_shape)
 
 __all__ = ["to_device", "matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot",
-           "problem_for", "plan_matmul", "plain", "current_device", "cupy_own"]
+           "problem_for", "plan_matmul", "owning", "plain", "current_device", "cupy_own"]
 
 _F32 = np.dtype(np.float32)
 # The dtypes a CuPy array can have (NumPy's longdouble, object, string and void types have no GPU form).
@@ -186,28 +186,30 @@ def _deliver(result, out):
     return out
 
 
-def _cupy_dot(a, b, shape_rule):
-    """CuPy's own ndarray.dot of same-dtype device operands (a dtype in _CUPY_DOT), the short path of other
-    dtypes' products, which costs what CuPy's own product costs.
+def _cupy_dot(cp, a, b, shape_rule):
+    """The short path of other dtypes' products (float64 `x.dot(y)`, `x @ y` of matrices and vectors): CuPy's own
+    ndarray.dot, at what CuPy's own product costs, when the device operands have one dtype CuPy's dot computes as
+    NumPy's does (_CUPY_DOT) and live on the current device; else None, and the caller takes the long path.
+
+    (An array's dtype of a GPU kind is one of NumPy's singletons, so `is` finds the common equal pairs; any other
+    pair, e.g. int64 as 'l' and as 'q', or a dtype with metadata, takes the long path, with the same result.)
 
     The one CuPy routine handed the operands as they are, not as plain views: it is the compiled method of CuPy's
     base array class, called through that class, so it never reaches fastmm's ``dot`` (no call back), and it asks
     each operand only for ``astype(its own dtype, copy=False)`` (which fastmm's answers without a call), ``copy``
-    for an operand with no unit-stride axis and, for two vectors, ``ravel`` (fastmm arrays, as CuPy's would be). Two plain views cost more (measured: 1.16x
-    CuPy's call against 1.22x at 64 x 64). A shape mismatch raises NumPy's error (`shape_rule`'s) rather than
-    CuPy's."""
+    for an operand with no unit-stride axis and, for two vectors, ``ravel`` (fastmm arrays, as CuPy's would be).
+    Two plain views cost more (measured: 1.16x CuPy's call against 1.22x at 64 x 64). A shape mismatch raises
+    NumPy's error (`shape_rule`'s) rather than CuPy's."""
+    dtype = a.dtype
+    if dtype is not b.dtype or dtype.char not in _CUPY_DOT \
+            or not a.data.device_id == cp.cuda.runtime.getDevice() == b.data.device_id:
+        return None
     module, own = _own
     try:
-        return (own if module is _gemm._cp else cupy_own()).ndarray_dot(a, b)
+        return (own if module is cp else cupy_own()).ndarray_dot(a, b)
     except ValueError:
         shape_rule(a.shape, b.shape)
         raise
-
-
-def _owning(view):
-    """`view`, a view of an array this call made and holds alone, as an array that owns that memory (no base), as
-    NumPy's and CuPy's product results do; a reshape or transpose of a private result is otherwise its view."""
-    return _cupy().ndarray(view.shape, view.dtype, view.data, view.strides)
 
 
 def _cupy_product(func, a, b, dtype, *args):
@@ -358,7 +360,7 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
         return _deliver(r, out)
     # r is this call's own (a new array, or CuPy's new result), seen through reshapes for vectors and moved axes:
     # a result with no base, as NumPy's and CuPy's are.
-    return r if r.base is None else _owning(r)
+    return r if r.base is None else owning(r)
 
 
 def matmul(a, b, out=None, *, kernel=None, **kwargs):
@@ -370,10 +372,10 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
                                                      and out.dtype == _F32)):
         # Device operands of other dtypes with no keywords (float64 `x @ w`): NumPy's loop for a matmul of two
         # GPU dtypes is their promoted type, so the general path's dtype resolution can be skipped.
-        dtype = a.dtype
-        if out is None and 0 < a.ndim <= 2 and 0 < b.ndim <= 2 and dtype is b.dtype and dtype.char in _CUPY_DOT \
-                and a.data.device_id == cp.cuda.runtime.getDevice() == b.data.device_id:
-            return _cupy_dot(a, b, matmul_shapes)  # on matrices and vectors, matmul is dot (as dot's short path)
+        if out is None and 0 < a.ndim <= 2 and 0 < b.ndim <= 2:
+            r = _cupy_dot(cp, a, b, matmul_shapes)  # on matrices and vectors, matmul is dot
+            if r is not None:
+                return r
         res = np.result_type(a.dtype, b.dtype)
         if out is not None or res == _F32 or a.ndim == 0 or b.ndim == 0 or res.char not in _GPU_KINDS:
             return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
@@ -436,14 +438,10 @@ def _operands(*xs, out=None):
 def dot(a, b, out=None, *, kernel=None):
     """``np.dot``: N-D operands contract a's last axis with b's second-to-last, as one batched product."""
     cp = _cupy()
-    if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray):
-        # The common case of other dtypes, kept short: float64 `x.dot(y)` costs what CuPy's does. (An array's dtype
-        # of a GPU kind is one of NumPy's singletons, so `is` finds the common equal pairs; any other pair, e.g.
-        # int64 as 'l' and as 'q', or a dtype with metadata, takes the long path, with the same result.)
-        dtype = a.dtype
-        if dtype is b.dtype and dtype.char in _CUPY_DOT and a.ndim and b.ndim \
-                and a.data.device_id == cp.cuda.runtime.getDevice() == b.data.device_id:
-            return _cupy_dot(a, b, dot_shapes)
+    if out is None and isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.ndim and b.ndim:
+        r = _cupy_dot(cp, a, b, dot_shapes)
+        if r is not None:
+            return r
     if out is not None and not isinstance(out, (cp.ndarray, np.ndarray)):
         raise TypeError("'out' must be an array")
     a, b = _operands(a, b, out=out)
@@ -486,7 +484,7 @@ def inner(a, b, *, kernel=None):
         return _cupy_product(cupy_own().inner, a, b, res)
     k = a.shape[-1]
     c = matmul(a.reshape(-1, k), b.reshape(-1, k).T, kernel=kernel)
-    return _owning(c.reshape(shape))
+    return owning(c.reshape(shape))
 
 
 def vdot(a, b, *, kernel=None):
@@ -519,7 +517,7 @@ def tensordot(a, b, axes=2, *, kernel=None):
     a2 = a.transpose(free_a + axes_a).reshape(-1, k)
     b2 = b.transpose(axes_b + free_b).reshape(k, -1)
     c = matmul(a2, b2, kernel=kernel)
-    return _owning(c.reshape([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b]))
+    return owning(c.reshape([a.shape[i] for i in free_a] + [b.shape[i] for i in free_b]))
 
 
 def einsum(*args, kernel=None, **kwargs):
@@ -548,7 +546,7 @@ def einsum(*args, kernel=None, **kwargs):
         b3 = b.transpose([lb.index(c) for c in batch + k + n]).reshape(size(batch), size(k), size(n))
         c = matmul(a3, b3, kernel=kernel).reshape([sizes[c] for c in batch + m + n])
         order = batch + m + n
-        r = _owning(c.transpose([order.index(c) for c in out_labels]))
+        r = owning(c.transpose([order.index(c) for c in out_labels]))
     if out is None:
         return r
     if tuple(out.shape) != r.shape:

@@ -20,7 +20,7 @@ import numpy as np
 from . import _errors, _plan
 from ._rules import _fmt, matmul_shapes
 
-__all__ = ["problem_for", "plan_matmul", "gemm", "empty", "may_overlap", "Recorder", "replay", "signature",
+__all__ = ["problem_for", "plan_matmul", "gemm", "empty", "owning", "may_overlap", "Recorder", "replay", "signature",
            "replays"]
 
 _F32 = np.dtype(np.float32)
@@ -38,33 +38,45 @@ def _cupy():
 
 
 
-_maker = (None, None)  # (the CuPy module, its quickest way to make a new C-ordered array)
+_maker = (None, None)  # (the CuPy module, its quickest way to make an array: new, or over existing memory)
 
 
 def _make_maker(cp):
-    """CuPy's compiled array initialiser on a bare object where CuPy has one: what ``cupy.empty`` ends in, without
-    its Python frames (``cupy.empty`` costs 1.7 times as much, on every small product); else ``cupy.empty``."""
+    """CuPy's compiled array initialiser on a bare object where CuPy has one: what ``cupy.empty`` and CuPy's
+    constructor end in, without their Python frames (``cupy.empty`` costs 1.7 times as much, on every small
+    product); else ``cupy.empty`` and CuPy's constructor."""
     global _maker
     base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", None)
     if base is not None and hasattr(base, "_init"):
         new, array_type = base.__new__, cp.ndarray
 
-        def make(shape, dtype):
+        def make(shape, dtype, memptr=None, strides=None):
             x = new(array_type)
-            x._init(shape, dtype)
+            x._init(shape, dtype, memptr, strides)
             return x
     else:
-        make = cp.empty
+        def make(shape, dtype, memptr=None, strides=None):
+            return cp.empty(shape, dtype) if memptr is None else cp.ndarray(shape, dtype, memptr, strides)
     _maker = (cp, make)
     return make
+
+
+def _make(cp):
+    module, make = _maker
+    return make if module is cp else _make_maker(cp)
+
+
+def owning(view):
+    """`view`'s memory as a new CuPy array that owns it (no base). For a view of an array that a call made and
+    holds alone (a product's result reshaped or transposed), this is the result NumPy and CuPy would give."""
+    return _make(_cupy())(view.shape, view.dtype, view.data, view.strides)
 
 
 def empty(shape, dtype=_F32):
     """A new uninitialised C-ordered CuPy array; fastmm's errors for a full or broken device."""
     cp = _cupy()
-    module, make = _maker
     try:
-        return (make if module is cp else _make_maker(cp))(shape, dtype)
+        return _make(cp)(shape, dtype)
     except cp.cuda.memory.OutOfMemoryError as e:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         raise _errors.OutOfMemoryError(
