@@ -1,17 +1,24 @@
-"""A float32 product of host (NumPy) arrays computed on the GPU: operands staged through pinned memory, in pieces.
+"""A float32 product of host (NumPy) arrays computed on the GPU: the operands staged through pinned memory by a few
+staging threads, in pieces, while the GPU multiplies the pieces before.
 
-Used by `accelerate_numpy` (fastmm/_numpy_hook.py), whose loop hands over NumPy's own operand and output buffers.
-Why pinned staging: the GPU copies from page-locked memory at the link's speed and from ordinary (pageable) memory
-at a fraction of it (on an H100 host: 52.5 GB/s against 2.0 GB/s), while a copy into a reused pinned buffer costs
-a host memcpy. Why pieces: the product may not fit in GPU memory (or in the staging buffer), so the batch is split
-into groups of whole matrices, or, when one matrix is too large, C into blocks of rows and columns, each with its
-slices of A and B; every piece is one fastmm product.
+Used by `accelerate_numpy` (fastmm/_numpy_hook.py), whose loop hands over NumPy's own operand and output buffers, and
+by fastmm.dask for host chunks. Measured on an H100 host (16 cores): the GPU copies from page-locked (pinned) memory
+at 49-54 GB/s each way, and 84-92 GB/s both ways at once, but from ordinary (pageable) memory at 7-12 GB/s; pinning
+the caller's own memory in place (cudaHostRegister) runs at 13-19 GB/s, and one core copies into a pinned buffer at
+7-10 GB/s, while eight cores copy 25-47 GB/s. So: eight staging threads, each with two small pinned slots that it
+fills in turn (a host copy into one while the GPU reads the other), every operand cut into pieces that the threads
+copy side by side, and the product itself cut into pieces (blocks of rows of A and C, or groups of batch items)
+so that uploads, kernels and downloads of consecutive pieces overlap. A piece that does not fit in GPU memory is
+cut further (blocks of rows and columns), so any product that NumPy can hold can be computed.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as _wait_all
 
 import numpy as np
 
@@ -21,118 +28,307 @@ from ._errors import OutOfMemoryError
 __all__ = ["matmul_host", "MAX_STAGING_BYTES"]
 
 _F4 = 4
-# One pinned buffer per thread (NumPy runs products in many threads at once), grown on demand up to this size:
-# page-locked memory is taken from the whole machine, so it stays modest. Every piece's operands fit in it.
+# The most GPU memory one piece of a product takes (its operands and result), and the largest host block that
+# fastmm.dask stages: pieces stay modest however much memory is free.
 MAX_STAGING_BYTES = 256 << 20
+# One staging copy moves at most this much (a pinned slot's size): small enough that the threads share a 16 MiB
+# operand, large enough that each GPU copy runs at the link's speed (2 MiB pieces were slower on an H100 host).
+_CHUNK_BYTES = 4 << 20
+_MIN_CHUNK_BYTES = 256 << 10
+# Four staging threads: eight copied faster with nothing else running (46 against 33 GB/s), but interleaved with
+# the GPU copies four were faster end to end (4096^3: 12.9 against 15.6-17.2 ms).
+_WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1) // 2))
+# A single product's A and C are cut into blocks of rows of about this many bytes (the wider of the two): the
+# first block's kernel starts once B and that block are up, and each block's result goes down while the next
+# computes. Blocks are whole 128-row tiles, so each block's kernel runs the tiles the whole product would. (On an
+# H100 host, blocks of 4-8 MiB made more, smaller kernels and more waits, and were slower than 16-32 MiB.)
+_BLOCK_BYTES = 32 << 20
+_BLOCK_ROWS = 128
+# Pieces in flight at once: one uploading, one computing, one downloading (each holds its own GPU memory).
+_IN_FLIGHT = 3
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 _local = threading.local()
 
 
-def _staging(shape, slot: str = "buf") -> np.ndarray:
-    """This thread's pinned buffer `slot`, grown to hold `shape` float32, as a C-contiguous array of that shape."""
-    size = int(np.prod(shape))
-    buf = getattr(_local, slot, None)
-    if buf is None or buf.size < size:
-        mem = _gemm._cupy().cuda.alloc_pinned_memory(max(size * _F4, 1 << 20))
-        buf = np.frombuffer(mem, np.float32)  # the array's base keeps the pinned memory alive
-        setattr(_local, slot, buf)
-    return buf[:size].reshape(shape)
-
-
-# Host copies into and out of the pinned buffer are the slow part of staging (one core copies about 10 GB/s; the
-# link moves 50 from pinned memory): large ones are cut into row blocks copied by several threads at once
-# (NumPy releases the GIL while it copies).
-_PARALLEL_BYTES = 8 << 20
-_COPIERS = max(1, min(8, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity")
-                      else (os.cpu_count() or 1) // 2))
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _copy(dst: np.ndarray, src: np.ndarray, min_bytes: int = _PARALLEL_BYTES) -> None:
-    """``dst[...] = src`` (same shape after NumPy broadcasting of src; never overlapping), in parallel row blocks
-    from `min_bytes` up: the calling thread copies the first block, the copiers' pool the others."""
+def _executor() -> ThreadPoolExecutor:
     global _pool
-    rows = dst.shape[-2] if dst.ndim >= 2 else 0
-    if _COPIERS == 1 or dst.nbytes < min_bytes or rows < 2 * _COPIERS:
-        np.copyto(dst, src)
-        return
-    src = np.broadcast_to(src, dst.shape)
     with _pool_lock:
         if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+            _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="fastmm-staging")
+        return _pool
 
-            _pool = ThreadPoolExecutor(_COPIERS, thread_name_prefix="fastmm-staging")
-    step = -(-rows // _COPIERS)
-    jobs = [_pool.submit(np.copyto, dst[..., r:r + step, :], src[..., r:r + step, :]) for r in range(step, rows, step)]
-    try:
-        np.copyto(dst[..., :step, :], src[..., :step, :])
-        for job in jobs:
-            job.result()
-    except BaseException:
-        # On an error or an interrupt, every block is done or cancelled before this returns: nothing may still
-        # write `dst` once the caller goes on (NumPy's output buffer, or a pinned buffer about to be reused).
-        from concurrent.futures import wait
 
-        for job in jobs:
-            job.cancel()
-        wait(jobs)
-        raise
+# --------------------------------------------------------------------------------------------------------
+# Staging threads: copies between host views and contiguous device views, through two pinned slots per thread
+# --------------------------------------------------------------------------------------------------------
+
+class _Stager:
+    """A staging thread's own: a non-blocking stream per device, and two pinned slots used in turn, each with the
+    event after the last GPU copy that reads or writes it (the slot is not refilled before that copy is done)."""
+
+    def __init__(self):
+        self.streams: dict = {}
+        self.slots: list = [None, None]
+        self.events: list = [None, None]
+        self.turn = 0
+
+    def stream(self, device_id: int, direction: str):
+        # One stream per direction: an upload queued after a download would wait for that download's kernel.
+        s = self.streams.get((device_id, direction))
+        if s is None:
+            s = self.streams[(device_id, direction)] = _gemm._cupy().cuda.Stream(non_blocking=True)
+        return s
+
+    def slot(self, shape) -> tuple[int, np.ndarray]:
+        i, self.turn = self.turn, self.turn ^ 1
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+            self.events[i] = None
+        size = int(np.prod(shape))
+        buf = self.slots[i]
+        if buf is None or buf.size < size:
+            mem = _gemm._cupy().cuda.alloc_pinned_memory(max(size * _F4, _CHUNK_BYTES))
+            buf = self.slots[i] = np.frombuffer(mem, np.float32)  # the array's base keeps the pinned memory alive
+        return i, buf[:size].reshape(shape)
+
+
+def _stager() -> _Stager:
+    me = getattr(_local, "stager", None)
+    if me is None:
+        me = _local.stager = _Stager()
+    return me
+
+
+# Events that a thread waits on put it to sleep (cudaEventBlockingSync) instead of spinning on a core that the
+# staging copies need.
+_BLOCKING_EVENTS = True
+
+
+def _event():
+    return _gemm._cupy().cuda.Event(block=_BLOCKING_EVENTS, disable_timing=True)
+
+
+def _device_of(dev) -> int:
+    device = getattr(dev, "device", None)
+    return 0 if device is None else device.id
+
+
+def _up(dst, src):
+    """(A staging thread.) ``dst[...] = src``: the host view `src` into a pinned slot, then to the contiguous device
+    view `dst` on this thread's stream. Returns the event after that copy (the slot is reused after it)."""
+    cp = _gemm._cupy()
+    me = _stager()
+    device = _device_of(dst)
+    with cp.cuda.Device(device):
+        stream = me.stream(device, "up")
+        i, pin = me.slot(src.shape)
+        np.copyto(pin, src)
+        dst.set(pin, stream=stream)
+        event = me.events[i] = _event()
+        event.record(stream)
+        return event
+
+
+def _down(dst, src, after) -> None:
+    """(A staging thread.) ``dst[...] = src`` for a contiguous device view `src`, once the event `after` (the
+    kernel that writes it) is done: into a pinned slot, then into the host view `dst` (NumPy broadcasting)."""
+    cp = _gemm._cupy()
+    me = _stager()
+    device = _device_of(src)
+    with cp.cuda.Device(device):
+        stream = me.stream(device, "down")
+        stream.wait_event(after)
+        i, pin = me.slot(src.shape)
+        src.get(out=pin, stream=stream, blocking=False)
+        event = me.events[i] = _event()
+        event.record(stream)
+        event.synchronize()
+        np.copyto(dst, pin)
+
+
+def _split(dev, host, chunk: int) -> list:
+    """(device view, host view) pairs that cover `dev` (C-contiguous, host's shape), each a contiguous range of
+    `dev` of at most about `chunk` bytes (a whole row at least, when `host` is not contiguous)."""
+    if host.flags.c_contiguous or host.ndim <= 1:
+        flat_dev, flat_host = dev.reshape(-1), host.reshape(-1)
+        step = max(1, chunk // _F4)
+        return [(flat_dev[i:i + step], flat_host[i:i + step]) for i in range(0, host.size, step)]
+    item = int(np.prod(host.shape[1:])) * _F4
+    if item > chunk and host.ndim > 2:  # items larger than a chunk: each cut on its own
+        return [pair for i in range(host.shape[0]) for pair in _split(dev[i], host[i], chunk)]
+    step = max(1, chunk // max(item, 1))
+    return [(dev[i:i + step], host[i:i + step]) for i in range(0, host.shape[0], step)]
+
+
+def _chunk_bytes(nbytes: int) -> int:
+    """Piece size for a copy of `nbytes`: shared among the staging threads, within a slot."""
+    return max(_MIN_CHUNK_BYTES, min(_CHUNK_BYTES, -(-nbytes // _WORKERS)))
+
+
+class _Inline:
+    """Runs a staging copy at once in the calling thread (a future already done): for small products, where
+    handing pieces to the staging threads and waking them cost more than the copies."""
+
+    @staticmethod
+    def submit(fn, *args):
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - kept in the future, raised by its result(), as from a thread
+            future.set_exception(e)
+        return future
+
+
+# Products of up to this many bytes (operands and result) are staged by the calling thread alone: on an H100 host
+# the staging threads' hand-overs added about a millisecond per product, more than 1024^3's copies take.
+_INLINE_BYTES = 12 << 20
+
+
+def _stagers(nbytes: int):
+    return _Inline if nbytes <= _INLINE_BYTES else _executor()
+
+
+def _upload(host, jobs: list, pool):
+    """A new device array equal to `host`, being copied up by `pool`'s staging threads: (array, futures of the
+    events that end its pieces' copies). The futures are appended to `jobs` too."""
+    dev = _gemm.empty(host.shape)
+    chunk = _CHUNK_BYTES if pool is _Inline else _chunk_bytes(host.nbytes)
+    futures = [pool.submit(_up, d, h) for d, h in _split(dev, host, chunk)]
+    jobs.extend(futures)
+    return dev, futures
+
+
+def _download(host, dev, after, jobs: list, pool) -> list:
+    """Futures of `pool`'s copies of the device array `dev` into `host`, once `after` is done."""
+    chunk = _CHUNK_BYTES if pool is _Inline else _chunk_bytes(dev.nbytes)
+    futures = [pool.submit(_down, h, d, after) for d, h in _split(dev, host, chunk)]
+    jobs.extend(futures)
+    return futures
+
+
+def _settle(jobs: list) -> None:
+    """After a failure or an interrupt: every staging copy of this call done or cancelled, and the GPU copies they
+    queued finished, before the caller goes on (nothing may still write NumPy's buffers or read freed memory)."""
+    for job in jobs:
+        job.cancel()
+    _wait_all(jobs)
+    for job in jobs:
+        if job.done() and not job.cancelled() and job.exception() is None and job.result() is not None:
+            try:
+                job.result().synchronize()
+            except Exception:  # noqa: BLE001 - a broken context: the original error is the one to report
+                pass
 
 
 def _put(host: np.ndarray):
-    """A contiguous device copy of `host` (any strides), through the pinned buffer."""
-    dev = _gemm.empty(host.shape)
-    stage = _staging(host.shape)
-    _copy(stage, host)
+    """A contiguous device copy of `host` (any strides), through the staging threads; done when this returns."""
+    jobs: list = []
     try:
-        dev.set(stage)
-    finally:
-        # From pinned memory the copy is truly asynchronous: it must finish before the buffer is filled again
-        # (also when something failed after it was queued).
-        _gemm._cupy().cuda.get_current_stream().synchronize()
+        dev, futures = _upload(host, jobs, _stagers(host.nbytes))
+        for f in futures:
+            f.result().synchronize()
+    except BaseException:
+        _settle(jobs)
+        raise
     return dev
 
 
 def _get(dev, host: np.ndarray) -> None:
-    """`host[...] = dev` (NumPy broadcasting, any strides), through the pinned buffer."""
-    stage = _staging(dev.shape)
-    dev.get(out=stage)
-    _copy(host, stage)
-
-
-# A single product with an A at least this large is pipelined in row blocks of about _BLOCK_BYTES of A: the host
-# copies of one block run while the GPU uploads, multiplies and downloads the one before.
-_PIPELINE_BYTES = 16 << 20
-_BLOCK_BYTES = 4 << 20
-_PIPELINE_COPY_BYTES = 1 << 20  # a block's host copies are split among the copiers from this size
-
-
-def _pipelined(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
-    """``c[...] = a @ b`` for 2-D host arrays, A and C in row blocks through two pinned slots each.
-
-    Per block, on the current stream: upload A's rows, multiply, download C's rows; meanwhile the host fills the
-    other slot with the next block of A and empties the slot of the block before. An event per slot says when the
-    GPU is done with it, so that no slot is overwritten while a copy still reads it.
-    """
+    """``host[...] = dev`` (NumPy broadcasting, any strides), after the work queued on the current stream."""
     cp = _gemm._cupy()
-    stream = cp.cuda.get_current_stream()
-    m, k = a.shape
-    n = b.shape[1]
-    db = _put(b)
-    # Blocks of rows sized by the wider of A's and C's rows: both slots stay near _BLOCK_BYTES.
-    rows = max(1, min(m, _BLOCK_BYTES // max(max(k, n) * _F4, 1)))
-    slots = 1 if rows >= m else 2
-    dev_a = [_gemm.empty((rows, k)) for _ in range(slots)]
-    dev_c = [_gemm.empty((rows, n)) for _ in range(slots)]
-    pin_a = [_staging((rows, k), f"pipe_a{i}") for i in range(slots)]
-    pin_c = [_staging((rows, n), f"pipe_c{i}") for i in range(slots)]
-    uploaded = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
-    downloaded = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
-    pending: list = [None] * slots  # per slot: the rows of C its download holds, not yet copied out
+    after = _event()
+    after.record(cp.cuda.get_current_stream())
+    jobs: list = []
     try:
-        _blocks(a, c, db, rows, stream, dev_a, dev_c, pin_a, pin_c, uploaded, downloaded, pending)
+        for f in _download(host, dev, after, jobs, _stagers(dev.nbytes)):
+            f.result()
     except BaseException:
-        # Nothing may still read or write the slots once this returns (they are reused, or freed with the thread).
+        _settle(jobs)
+        raise
+
+
+# --------------------------------------------------------------------------------------------------------
+# The product in pieces
+# --------------------------------------------------------------------------------------------------------
+
+class _Shared:
+    """An operand that several pieces read (B of a single product, a broadcast operand, a block of columns of B):
+    uploaded at its first use, and kept on the GPU while pieces that read it remain."""
+
+    __slots__ = ("host", "dev", "futures")
+
+    def __init__(self, host):
+        self.host, self.dev, self.futures = host, None, None
+
+
+def _operand(x, jobs, pool):
+    if not isinstance(x, _Shared):
+        return _upload(x, jobs, pool)
+    if x.dev is None:
+        x.dev, x.futures = _upload(x.host, jobs, pool)
+    return x.dev, x.futures
+
+
+def _compute_stream():
+    """This thread's non-blocking stream on the current device, on which the pieces' kernels run."""
+    cp = _gemm._cupy()
+    device = cp.cuda.runtime.getDevice()
+    streams = getattr(_local, "compute", None)
+    if streams is None:
+        streams = _local.compute = {}
+    s = streams.get(device)
+    if s is None:
+        s = streams[device] = cp.cuda.Stream(non_blocking=True)
+    return s
+
+
+def _run(pieces, pool) -> None:
+    """``c[...] = a @ b`` for each piece (a, b, c) in turn, a and b host views or _Shared, c a host view.
+
+    Piece i + 1's operands are being copied up while piece i's kernel runs and piece i - 1's result goes down.
+    A _Shared operand is let go after the last of a run of consecutive pieces that read it.
+    """
+    stream = _compute_stream()
+    jobs: list = []
+    started = collections.deque()  # pieces whose operands are being copied up: (piece, (a, futures), (b, futures))
+    finishing = collections.deque()  # pieces computed or computing: (futures of their downloads, arrays kept)
+
+    def start(piece):
+        started.append((piece, _operand(piece[0], jobs, pool), _operand(piece[1], jobs, pool)))
+
+    try:
+        with stream:
+            it = iter(pieces)
+            first = next(it, None)
+            if first is not None:
+                start(first)
+            while started:
+                piece, (da, fa), (db, fb) = started.popleft()
+                nxt = next(it, None)
+                if nxt is not None:
+                    start(nxt)
+                for x in piece[:2]:
+                    if isinstance(x, _Shared) and (nxt is None or all(x is not y for y in nxt[:2])):
+                        x.dev = x.futures = None  # (the arrays stay alive in `finishing` until done)
+                for f in (*fa, *fb):
+                    stream.wait_event(f.result())
+                c = piece[2]
+                dc = _gemm.empty(c.shape)
+                _dispatch.matmul(da, db, out=dc)
+                done = _event()
+                done.record(stream)
+                finishing.append((_download(c, dc, done, jobs, pool), (da, db, dc)))
+                while finishing and len(finishing) + len(started) >= _IN_FLIGHT:
+                    for f in finishing.popleft()[0]:
+                        f.result()
+            while finishing:
+                for f in finishing.popleft()[0]:
+                    f.result()
+    except BaseException:
+        _settle(jobs)
         try:
             stream.synchronize()
         except Exception:  # noqa: BLE001 - a broken context: the original error is the one to report
@@ -140,89 +336,72 @@ def _pipelined(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
         raise
 
 
-def _blocks(a, c, db, rows, stream, dev_a, dev_c, pin_a, pin_c, uploaded, downloaded, pending) -> None:
-    """`_pipelined`'s loop over blocks of rows, through len(pin_a) slots."""
-    m = a.shape[0]
-    slots = len(pin_a)
-    for i, r in enumerate(range(0, m, rows)):
-        slot, h = i % slots, min(rows, m - r)
-        if i >= slots:
-            uploaded[slot].synchronize()  # the upload two blocks back has read this slot
-        _copy(pin_a[slot][:h], a[r:r + h], _PIPELINE_COPY_BYTES)
-        dev_a[slot][:h].set(pin_a[slot][:h], stream=stream)
-        uploaded[slot].record(stream)
-        _dispatch.matmul(dev_a[slot][:h], db, out=dev_c[slot][:h])
-        if pending[slot] is not None:  # empty the slot before the next download lands in it
-            downloaded[slot].synchronize()
-            r0, h0 = pending[slot]
-            _copy(c[r0:r0 + h0], pin_c[slot][:h0], _PIPELINE_COPY_BYTES)
-        dev_c[slot][:h].get(out=pin_c[slot][:h], stream=stream, blocking=False)
-        downloaded[slot].record(stream)
-        pending[slot] = (r, h)
-    for slot in sorted(range(slots), key=lambda s: pending[s][0] if pending[s] else -1):
-        if pending[slot] is not None:
-            downloaded[slot].synchronize()
-            r0, h0 = pending[slot]
-            _copy(c[r0:r0 + h0], pin_c[slot][:h0], _PIPELINE_COPY_BYTES)
-
-
 def _pieces(length: int, per_unit: int, room: int) -> int:
     """How many units of `per_unit` bytes fit in `room` bytes (at least 1; the caller checks that one fits)."""
     return max(1, min(length, room // max(per_unit, 1)))
 
 
-def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None = None) -> None:
-    """``c[...] = a @ b`` on the GPU, for host float32 arrays a (batch, m, k), b (batch, k, n), c (batch, m, n).
+def _row_block(m: int, k: int, n: int, room: int) -> int:
+    """Rows per block of a single product: about _BLOCK_BYTES of A's or C's rows, in whole tiles, and the block's
+    rows of A and C within `room` bytes."""
+    rows = min(_pieces(m, (k + n) * _F4, room), _pieces(m, max(k, n) * _F4, _BLOCK_BYTES))
+    if rows < m and rows >= _BLOCK_ROWS:
+        rows -= rows % _BLOCK_ROWS
+    return rows
 
-    An operand with batch stride 0 (NumPy's broadcasting) is uploaded once. `budget` bounds the GPU memory one
-    piece uses (default: half of what is free). Raises fastmm's errors (no GPU, out of memory, a driver fault);
-    on failure `c` may be partly written, and the caller computes it again.
+
+def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int) -> list:
+    """The pieces of ``c[...] = a @ b`` (3-D host arrays, batch first): (a, b, c) views, a and b maybe _Shared.
+
+    `budget` bounds the GPU memory of the pieces in flight at once; raises OutOfMemoryError if none fits.
     """
-    cp = _gemm._cupy()
-    if budget is None:
-        budget = cp.cuda.runtime.memGetInfo()[0] // 2
-    room = min(budget, MAX_STAGING_BYTES)  # bytes of one operand piece (device and pinned)
     batch, m, k = a.shape
     n = b.shape[2]
     a_shared = batch == 1 or a.strides[0] == 0
     b_shared = batch == 1 or b.strides[0] == 0
-    whole = (m * k + k * n + m * n) * _F4
-    single = batch == 1 or a_shared and b_shared
-    if single and m * k * _F4 >= _PIPELINE_BYTES and k * n * _F4 <= room and whole <= budget:
-        _pipelined(a[0], b[0], c[0])
-        if batch > 1:  # every batch item is the same product
-            c[1:] = c[0]
-        return
-    if max(m * k, k * n, m * n) * _F4 <= room and whole <= budget:
-        # Whole matrices, as many at a time as fit; a shared operand goes up once, and if both are shared every
-        # batch item is the same product, computed once and copied into each.
+    room = min(budget, MAX_STAGING_BYTES * _IN_FLIGHT)  # bytes of the pieces in flight, device memory
+    if batch == 1:  # a single product: B stays up, A and C go in blocks of rows
+        if k * n * _F4 <= room // 2 and (k * n + _IN_FLIGHT * min(m, _BLOCK_ROWS) * (k + n)) * _F4 <= room:
+            rows = _row_block(m, k, n, (room - k * n * _F4) // _IN_FLIGHT)
+            shared_b = _Shared(b[0])
+            return [(a[0, r:r + rows], shared_b, c[0, r:r + rows]) for r in range(0, m, rows)]
+    elif max(m * k, k * n, m * n) * _F4 * _IN_FLIGHT <= room:
+        # Groups of whole matrices; a broadcast operand goes up once.
         shared = ((m * k if a_shared else 0) + (k * n if b_shared else 0)) * _F4
         per_item = ((0 if a_shared else m * k) + (0 if b_shared else k * n) + m * n) * _F4
-        group = _pieces(batch, per_item, min(budget - shared, MAX_STAGING_BYTES))
-        group = batch if a_shared and b_shared else min(group, _pieces(batch, max(m * k, k * n, m * n) * _F4,
-                                                                       MAX_STAGING_BYTES))
-        da = _put(a[:1]) if a_shared else None
-        db = _put(b[:1]) if b_shared else None
-        for start in range(0, batch, group):
-            stop = min(batch, start + group)
-            ga = da if a_shared else _put(a[start:stop])
-            gb = db if b_shared else _put(b[start:stop])
-            gc = _gemm.empty((1 if a_shared and b_shared else stop - start, m, n))
-            _dispatch.matmul(ga, gb, out=gc)
-            _get(gc, c[start:stop])
-        return
-    # One matrix is too large: C in blocks of `rows` x `cols`, each from a row block of A and a column block of B.
-    cols = _pieces(n, k * _F4, room // 2)
-    rows = _pieces(m, max(k, cols) * _F4, min(room, (budget - k * cols * _F4) // 2))
-    if k * cols * _F4 > room or (rows * k + k * cols + rows * cols) * _F4 > budget:
+        if shared + per_item * _IN_FLIGHT <= room:
+            group = _pieces(batch, per_item, (room - shared) // _IN_FLIGHT)
+            sa, sb = _Shared(a[:1]) if a_shared else None, _Shared(b[:1]) if b_shared else None
+            return [(sa or a[s:s + group], sb or b[s:s + group], c[s:s + group]) for s in range(0, batch, group)]
+    # One matrix is too large: C in blocks of rows x cols, each from a row block of A and a column block of B
+    # (kept up while its blocks of rows are computed; the next column block goes up while the last of these runs).
+    cols = _pieces(n, k * _F4, room // 4)
+    rows = _pieces(m, max(k, cols) * _F4, (room - 2 * k * cols * _F4) // (2 * _IN_FLIGHT))
+    if (2 * k * cols + _IN_FLIGHT * (rows * k + rows * cols)) * _F4 > room:
         raise OutOfMemoryError(f"a {m}x{k} @ {k}x{n} float32 product does not fit in pieces of the {budget >> 20} "
                                "MiB of GPU memory fastmm can use now: free GPU memory, or let NumPy compute it")
+    out = []
     for i in range(batch):
         ai, bi, ci = a[0 if a_shared else i], b[0 if b_shared else i], c[i]
         for j in range(0, n, cols):
-            gb = _put(bi[:, j:j + cols])
-            for r in range(0, m, rows):
-                ga = _put(ai[r:r + rows])
-                gc = _gemm.empty((ga.shape[0], gb.shape[1]))
-                _dispatch.matmul(ga, gb, out=gc)
-                _get(gc, ci[r:r + rows, j:j + cols])
+            bj = _Shared(bi[:, j:j + cols])
+            out += [(ai[r:r + rows], bj, ci[r:r + rows, j:j + cols]) for r in range(0, m, rows)]
+    return out
+
+
+def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None = None) -> None:
+    """``c[...] = a @ b`` on the GPU, for host float32 arrays a (batch, m, k), b (batch, k, n), c (batch, m, n).
+
+    An operand with batch stride 0 (NumPy's broadcasting) is uploaded once. `budget` bounds the GPU memory the
+    pieces in flight use (default: half of what is free). Raises fastmm's errors (no GPU, out of memory, a driver
+    fault); on failure `c` may be partly written, and the caller computes it again.
+    """
+    if budget is None:
+        budget = _gemm._cupy().cuda.runtime.memGetInfo()[0] // 2
+    if a.shape[0] > 1 and a.strides[0] == 0 and b.strides[0] == 0:
+        # Both operands broadcast: every batch item is the same product, computed once.
+        matmul_host(a[:1], b[:1], c[:1], budget)
+        np.copyto(c[1:], c[:1])
+        return
+    nbytes = (a[:1 if a.strides[0] == 0 else None].size + b[:1 if b.strides[0] == 0 else None].size + c.size) * _F4
+    _run(plan(a, b, c, budget), _stagers(nbytes))

@@ -141,8 +141,8 @@ def test_a_process_using_the_hook_from_threads_exits_cleanly():
 
 @pytest.mark.parametrize("m,k,n", [(2048, 2048, 2048), (3001, 1500, 700)], ids=str)
 def test_pipelined_staging_on_the_gpu(m, k, n, rng, monkeypatch):
-    """A single large product goes through the pipeline (row blocks through two pinned slots), on a
-    non-blocking stream as well as the default one."""
+    """A single large product goes through the pipeline (row blocks, copied by the staging threads through their
+    pinned slots), called on a non-blocking stream as well as the default one."""
     import cupy as cp
 
     monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 20)  # many blocks, so that every slot is reused

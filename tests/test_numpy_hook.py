@@ -286,194 +286,238 @@ def test_a_process_with_the_hook_on_exits_cleanly():
 
 
 # --------------------------------------------------------------------------------------------------------
-# _staged: pieces that fit, against a stand-in CuPy
+# _staged: the pieces of a product, and the staging threads against a stand-in GPU that runs its work late
 # --------------------------------------------------------------------------------------------------------
 
-class _DeviceArray(np.ndarray):
-    def set(self, host):
-        self[...] = host
+class _LazyGPU:
+    """A stand-in CuPy whose streams run queued work only when an event recorded after it (or the stream) is
+    synchronized, or when another stream that waits on such an event runs: each copy reads its source then, so a
+    pinned slot refilled too early, a result read too early or a missing wait gives wrong numbers here, as on a
+    GPU. One lock orders everything (the staging threads call in from several threads)."""
 
-    def get(self, out):
-        out[...] = self
-        return out
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.local = threading.local()
+        self.products = []
+        self.null = _LazyStream(self)
+        gpu = self
+
+        class Array(np.ndarray):
+            device = types.SimpleNamespace(id=0)
+
+            def set(self, host, stream=None):
+                def upload():
+                    self[...] = host
+                gpu.queue(stream, upload, blocking=stream is None)
+
+            def get(self, out, stream=None, blocking=True):
+                def download():
+                    out[...] = self
+                gpu.queue(stream, download, blocking)
+                return out
+
+        self.cupy = types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                alloc_pinned_memory=lambda n: bytearray(n), Event=lambda block=False, disable_timing=False: _LazyEvent(),
+                Stream=lambda non_blocking=False: _LazyStream(self), get_current_stream=self.current,
+                Device=lambda i=0: _NoContext(),
+                runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30), getDevice=lambda: 0),
+                memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
+            empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(Array))
+
+    def current(self):
+        stack = getattr(self.local, "streams", None)
+        return stack[-1] if stack else self.null
+
+    def queue(self, stream, work, blocking=False):
+        stream = stream or self.current()
+        with self.lock:
+            stream.work.append(work)
+        if blocking:
+            stream.synchronize()
+
+    def matmul(self, a, b, out):
+        self.products.append((a.shape, b.shape))
+
+        def compute():
+            out[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        self.queue(None, compute)
 
 
-@pytest.fixture
-def staged(monkeypatch):
-    products = []
-    cp = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(alloc_pinned_memory=lambda n: bytearray(n),
-                                   get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
-                                   runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30)),
-                                   memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
-        empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(_DeviceArray))
+class _NoContext:
+    def __enter__(self):
+        return self
 
-    def matmul(a, b, out):
-        products.append((a.shape, b.shape))
-        out[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    def __exit__(self, *exc):
+        return False
 
-    monkeypatch.setattr(_staged._gemm, "_cp", cp)
-    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=matmul))
+
+class _LazyStream:
+    def __init__(self, gpu):
+        self.gpu, self.work, self.done = gpu, [], 0
+
+    def run_until(self, index):
+        with self.gpu.lock:
+            while self.done < index:
+                work = self.work[self.done]
+                self.done += 1
+                work()
+
+    def synchronize(self):
+        self.run_until(len(self.work))
+
+    def wait_event(self, event):
+        stream, index = event.stream, event.index
+        self.gpu.queue(self, lambda: stream.run_until(index))
+
+    def __enter__(self):
+        stack = getattr(self.gpu.local, "streams", None)
+        if stack is None:
+            stack = self.gpu.local.streams = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.gpu.local.streams.pop()
+        return False
+
+
+class _LazyEvent:
+    def __init__(self):
+        self.stream, self.index = None, 0
+
+    def record(self, stream=None):
+        with self.gpu_lock(stream):
+            self.stream = stream
+            self.index = len(stream.work)
+
+    @staticmethod
+    def gpu_lock(stream):
+        return stream.gpu.lock
+
+    def synchronize(self):
+        self.stream.run_until(self.index)
+
+
+@pytest.fixture(params=["threads", "inline"])
+def lazy_gpu(monkeypatch, request):
+    """The stand-in GPU, with the copies on the staging threads, or (small products) in the calling thread."""
+    gpu = _LazyGPU()
+    monkeypatch.setattr(_staged, "_INLINE_BYTES", 0 if request.param == "threads" else 1 << 40)
+    monkeypatch.setattr(_staged._gemm, "_cp", gpu.cupy)
+    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=gpu.matmul))
     monkeypatch.setattr(_staged, "_local", threading.local())
-    return products
+    monkeypatch.setattr(_staged, "_pool", None)  # staging threads whose thread-local state is the stand-in's
+    monkeypatch.setattr(_staged, "_WORKERS", 3)
+    monkeypatch.setattr(_staged, "_CHUNK_BYTES", 1 << 12)  # many pieces per operand: every slot reused
+    monkeypatch.setattr(_staged, "_MIN_CHUNK_BYTES", 1 << 10)
+    monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 12)
+    monkeypatch.setattr(_staged, "_BLOCK_ROWS", 8)
+    yield gpu
+    if _staged._pool is not None:
+        _staged._pool.shutdown()
 
 
 @pytest.mark.parametrize("batch,m,k,n,budget,a_shared,b_shared", [
-    (1, 50, 40, 30, 1 << 20, True, True),     # fits whole
-    (9, 50, 40, 30, 40_000, False, False),     # groups of whole matrices
-    (9, 50, 40, 30, 30_000, True, False),      # a uploaded once
-    (9, 50, 40, 30, 30_000, True, True),       # every batch item the same product: computed once
-    (1, 300, 40, 200, 40_000, True, True),     # one matrix too large: blocks of rows and columns
-    (3, 300, 400, 20, 60_000, False, True),
+    (1, 50, 40, 30, 1 << 20, True, True),     # a single product: B up once, A and C in blocks of rows
+    (1, 97, 50, 7, 1 << 20, True, True),      # a ragged last block
+    (9, 50, 40, 30, 100_000, False, False),   # groups of whole matrices
+    (9, 50, 40, 30, 100_000, True, False),    # a uploaded once
+    (9, 50, 40, 30, 100_000, False, True),    # b uploaded once
+    (9, 50, 40, 30, 100_000, True, True),     # every batch item the same product: computed once
+    (1, 300, 40, 200, 120_000, True, True),   # one matrix too large: blocks of rows and columns
+    (3, 300, 400, 20, 200_000, False, True),
 ])
-def test_staged_pieces_cover_the_product(staged, batch, m, k, n, budget, a_shared, b_shared, rng):
+def test_staged_pieces_cover_the_product(lazy_gpu, batch, m, k, n, budget, a_shared, b_shared, rng):
     a = rng.standard_normal((1 if a_shared else batch, m, k)).astype(np.float32)
     b = rng.standard_normal((1 if b_shared else batch, k, n)).astype(np.float32)
     a3, b3 = np.broadcast_to(a, (batch, m, k)), np.broadcast_to(b, (batch, k, n))
     c = np.full((batch, m, n), np.nan, np.float32)
     _staged.matmul_host(a3, b3, c, budget=budget)
     np.testing.assert_allclose(c, _ref(a3, b3), rtol=1e-6, atol=1e-5)
-    assert len(staged) >= 1
-    for ashape, bshape in staged:  # every piece fits in the budget
-        mk = int(np.prod(ashape)) + int(np.prod(bshape))
-        assert 4 * mk <= budget, (ashape, bshape, budget)
-    if a_shared and b_shared and batch > 1:
-        assert len(staged) == 1
+    assert len(lazy_gpu.products) >= (1 if batch > 1 and a_shared and b_shared else 2)
+    if batch > 1 and a_shared and b_shared:  # one product's blocks of rows, computed once for the whole batch
+        assert sum(a_shape[0] for a_shape, _ in lazy_gpu.products) == m
 
 
-def test_staged_refuses_what_cannot_fit(staged):
+@pytest.mark.parametrize("batch,m,k,n,budget", [(1, 50, 40, 30, 1 << 20), (9, 50, 40, 30, 100_000),
+                                                (1, 300, 40, 200, 120_000), (3, 300, 400, 20, 200_000),
+                                                (1, 4000, 3000, 2000, 48 << 20), (2, 4000, 3000, 2000, 48 << 20)])
+def test_the_pieces_cover_c_once_and_fit_the_budget_in_flight(batch, m, k, n, budget):
+    a = np.zeros((batch, m, k), np.float32)
+    b = np.zeros((batch, k, n), np.float32)
+    c = np.zeros((batch, m, n), np.float32)
+    pieces = _staged.plan(a, b, c, budget)
+    for pa, pb, pc in pieces:
+        pc += 1  # a view of C: every element is written by exactly one piece
+    assert (c == 1).all()
+
+    def nbytes(x):
+        return 4 * (x.host if isinstance(x, _staged._Shared) else x).size
+    for i in range(len(pieces)):  # the pieces in flight at once, and the shared operands they read
+        window = pieces[i:i + _staged._IN_FLIGHT]
+        shared = {id(x): nbytes(x) for p in window for x in p[:2] if isinstance(x, _staged._Shared)}
+        own = sum(nbytes(x) for p in window for x in p if not isinstance(x, _staged._Shared))
+        assert own + sum(shared.values()) <= budget
+
+
+def test_staged_refuses_what_cannot_fit(lazy_gpu):
     a = np.ones((1, 4, 100_000), np.float32)
     b = np.ones((1, 100_000, 4), np.float32)
     with pytest.raises(fastmm.OutOfMemoryError, match="does not fit"):
         _staged.matmul_host(a, b, np.empty((1, 4, 4), np.float32), budget=100_000)
 
 
-@pytest.mark.parametrize("shape,view", [((3, 1500, 1000), lambda x: x), ((1, 3000, 1000), lambda x: x[:, ::-1]),
-                                        ((2, 2000, 1500), lambda x: x.swapaxes(-1, -2))], ids=str)
-def test_staging_copies_in_parallel_blocks_are_exact(shape, view, rng, monkeypatch):
-    monkeypatch.setattr(_staged, "_COPIERS", 4)  # parallel blocks whatever this machine's cores
+@pytest.mark.parametrize("shape,view", [((3, 150, 100), lambda x: x), ((1, 300, 100), lambda x: x[:, ::-1]),
+                                        ((2, 200, 150), lambda x: x.swapaxes(-1, -2)),
+                                        ((5, 3000, 7), lambda x: x[:, ::2])], ids=str)
+def test_staging_threads_copy_any_layout_exactly(lazy_gpu, shape, view, rng):
     src = view(rng.standard_normal(shape).astype(np.float32))
-    dst = np.full(src.shape, np.nan, np.float32)
-    _staged._copy(dst, src)
+    dev = _staged._put(src)
+    assert np.array_equal(np.asarray(dev), src)
+    dst = np.full(src.shape, np.nan, np.float32).swapaxes(-1, -2).copy().swapaxes(-1, -2)  # a strided output
+    _staged._get(dev, dst)
     assert np.array_equal(dst, src)
-    wide = np.full((4,) + src.shape[1:], np.nan, np.float32)[:, ::1]
-    _staged._copy(wide, src[:1])  # one matrix broadcast over a batch, as a shared result is delivered
-    assert all(np.array_equal(w, src[0]) for w in wide)
 
 
-# --------------------------------------------------------------------------------------------------------
-# _staged: the pipelined path, against a stand-in GPU that runs its work late (as a real one may)
-# --------------------------------------------------------------------------------------------------------
+def test_a_failed_piece_leaves_no_staging_copy_running(lazy_gpu, rng, monkeypatch):
+    """A failure (or an interrupt) mid-product: when matmul_host raises, no staging thread still writes C."""
+    calls = []
 
-class _LazyStream:
-    """Queued work runs only when an event recorded after it (or the stream) is synchronized, reading its
-    inputs then: a slot overwritten or read too early gives wrong numbers here, as on a GPU."""
-
-    def __init__(self):
-        self.queue, self.done = [], 0
-
-    def run_until(self, index):
-        while self.done < index:
-            self.queue[self.done]()
-            self.done += 1
-
-    def synchronize(self):
-        self.run_until(len(self.queue))
-
-
-class _LazyDeviceArray(np.ndarray):
-    def set(self, host, stream=None):
-        def upload():
-            self[...] = host
-        (stream or _lazy.stream).queue.append(upload)
-        if stream is None:
-            _lazy.stream.synchronize()
-
-    def get(self, out, stream=None, blocking=True):
-        def download():
-            out[...] = self
-        s = stream or _lazy.stream
-        s.queue.append(download)
-        if blocking:
-            s.synchronize()
-        return out
-
-
-class _LazyEvent:
-    def __init__(self, disable_timing=False):
-        self.stream, self.index = None, 0
-
-    def record(self, stream):
-        self.stream, self.index = stream, len(stream.queue)
-
-    def synchronize(self):
-        self.stream.run_until(self.index)
-
-
-_lazy = types.SimpleNamespace(stream=None)
-
-
-@pytest.fixture
-def lazy_gpu(monkeypatch):
-    _lazy.stream = _LazyStream()
-    products = []
-    cp = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(alloc_pinned_memory=lambda n: bytearray(n), Event=_LazyEvent,
-                                   get_current_stream=lambda: _lazy.stream,
-                                   runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30)),
-                                   memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
-        empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(_LazyDeviceArray))
-
-    def matmul(a, b, out):
-        products.append(a.shape)
-
-        def compute():
-            out[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
-        _lazy.stream.queue.append(compute)
-
-    monkeypatch.setattr(_staged._gemm, "_cp", cp)
-    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=matmul))
-    monkeypatch.setattr(_staged, "_local", threading.local())
-    monkeypatch.setattr(_staged, "_PIPELINE_BYTES", 1 << 14)
-    monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 12)
-    return products
-
-
-@pytest.mark.parametrize("batch,m,k,n", [(1, 100, 64, 30), (1, 97, 50, 7), (3, 64, 64, 64)])
-def test_pipelined_blocks_never_reuse_a_slot_too_early(lazy_gpu, batch, m, k, n, rng):
-    a = rng.standard_normal((1, m, k)).astype(np.float32)
-    b = rng.standard_normal((1, k, n)).astype(np.float32)
-    a3, b3 = np.broadcast_to(a, (batch, m, k)), np.broadcast_to(b, (batch, k, n))
-    c = np.full((batch, m, n), np.nan, np.float32)
-    _staged.matmul_host(a3, b3, c)
-    np.testing.assert_allclose(c, _ref(a3, b3), rtol=1e-6, atol=1e-5)
-    assert len(lazy_gpu) >= 4  # several row blocks: the pipeline ran
-
-
-def test_a_failed_parallel_copy_leaves_no_block_still_writing(monkeypatch):
-    """An interrupt while the blocks are copied: when _copy raises, no copier is still writing the destination."""
-    monkeypatch.setattr(_staged, "_COPIERS", 4)
-    real = np.copyto
-    started = threading.Event()
-
-    def slow(dst, src):
-        started.set()
-        time.sleep(0.05)
-        real(dst, src)
-
-    src = np.ones((4000, 1000), np.float32)
-    dst = np.zeros_like(src)
-    caller = threading.current_thread()
-
-    def first(dst_, src_):
-        if threading.current_thread() is caller:  # the calling thread's own block: interrupted mid-way
-            started.wait(5)
+    def fail_third(a, b, out):
+        calls.append(1)
+        if len(calls) == 3:
             raise KeyboardInterrupt
-        slow(dst_, src_)
+        lazy_gpu.matmul(a, b, out)
 
-    monkeypatch.setattr(_staged.np, "copyto", first)
+    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=fail_third))
+    a = rng.standard_normal((1, 200, 64)).astype(np.float32)
+    b = rng.standard_normal((1, 64, 64)).astype(np.float32)
+    c = np.full((1, 200, 64), np.nan, np.float32)
     with pytest.raises(KeyboardInterrupt):
-        _staged._copy(dst, src)
-    snapshot = dst.copy()
-    time.sleep(0.3)
-    assert np.array_equal(dst, snapshot)  # nothing changed after _copy returned
+        _staged.matmul_host(a, b, c)
+    snapshot = c.copy()
+    time.sleep(0.2)
+    assert np.array_equal(c, snapshot, equal_nan=True)
+    c2 = np.full_like(c, np.nan)
+    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=lazy_gpu.matmul))
+    _staged.matmul_host(a, b, c2)  # the next product still works
+    np.testing.assert_allclose(c2, _ref(a, b), rtol=1e-6, atol=1e-5)
+
+
+def test_large_products_are_staged_by_the_staging_threads(lazy_gpu, rng, monkeypatch):
+    """The threads' path is the one taken (not the calling thread's) when the product is over _INLINE_BYTES."""
+    names = set()
+    real = _staged._up
+
+    def up(dst, src):
+        names.add(threading.current_thread().name.split("_")[0])
+        return real(dst, src)
+
+    monkeypatch.setattr(_staged, "_up", up)
+    a = rng.standard_normal((1, 200, 64)).astype(np.float32)
+    c = np.full((1, 200, 200), np.nan, np.float32)
+    _staged.matmul_host(a, a.swapaxes(1, 2), c)
+    np.testing.assert_allclose(c, _ref(a, a.swapaxes(1, 2)), rtol=1e-6, atol=1e-5)
+    inline = _staged._INLINE_BYTES > 0
+    assert names == ({threading.current_thread().name.split("_")[0]} if inline else {"fastmm-staging"})
