@@ -104,9 +104,12 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
         a, b = _operands(rng, batch, m, k, n)
         flops = 2.0 * batch * m * k * n
         reps = repeats if flops < 1e12 else 2  # (8192^3: NumPy takes a second per product)
-        t_np, r_np = _timed(None, a, b, reps)
+        # The GPU paths first: after a product, OpenBLAS's threads spin for a while (about 0.1 s) on every core,
+        # and staging right after NumPy's product ran up to twice as slow (H100 host, 4096^3: 23.6 against 12.0 ms).
         t_hook, r_hook = _timed(model, a, b, reps)
         t_gpu, r_gpu = _timed(_FORCE, a, b, reps)
+        t_np, r_np = _timed(None, a, b, reps)
+        time.sleep(0.2)
         rows.append({"shape": label, "gflop": flops / 1e9, "numpy_s": t_np, "hook_s": t_hook, "gpu_s": t_gpu,
                      "offloaded": model.offloads(batch, m, k, n, batch, 1),
                      "err_numpy": _rel_error(r_np, a, b), "err_hook": _rel_error(r_hook, a, b),
