@@ -134,6 +134,9 @@ def test_a_process_using_the_hook_from_threads_exits_cleanly():
         ts = [threading.Thread(target=lambda: res.append((a @ a)[0, 0])) for _ in range(4)]
         [t.start() for t in ts]; [t.join() for t in ts]
         assert res == [256.0] * 4 and fastmm.numpy_hook_status()["offloaded"] == 4, (res, fastmm.numpy_hook_status())
+        big = np.ones((2048, 2048), np.float32)  # over the calling thread's share: the staging threads copy it
+        assert (big @ big)[5, 7] == 2048.0
+        threading.Thread(target=lambda: res.append((big @ big)[0, 0])).start()  # left running at exit
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stderr == "", p.stderr
