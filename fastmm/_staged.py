@@ -191,12 +191,21 @@ def _stagers(nbytes: int):
     return _Inline if nbytes <= _INLINE_BYTES else _executor()
 
 
+def _submit(pool, fn, *args):
+    try:
+        return pool.submit(fn, *args)
+    except RuntimeError:
+        # The interpreter is exiting (Python has shut the staging threads' pool while a thread of the program
+        # still multiplies): the calling thread copies instead.
+        return _Inline.submit(fn, *args)
+
+
 def _upload(host, jobs: list, pool):
     """A new device array equal to `host`, being copied up by `pool`'s staging threads: (array, futures of the
     events that end its pieces' copies). The futures are appended to `jobs` too."""
     dev = _gemm.empty(host.shape)
     chunk = _CHUNK_BYTES if pool is _Inline else _chunk_bytes(host.nbytes)
-    futures = [pool.submit(_up, d, h) for d, h in _split(dev, host, chunk)]
+    futures = [_submit(pool, _up, d, h) for d, h in _split(dev, host, chunk)]
     jobs.extend(futures)
     return dev, futures
 
@@ -204,7 +213,7 @@ def _upload(host, jobs: list, pool):
 def _download(host, dev, after, jobs: list, pool) -> list:
     """Futures of `pool`'s copies of the device array `dev` into `host`, once `after` is done."""
     chunk = _CHUNK_BYTES if pool is _Inline else _chunk_bytes(dev.nbytes)
-    futures = [pool.submit(_down, h, d, after) for d, h in _split(dev, host, chunk)]
+    futures = [_submit(pool, _down, h, d, after) for d, h in _split(dev, host, chunk)]
     jobs.extend(futures)
     return futures
 

@@ -521,3 +521,15 @@ def test_large_products_are_staged_by_the_staging_threads(lazy_gpu, rng, monkeyp
     np.testing.assert_allclose(c, _ref(a, a.swapaxes(1, 2)), rtol=1e-6, atol=1e-5)
     inline = _staged._INLINE_BYTES > 0
     assert names == ({threading.current_thread().name.split("_")[0]} if inline else {"fastmm-staging"})
+
+
+def test_a_product_during_interpreter_exit_is_staged_by_its_own_thread(lazy_gpu, rng, monkeypatch):
+    """At exit Python shuts the staging threads' pool while a program thread may still multiply: the calling
+    thread copies instead, with no warning and the right result."""
+    monkeypatch.setattr(_staged, "_INLINE_BYTES", 0)
+    pool = _staged._executor()
+    pool.shutdown()
+    a = rng.standard_normal((1, 60, 50)).astype(np.float32)
+    c = np.full((1, 60, 60), np.nan, np.float32)
+    _staged.matmul_host(a, a.swapaxes(1, 2), c)
+    np.testing.assert_allclose(c, _ref(a, a.swapaxes(1, 2)), rtol=1e-6, atol=1e-5)
