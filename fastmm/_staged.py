@@ -5,7 +5,7 @@ Used by `accelerate_numpy` (fastmm/_numpy_hook.py), whose loop hands over NumPy'
 by fastmm.dask for host chunks. Measured on an H100 host (16 cores): the GPU copies from page-locked (pinned) memory
 at 49-54 GB/s each way, and 84-92 GB/s both ways at once, but from ordinary (pageable) memory at 7-12 GB/s; pinning
 the caller's own memory in place (cudaHostRegister) runs at 13-19 GB/s, and one core copies into a pinned buffer at
-7-10 GB/s, while eight cores copy 25-47 GB/s. So: eight staging threads, each with two small pinned slots that it
+7-10 GB/s, while several cores copy 25-47 GB/s. So: four staging threads, each with two small pinned slots that it
 fills in turn (a host copy into one while the GPU reads the other), every operand cut into pieces that the threads
 copy side by side, and the product itself cut into pieces (blocks of rows of A and C, or groups of batch items)
 so that uploads, kernels and downloads of consecutive pieces overlap. A piece that does not fit in GPU memory is
@@ -102,18 +102,9 @@ def _stager() -> _Stager:
     return me
 
 
-# Events that a thread waits on put it to sleep (cudaEventBlockingSync) instead of spinning on a core that the
-# staging copies need.
-_BLOCKING_EVENTS = True
-
-
 def _event():
-    return _gemm._cupy().cuda.Event(block=_BLOCKING_EVENTS, disable_timing=True)
-
-
-def _device_of(dev) -> int:
-    device = getattr(dev, "device", None)
-    return 0 if device is None else device.id
+    # A thread that waits on it sleeps (cudaEventBlockingSync) instead of spinning on a core the copies need.
+    return _gemm._cupy().cuda.Event(block=True, disable_timing=True)
 
 
 def _up(dst, src):
@@ -121,7 +112,7 @@ def _up(dst, src):
     view `dst` on this thread's stream. Returns the event after that copy (the slot is reused after it)."""
     cp = _gemm._cupy()
     me = _stager()
-    device = _device_of(dst)
+    device = dst.device.id
     with cp.cuda.Device(device):
         stream = me.stream(device, "up")
         i, pin = me.slot(src.shape)
@@ -137,7 +128,7 @@ def _down(dst, src, after) -> None:
     kernel that writes it) is done: into a pinned slot, then into the host view `dst` (NumPy broadcasting)."""
     cp = _gemm._cupy()
     me = _stager()
-    device = _device_of(src)
+    device = src.device.id
     with cp.cuda.Device(device):
         stream = me.stream(device, "down")
         stream.wait_event(after)
@@ -163,11 +154,6 @@ def _split(dev, host, chunk: int) -> list:
     return [(dev[i:i + step], host[i:i + step]) for i in range(0, host.shape[0], step)]
 
 
-def _chunk_bytes(nbytes: int) -> int:
-    """Piece size for a copy of `nbytes`: shared among the staging threads, within a slot."""
-    return max(_MIN_CHUNK_BYTES, min(_CHUNK_BYTES, -(-nbytes // _WORKERS)))
-
-
 class _Inline:
     """Runs a staging copy at once in the calling thread (a future already done): for small products, where
     handing pieces to the staging threads and waking them cost more than the copies."""
@@ -191,6 +177,13 @@ def _stagers(nbytes: int):
     return _Inline if nbytes <= _INLINE_BYTES else _executor()
 
 
+def _chunk_bytes(nbytes: int, pool) -> int:
+    """Piece size for a copy of `nbytes` by `pool`: shared among the staging threads, within a slot."""
+    if pool is _Inline:
+        return _CHUNK_BYTES
+    return max(_MIN_CHUNK_BYTES, min(_CHUNK_BYTES, -(-nbytes // _WORKERS)))
+
+
 def _submit(pool, fn, *args):
     try:
         return pool.submit(fn, *args)
@@ -204,16 +197,14 @@ def _upload(host, jobs: list, pool):
     """A new device array equal to `host`, being copied up by `pool`'s staging threads: (array, futures of the
     events that end its pieces' copies). The futures are appended to `jobs` too."""
     dev = _gemm.empty(host.shape)
-    chunk = _CHUNK_BYTES if pool is _Inline else _chunk_bytes(host.nbytes)
-    futures = [_submit(pool, _up, d, h) for d, h in _split(dev, host, chunk)]
+    futures = [_submit(pool, _up, d, h) for d, h in _split(dev, host, _chunk_bytes(host.nbytes, pool))]
     jobs.extend(futures)
     return dev, futures
 
 
 def _download(host, dev, after, jobs: list, pool) -> list:
     """Futures of `pool`'s copies of the device array `dev` into `host`, once `after` is done."""
-    chunk = _CHUNK_BYTES if pool is _Inline else _chunk_bytes(dev.nbytes)
-    futures = [_submit(pool, _down, h, d, after) for d, h in _split(dev, host, chunk)]
+    futures = [_submit(pool, _down, h, d, after) for d, h in _split(dev, host, _chunk_bytes(dev.nbytes, pool))]
     jobs.extend(futures)
     return futures
 
@@ -412,5 +403,7 @@ def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None 
         matmul_host(a[:1], b[:1], c[:1], budget)
         np.copyto(c[1:], c[:1])
         return
-    nbytes = (a[:1 if a.strides[0] == 0 else None].size + b[:1 if b.strides[0] == 0 else None].size + c.size) * _F4
-    _run(plan(a, b, c, budget), _stagers(nbytes))
+    def once(x):  # the elements that go up: a broadcast operand once
+        return x.size // x.shape[0] if x.strides[0] == 0 else x.size
+
+    _run(plan(a, b, c, budget), _stagers((once(a) + once(b) + c.size) * _F4))
