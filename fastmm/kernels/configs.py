@@ -23,6 +23,9 @@ __all__ = [
     "WarpTile",
     "TensorTile",
     "Skinny",
+    "SliceSum",
+    "SLICE_SUM",
+    "AUXILIARY",
     "Variant",
     "CONFIGS",
     "FAMILIES",
@@ -398,6 +401,45 @@ class Skinny(_Config):
         return []
 
 
+@dataclasses.dataclass(frozen=True)
+class SliceSum(_Config):
+    """Not a product's kernel: split-K's ordered sum of the slices' partial products into C
+    (fastmm/kernels/slicesum.cu), launched through the same runtime as the products. A block adds 1,024 consecutive
+    elements of C, over every slice."""
+
+    family: ClassVar[str] = "slicesum"
+    source: ClassVar[str] = "slicesum.cu"
+
+    PER_BLOCK: ClassVar[int] = 256 * 4
+
+    @property
+    def name(self) -> str:
+        return "slicesum"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (256, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        # One row per grid row for the runtime's split of more than 65535 rows into launches; the grid itself is
+        # flat (below).
+        return (1, self.PER_BLOCK)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+    def grid(self, m: int, n: int, batch: int) -> tuple[int, int, int]:
+        return (max(1, -(-m * n // self.PER_BLOCK)), 1, 1)
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {}
+
+    def _check(self) -> list[str]:
+        return []
+
+
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[_Config, ...] = (
     Naive(32, 8),
@@ -431,6 +473,10 @@ CONFIGS: tuple[_Config, ...] = (
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
+
+SLICE_SUM = SliceSum()
+# Kernels that are not products (never planned, forced or benchmarked as one), compiled and checked like the rest.
+AUXILIARY: tuple[_Config, ...] = (SLICE_SUM,)
 
 _BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -470,5 +516,5 @@ def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1
         raise ValueError(f"kernel configuration {config.name}: " + "; ".join(errors))
 
 
-for _c in CONFIGS:
+for _c in CONFIGS + AUXILIARY:
     validate(_c)  # a shipped configuration that breaks its own rules is a bug: fail at import
