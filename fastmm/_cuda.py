@@ -406,7 +406,7 @@ class Launch:
         for m0 in range(0, max(m, 1), rows):
             mm = min(m - m0, rows)
             for z0 in range(0, batch, MAX_GRID_Z):
-                grid = config.grid(mm, n, min(batch - z0, MAX_GRID_Z))
+                grid = config.grid(mm, n, min(batch - z0, MAX_GRID_Z), k)
                 args = _ARGS.pack(mm, n, k, 0, a_sm, a_sk, 0, b_sk, b_sn, 0, c_sm, c_sn, z0, batch_inner,
                                   *batch_strides)
                 before_a, _, between_ab, _, between_bc, _, after_c = _ARGS_SPLIT.unpack(args)

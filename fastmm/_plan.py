@@ -48,10 +48,9 @@ class Problem:
         """The layout variant `config` runs: the few-column kernel needs only A aligned for its wide loads, and
         for few rows it runs the transposed product, whose A is B^T and whose B is A^T."""
         if isinstance(config, Skinny):
-            # (With A m-contiguous the kernel loads A 4 bytes at a time whatever the alignment: one binary.)
             if few_rows(self):
-                return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned and self.b_t else 1)
-            return Variant(self.a_t, self.b_t, 4 if self.a_aligned and not self.a_t else 1)
+                return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned else 1)
+            return Variant(self.a_t, self.b_t, 4 if self.a_aligned else 1)
         return self.variant
 
     def blocks(self, config: _Config) -> int:

@@ -86,3 +86,20 @@ def test_launch_arguments_match_the_kernels_parameter_list():
     runs = _cuda._ARGS_SPLIT.unpack(_cuda._ARGS.pack(*[0 if i in pointers else v for i, v in enumerate(values)]))
     assert _cuda._pack(runs[0], values[pointers[0]], runs[2], values[pointers[1]], runs[4], values[pointers[2]],
                        runs[6]) == whole
+
+
+def test_slice_sum_grid_and_kernel_agree_on_slice_groups():
+    """SliceSum.grid sizes blocks by slicesum.cu's slice_groups: the two must be the same rule."""
+    import re
+
+    from fastmm.kernels import configs
+
+    source = build._read_source("slicesum.cu")
+    loop = re.search(r"while \(g < (\d+) && (\d+) \* g <= slices\) g \*= 2;", source)
+    assert loop, "slicesum.cu's slice_groups changed: update SliceSum.slice_groups to match"
+    most, per = map(int, loop.groups())
+    for slices in range(1, 2000):
+        g = 1
+        while g < most and per * g <= slices:
+            g *= 2
+        assert configs.SliceSum.slice_groups(slices) == g

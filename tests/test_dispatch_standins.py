@@ -506,7 +506,7 @@ def test_few_rows_run_the_few_column_kernel_on_the_transposed_product(launched):
     out = _fastmm(np.zeros((8, 1040), np.float32))[:, :1024]  # C's rows 1040 apart
     _dispatch.matmul(a, w, out=out)
     (name, variant, args), = launched.args
-    assert name == "skinny_n16" and variant == "tt_v1"  # W^T is m-contiguous: read 4 bytes at a time
+    assert name == "skinny_n16" and variant == "tt_v4"  # W^T's columns are 16-byte aligned: copied 16 bytes at a time
     assert (args["m"], args["n"], args["k"]) == (1024, 8, 512)
     assert (args["a_sm"], args["a_sk"], args["b_sk"], args["b_sn"]) == (1, 1024, 1, 512)
     assert (args["c_sm"], args["c_sn"]) == (1, 1040)
@@ -516,14 +516,16 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_gemm._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
-    monkeypatch.setattr(_gemm._cp, "sum", lambda x, axis, out: np.sum(x, axis=axis, out=out), raising=False)
     a = _fastmm(np.zeros((2816, 4096), np.float32))  # 88 blocks of 32 rows: 3 slices are one wave of 264
     v = _fastmm(np.zeros(4096, np.float32))
     _dispatch.matmul(a, v)
-    (name, variant, args), (_, _, tail) = launched.args
+    (name, variant, args), (_, _, tail), (total, _, sums) = launched.args
     assert name == "skinny_n1" and variant == "nn_v4"  # v's unit stride along k does not make A unaligned
-    # Three slices of K, whole multiples of 8 deep: two of 1368 as one batch, and the 1360 left.
+    # Three slices of K, whole multiples of 8 deep: two of 1368 as one batch, and the 1360 left, then fastmm's
+    # ordered sum of the three (slices x 2816 x 1) into the result.
     assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (2, 1368, 1, 1360)
+    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sk"]) == (3, 2816, 1, 2816)
+    assert launched == ["skinny_n1", "skinny_n1", "slicesum"]
 
 
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):

@@ -357,14 +357,16 @@ def test_few_column_variants_need_only_the_large_operand_aligned():
     # x @ v: v's stride along k is one element, so the product is "unaligned", but A's rows are not.
     matvec = _plan.choose(_plan.Problem(8192, 1, 8192, aligned=False, a_aligned=True, b_aligned=False))
     assert matvec.variant == Variant(False, False, 4)
-    # v @ W (few rows): the kernel runs on W^T v^T; W^T has unit stride along m (read 4 bytes at a time: one
-    # binary, whatever the alignment), v^T along k.
+    # v @ W (few rows): the kernel runs on W^T v^T; W^T has unit stride along m (copied 16 bytes, 4 rows, at a time
+    # when its columns are 16-byte aligned), v^T along k.
     vecmat = _plan.choose(_plan.Problem(1, 8192, 8192, aligned=False, a_aligned=False, b_aligned=True))
-    assert vecmat.variant == Variant(True, True, 1)
+    assert vecmat.variant == Variant(True, True, 4)
+    unaligned = _plan.choose(_plan.Problem(1, 8192, 8192, aligned=False, a_aligned=True, b_aligned=False))
+    assert unaligned.variant == Variant(True, True, 1)
     # explain names the binary the launch runs: the layout of the transposed product's own arguments.
     v, w = np.zeros(8192, np.float32), np.zeros((8192, 8192), np.float32)
     text = fastmm.explain(v, w)
-    assert "kernel  skinny_n1_tn_v1" in text and "grid    256 blocks of 256 threads" in text, text  # 8192 rows of W^T, no slices
+    assert "kernel  skinny_n1_tn_v4" in text and "grid    256 blocks of 256 threads" in text, text  # 8192 rows of W^T, no slices
 
 
 def test_every_family_can_be_forced_on_any_shape():

@@ -95,7 +95,7 @@ class _Config:
         """Name of one compiled binary: the config, plus the layout when the layout is compiled in."""
         return f"{self.name}_{variant.suffix}" if self.layout_macros else self.name
 
-    def grid(self, m: int, n: int, batch: int) -> tuple[int, int, int]:
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         """Launch grid; y and z are clamped to the hardware limits (the kernels loop over the rest)."""
         bm, bn = self.tile
         return (
@@ -361,22 +361,26 @@ class TensorTile(_Pipelined, _Config):
 
 @dataclasses.dataclass(frozen=True)
 class Skinny(_Config):
-    """Few columns (N <= nmax): bound by memory, each element of A read once in coalesced loads, B staged in shared
-    memory kc rows at a time, a fixed-order reduction (fastmm/kernels/skinny.cu). Few rows run it transposed."""
+    """Few columns (N <= nmax): bound by memory, each element of A read once, A's and B's 128-deep steps copied into
+    a ring of `stages` shared-memory slots ahead of the FMAs, a fixed-order reduction (fastmm/kernels/skinny.cu).
+    Few rows run it transposed."""
 
     nmax: int = 16
-    kc: int = 256
-    min_blocks: int = 2  # blocks per SM the register budget is planned for: 16 warps of loads in flight
+    stages: int = 4
+    min_blocks: int = 2  # blocks per SM the shared memory is planned for: (stages - 1) steps of A in flight each
     family: ClassVar[str] = "skinny"
     source: ClassVar[str] = "skinny.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
     layout_macros: ClassVar[bool] = True
+    dynamic_smem: ClassVar[bool] = True
 
     ROWS: ClassVar[int] = 32  # rows of C per block (skinny.cu's ROWS_PER_BLOCK)
+    STEP: ClassVar[int] = 128  # k per step (skinny.cu's STEP)
+    STAGES: ClassVar[int] = 4  # the default ring, left out of the name
 
     @property
     def name(self) -> str:
-        return f"skinny_n{self.nmax}"
+        return f"skinny_n{self.nmax}" + (f"_s{self.stages}" if self.stages != self.STAGES else "")
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -388,29 +392,40 @@ class Skinny(_Config):
 
     @property
     def smem_bytes(self) -> int:
-        # skinny.cu's two stages: each the larger of its two padded layouts (rows of kc + 4, or of JPITCH).
+        # skinny.cu's slots: A's step, then B's in the larger of its two padded layouts (k-contiguous rows of
+        # STEP + 4, or j-contiguous rows of JPITCH), rounded to 16 bytes.
         jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
-        return 2 * 4 * max(self.nmax * (self.kc + 4), self.kc * jpitch)
+        b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch)
+        return self.stages * 4 * (self.ROWS * self.STEP + -(-b // 4) * 4)
 
     def _tile_macros(self) -> dict[str, int]:
-        return {"NMAX": self.nmax, "KC": self.kc, "THREADS": 256, "MIN_BLOCKS": self.min_blocks}
+        return {"NMAX": self.nmax, "STAGES": self.stages, "THREADS": 256, "MIN_BLOCKS": self.min_blocks}
 
     def _check(self) -> list[str]:
-        if self.kc % 128 or self.kc < 256 or self.nmax < 1:
-            return [f"kc must be a multiple of 128 and at least 256, nmax at least 1 (got {self.kc}, {self.nmax})"]
+        if self.stages < 2 or self.nmax < 1:
+            return [f"stages must be at least 2, nmax at least 1 (got {self.stages}, {self.nmax})"]
         return []
 
 
 @dataclasses.dataclass(frozen=True)
 class SliceSum(_Config):
     """Not a product's kernel: split-K's ordered sum of the slices' partial products into C
-    (fastmm/kernels/slicesum.cu), launched through the same runtime as the products. A block adds 1,024 consecutive
-    elements of C, over every slice."""
+    (fastmm/kernels/slicesum.cu), launched through the same runtime as the products (M x N the result, K the number
+    of slices). A block adds 4 consecutive elements per group of threads, over every slice: with many slices its
+    threads split into groups that each add every G-th slice (`slice_groups`)."""
 
     family: ClassVar[str] = "slicesum"
     source: ClassVar[str] = "slicesum.cu"
 
-    PER_BLOCK: ClassVar[int] = 256 * 4
+    THREADS: ClassVar[int] = 256
+
+    @staticmethod
+    def slice_groups(slices: int) -> int:
+        """slicesum.cu's slice_groups: 1 up to 15 slices, then doubling with the slices, at most 32."""
+        g = 1
+        while g < 32 and 16 * g <= slices:
+            g *= 2
+        return g
 
     @property
     def name(self) -> str:
@@ -418,20 +433,21 @@ class SliceSum(_Config):
 
     @property
     def block(self) -> tuple[int, int, int]:
-        return (256, 1, 1)
+        return (self.THREADS, 1, 1)
 
     @property
     def tile(self) -> tuple[int, int]:
         # One row per grid row for the runtime's split of more than 65535 rows into launches; the grid itself is
         # flat (below).
-        return (1, self.PER_BLOCK)
+        return (1, 4 * self.THREADS)
 
     @property
     def smem_bytes(self) -> int:
-        return 0
+        return 16 * self.THREADS
 
-    def grid(self, m: int, n: int, batch: int) -> tuple[int, int, int]:
-        return (max(1, -(-m * n // self.PER_BLOCK)), 1, 1)
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
+        per_block = 4 * (self.THREADS // self.slice_groups(k))
+        return (max(1, -(-m * n // per_block)), 1, 1)
 
     def _tile_macros(self) -> dict[str, int]:
         return {}
@@ -466,10 +482,10 @@ CONFIGS: tuple[_Config, ...] = (
     TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2),  # small products
     TensorTile(128, 256, 16, 64, 64, 3, passes=1),
     TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
-    # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block, k per chunk.
-    Skinny(1, 2048),
-    Skinny(4, 512),
-    Skinny(16, 256),
+    # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
+    Skinny(1),
+    Skinny(4),
+    Skinny(16),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))

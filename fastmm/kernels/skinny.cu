@@ -1,75 +1,128 @@
 // Rung 6 of the ladder: few columns (matrix-vector, a handful of right-hand sides). C (M x N) = A (M x K) @ B
 // (K x N) with N <= NMAX. Such a product does 2 FLOPs per element of A that it reads once: it is bound by
 // memory bandwidth, not by FMAs, and tiles built for FMA reuse waste their time (a 64 x 64 tile computes 64 columns
-// of which one is wanted). So: read each element of A exactly once, in wide coalesced loads, with enough loads in
-// flight per SM; keep B, which is small, in shared memory; reduce in a fixed order (the same result every run).
+// of which one is wanted). So: read each element of A exactly once, in wide coalesced copies, with enough bytes in
+// flight per SM to cover the memory latency; reduce in a fixed order (the same result every run).
 // Few rows (M <= 16) run the same kernel on the transposed product C^T = B^T A^T (fastmm/_gemm.py), which is why
 // C is written through both of its strides.
 //
 // Who computes what: a block computes ROWS_PER_BLOCK = 32 rows of C, all NMAX columns from blockIdx.x * NMAX, over
 // the whole of K (long K is split into slices by the plan, as a batch of products summed afterwards). K is walked
-// in chunks of KC rows of B, staged in shared memory by the whole block.
+// in steps of STEP = 128.
+//
+// Bytes in flight: each step's slice of A (32 rows x 128 k, 16 KiB) and of B (128 k x NMAX) is copied into shared
+// memory by cp.async, STAGES - 1 steps ahead of the FMAs (a ring of STAGES slots, one barrier per step), so about
+// (STAGES - 1) x 16 KiB of A per block is always on its way, and none of it occupies registers. (The previous design
+// loaded A into registers within 256-deep chunks: the 16-column kernel's accumulators left no registers for loads
+// in flight, one memory round trip per chunk stayed exposed, and 4096x16x4096 ran at 0.55x cuBLAS.)
 //
 // A with unit stride along k (A_T = 0, a row-major matrix): warp w owns rows 4w .. 4w + 3 of the block's 32; lane l
-// reads A[row][k .. k + 3] for k = 4l + 128i (one 16-byte load with VEC = 4, four 4-byte loads otherwise), so a
-// warp reads 512 contiguous bytes of a row per instruction, and multiplies them with B^T staged as Bt[j][k]
-// (k contiguous: the 16-byte shared reads of a warp are contiguous too). Each lane keeps 4 x NMAX partial sums
-// (4 x 4 for a matrix-vector product), reduced across the warp's lanes by shuffles at the end.
+// takes k = 4l .. 4l + 3 of each step, so a warp reads 512 contiguous bytes of a row per copy and per shared load,
+// and multiplies them with B^T staged as Bt[j][k] (k contiguous: 16-byte shared reads). Each lane keeps 4 x NMAX
+// partial sums (4 x 4 for a matrix-vector product), reduced across the warp's lanes by shuffles at the end.
 //
-// A with unit stride along m (A_T = 1, a transposed view): lane l owns row l of the block's 32 and warp w the k's
-// congruent to w mod 8 of each chunk; a warp reads 128 contiguous bytes of a column of A per instruction, and B is
-// staged as Bs[k][j], read as a broadcast. The 8 warps' partial sums are added in shared memory in a fixed order.
+// A with unit stride along m (A_T = 1, a transposed view): A is staged as As[k][32 rows] (128 contiguous bytes of a
+// column per k); lane l owns row l and warp w the k's congruent to w mod 8 of each step, and B is staged as
+// Bs[k][j], read as a broadcast. The 8 warps' partial sums are added in shared memory in a fixed order.
 //
-// Macros: NMAX (columns per block), THREADS (256: 8 warps), KC (k per chunk), MIN_BLOCKS, A_T, B_T, VEC (4: A's rows
-// are 16-byte aligned, so 16-byte loads along k are legal; B and C do not matter, they are read and written in
-// 4-byte pieces).
+// Macros: NMAX (columns per block), THREADS (256: 8 warps), STAGES (ring slots), MIN_BLOCKS, A_T, B_T, VEC (4: the
+// rows (A_T = 0) or columns (A_T = 1) of A start 16-byte aligned, so A is copied 16 bytes at a time; B and C do not
+// matter, they are copied and written in 4-byte pieces).
 
 #define WARPS (THREADS / 32)
 #define ROWS_PER_BLOCK 32
 #define ROWS_PER_WARP (ROWS_PER_BLOCK / WARPS)
-// Row pitches of the two stage layouts, padded so that the staging stores of consecutive threads fall in distinct
-// banks (KC + 4 keeps the 16-byte alignment of the k-contiguous layout's reads).
-#define KPITCH (KC + 4)
-// Bs[k][j] rows of a multiple of 4 columns are read as 16-byte broadcasts (a 4-byte shared load per FMA left the
-// A_T = 1 kernel bound by shared loads: 8x4096x4096 ran at 0.48x cuBLAS), so they keep 16-byte alignment.
+#define STEP 128
+#define KPW (STEP / WARPS)  // k per warp and step, A_T = 1
+// Row pitches of the two layouts of B's stage, padded so that the copies of consecutive threads fall in distinct
+// banks (STEP + 4 keeps the 16-byte alignment of the k-contiguous layout's reads). Bs[k][j] rows of a multiple of 4
+// columns are read as 16-byte broadcasts (a 4-byte shared load per FMA left the A_T = 1 kernel bound by shared
+// loads: 8x4096x4096 ran at 0.48x cuBLAS), so they keep 16-byte alignment.
+#define KPITCH (STEP + 4)
 #define JPITCH (NMAX == 1 ? 1 : NMAX % 4 == 0 ? NMAX + 4 : NMAX + 1)
-#define STAGE_FLOATS (NMAX * KPITCH > KC * JPITCH ? NMAX * KPITCH : KC * JPITCH)
+#define A_FLOATS (ROWS_PER_BLOCK * STEP)
+#define B_FLOATS (A_T == 0 ? NMAX * KPITCH : STEP * JPITCH)
+#define B_FLOATS_ALIGNED ((B_FLOATS + 3) / 4 * 4)
+#define SLOT_FLOATS (A_FLOATS + B_FLOATS_ALIGNED)
 
 static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
-static_assert(KC % 128 == 0 && KC >= WARPS * ROWS_PER_BLOCK, "a chunk is whole passes of a warp's 32 lanes x 4 k, "
-              "and its stage holds the warps' partial sums");
-static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte loads of A along k) or 1");
+static_assert(STAGES >= 2, "a ring of at least two slots");
+static_assert(SLOT_FLOATS >= WARPS * ROWS_PER_BLOCK * NMAX, "a slot holds the warps' partial sums (A_T = 1)");
+static_assert(THREADS % (B_T ? STEP : NMAX) == 0, "a pass of B's copies covers whole rows along its unit-stride axis");
 
-// B's chunk [k0, k0 + KC) x [n0, n0 + NMAX) is copied into one of two shared stages by cp.async (zero outside B),
-// issued before the FMAs of the chunk before it, so that the copies' latency hides behind them. (Staged with plain
-// loads between two barriers, every chunk stalled the whole block on its B loads: 4096x16x4096 ran at 0.67 TB/s
-// against cuBLAS's 1.50; prefetched into registers instead, the 16-column kernel spilled.) Consecutive threads
-// take the elements that are consecutive in global memory (k when B has unit stride along k, else j): coalesced
-// reads. `kfast` lays the stage out k-contiguous (Bt[j][k], rows KPITCH apart) rather than j-contiguous (Bs[k][j],
-// rows JPITCH apart). One cp.async group per chunk, committed by every thread.
-static_assert(KC * NMAX % THREADS == 0, "a chunk of B divides evenly among the threads");
-
-__device__ __forceinline__ void issue_b(float* stage, bool kfast, const float* b, long long b_sk, long long b_sn,
-                                        int k0, int K, int n0, int N)
+// Copy step `s` (k from s * STEP) of A and B into `slot`, zero outside A and B. A copy that reads nothing (src-size 0)
+// may point anywhere: cp.async reads no byte. (A_T = 0: `a` is the thread's own start in A, see below.)
+__device__ __forceinline__ void issue_step(float* slot, int s, const float* a, long long a_sm, long long a_sk,
+                                           int rows, const float* b, long long b_sk, long long b_sn, int m0, int M,
+                                           int K, int n0, int N)
 {
-#pragma unroll 4
-    for (int i = threadIdx.x; i < KC * NMAX; i += THREADS) {
-        const int k = B_T ? i % KC : i / NMAX;
-        const int j = B_T ? i / KC : i % NMAX;
-        const bool inside = k0 + k < K && n0 + j < N;
-        // A copy that reads nothing (src-size 0) may point anywhere: cp.async reads no byte.
-        cp_async4(smem_addr(stage + (kfast ? j * KPITCH + k : k * JPITCH + j)),
-                  b + (inside ? (long long)(k0 + k) * b_sk + (long long)(n0 + j) * b_sn : 0), inside ? 4 : 0);
+    const int tid = threadIdx.x, k0 = s * STEP;
+    float* as = slot;
+    float* bs = slot + A_FLOATS;
+#if A_T == 0
+    // The thread's own 4 rows x 4 k: what it reads back after the step's barrier. `a` points at the lane's first
+    // value of k in the warp's first row, `rows` counts the warp's rows inside A.
+    const int warp = tid / 32, lane = tid % 32;
+    const int left = K - k0 - 4 * lane;  // values of k left in the row from the lane's first
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        float* dst = as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane;
+        const float* src = a + r * a_sm + k0;
+        const bool inside = r < rows;
+        if (VEC == 4) {
+            const int bytes = inside ? 4 * max(0, min(4, left)) : 0;
+            cp_async16(smem_addr(dst), bytes ? src : a, bytes);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool in = inside && e < left;
+                cp_async4(smem_addr(dst + e), in ? src + e : a, in ? 4 : 0);
+            }
+        }
+    }
+#else
+    // As[k][row]: 128 k x 32 rows; 16-byte copies of 4 rows when A's columns are 16-byte aligned. Thread t copies the
+    // same rows at k = t / (pieces per k) + q x (k per pass) for each pass q: one pointer, moved by a fixed stride.
+    constexpr int PIECE = VEC == 4 ? 4 : 1;                  // rows per copy
+    constexpr int PER_K = ROWS_PER_BLOCK / PIECE;            // copies per k
+    constexpr int K_PER_PASS = THREADS / PER_K;
+    const int r = PIECE * (tid % PER_K), kk0 = tid / PER_K;
+    const int piece_rows = min(PIECE, M - m0 - r);
+    const float* src = a + (long long)(k0 + kk0) * a_sk + m0 + r;
+    const long long pass = (long long)K_PER_PASS * a_sk;
+#pragma unroll
+    for (int q = 0; q < STEP / K_PER_PASS; ++q, src += pass) {
+        const int kk = kk0 + q * K_PER_PASS;
+        const int bytes = k0 + kk < K && piece_rows > 0 ? 4 * piece_rows : 0;
+        if (PIECE == 4) cp_async16(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes);
+        else cp_async4(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes);
+    }
+#endif
+    // B: STEP x NMAX; consecutive threads take the elements that are consecutive in global memory (k when B has unit
+    // stride along k, else j): coalesced reads. As for A, a thread keeps its column (or k) and moves by a fixed
+    // stride from pass to pass.
+    constexpr int FAST = B_T ? STEP : NMAX;                  // elements along B's unit-stride axis
+    constexpr int PASSES = (STEP * NMAX + THREADS - 1) / THREADS;
+    const int f0 = tid % FAST, s0 = tid / FAST;              // position along the fast and the slow axis
+    constexpr int SLOW_PER_PASS = THREADS / FAST > 0 ? THREADS / FAST : 1;
+    const long long slow_stride = B_T ? b_sn : b_sk;
+    const int kb = B_T ? k0 + f0 : k0 + s0, jb = B_T ? n0 + s0 : n0 + f0;
+    const float* bsrc = b + (long long)kb * b_sk + (long long)jb * b_sn;
+#pragma unroll
+    for (int q = 0; q < PASSES; ++q, bsrc += SLOW_PER_PASS * slow_stride) {
+        const int slow = s0 + q * SLOW_PER_PASS;
+        if (STEP * NMAX % THREADS != 0 && slow * FAST + f0 >= STEP * NMAX) break;
+        const int kk = B_T ? f0 : slow, j = B_T ? slow : f0;
+        const bool in = k0 + kk < K && n0 + j < N;
+        cp_async4(smem_addr(bs + (A_T == 0 ? j * KPITCH + kk : kk * JPITCH + j)), in ? bsrc : b, in ? 4 : 0);
     }
 }
 
-// MIN_BLOCKS = 2 blocks per SM (16 warps, up to 128 registers each): enough loads in flight to cover the memory
-// latency. (Without it ptxas kept the A_T = 1 layout of 16 columns to 64 registers and spilled.)
+// MIN_BLOCKS blocks per SM (2: 16 warps; the registers hold the accumulators only, so that is no squeeze).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fastmm_skinny(FASTMM_GEMM_PARAMS)
 {
-    // Two stages of B; after the K loop (A_T = 1) the warps' partial sums, which fit in the first (KC >= 256).
-    __shared__ __align__(16) float stages[2][STAGE_FLOATS];
+    extern __shared__ __align__(16) float smem[];  // STAGES slots of (A's step, B's step)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m0 = blockIdx.y * ROWS_PER_BLOCK, n0 = blockIdx.x * NMAX;
@@ -77,15 +130,23 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
     const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+    const int steps = (K + STEP - 1) / STEP;
+    // A_T = 0: each thread copies (and reads back) 4 rows of its warp from the lane's 4 values of k.
+    const int rows = A_T == 0 ? M - m0 - warp * ROWS_PER_WARP : 0;
+    const float* a_copy = A_T == 0 ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + 4 * lane : a;
 
-    constexpr bool KFAST = A_T == 0;
-    // (A matrix-vector product with A_T = 1 reads its vector directly: see below.)
-    if (A_T == 0 || NMAX > 1) issue_b(stages[0], KFAST, b, b_sk, b_sn, 0, K, n0, N);
-    cp_async_commit();
+    // The ring's first STAGES - 1 steps; one cp.async group per step (empty past the last), so that "all but the
+    // newest STAGES - 2 groups have landed" always means "this step's slot has".
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) issue_step(smem + s * SLOT_FLOATS, s, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0, M, K, n0, N);
+        cp_async_commit();
+    }
+
 #if A_T == 0
     // PARTS partial sums per element of C: for a matrix-vector product, one per k of the lane's 16-byte load (four
     // running sums a quarter as long: with one, the error came out at 2.7x cuBLAS gemv's at 16384^2); with more
-    // columns the registers hold one (four spilled).
+    // columns, one.
     constexpr int PARTS = NMAX == 1 ? 4 : 1;
     float acc[ROWS_PER_WARP][NMAX][PARTS];
 #pragma unroll
@@ -94,51 +155,71 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
         for (int j = 0; j < NMAX; ++j)
 #pragma unroll
             for (int p = 0; p < PARTS; ++p) acc[r][j][p] = 0.0f;
-    const int row0 = m0 + warp * ROWS_PER_WARP;
-    for (int k0 = 0, c = 0; k0 < K; k0 += KC, c ^= 1) {
-        // This chunk's copies have landed for every thread, and every warp is done with the other stage (the
-        // previous chunk's), into which the next chunk's copies now go.
-        cp_async_wait<0>();
+#else
+    float acc[NMAX];
+#pragma unroll
+    for (int j = 0; j < NMAX; ++j) acc[j] = 0.0f;
+#endif
+
+    for (int s = 0; s < steps; ++s) {
+        // Step s's copies have landed for every thread, and every warp is done with the slot of step s - 1, into
+        // which step s + STAGES - 1 now goes.
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
-        if (k0 + KC < K) issue_b(stages[c ^ 1], KFAST, b, b_sk, b_sn, k0 + KC, K, n0, N);
+        const int ahead = s + STAGES - 1;
+        if (ahead < steps)
+            issue_step(smem + (ahead % STAGES) * SLOT_FLOATS, ahead, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0, M, K, n0, N);
         cp_async_commit();
-        const float* stage = stages[c];
-#pragma unroll 2
-        for (int kk = 4 * lane; kk < KC; kk += 128) {
-            const int k = k0 + kk;
-            if (k >= K) break;
-            float4 x[ROWS_PER_WARP];
+        const float* as = smem + (s % STAGES) * SLOT_FLOATS;
+        const float* bs = as + A_FLOATS;
+        // Past K, A and B's stages hold zeros: the FMAs add nothing.
+#if A_T == 0
+        float4 x[ROWS_PER_WARP];
+#pragma unroll
+        for (int r = 0; r < ROWS_PER_WARP; ++r)
+            x[r] = *reinterpret_cast<const float4*>(as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane);
+#pragma unroll
+        for (int j = 0; j < NMAX; ++j) {
+            const float4 y = *reinterpret_cast<const float4*>(bs + j * KPITCH + 4 * lane);
 #pragma unroll
             for (int r = 0; r < ROWS_PER_WARP; ++r) {
-                const float* row = a + (long long)(row0 + r) * a_sm + k;
-                if (row0 + r >= M) {
-                    x[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                } else if (VEC == 4 && k + 3 < K) {
-                    x[r] = __ldg(reinterpret_cast<const float4*>(row));
+                float* sum = acc[r][j];
+                if (PARTS == 4) {
+                    sum[0] = fmaf(x[r].x, y.x, sum[0]);
+                    sum[PARTS - 3] = fmaf(x[r].y, y.y, sum[PARTS - 3]);
+                    sum[PARTS - 2] = fmaf(x[r].z, y.z, sum[PARTS - 2]);
+                    sum[PARTS - 1] = fmaf(x[r].w, y.w, sum[PARTS - 1]);
                 } else {
-                    x[r] = make_float4(__ldg(row), k + 1 < K ? __ldg(row + 1) : 0.0f,
-                                       k + 2 < K ? __ldg(row + 2) : 0.0f, k + 3 < K ? __ldg(row + 3) : 0.0f);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < NMAX; ++j) {
-                const float4 y = *reinterpret_cast<const float4*>(stage + j * KPITCH + kk);
-#pragma unroll
-                for (int r = 0; r < ROWS_PER_WARP; ++r) {
-                    float* sum = acc[r][j];
-                    if (PARTS == 4) {
-                        sum[0] = fmaf(x[r].x, y.x, sum[0]);
-                        sum[PARTS - 3] = fmaf(x[r].y, y.y, sum[PARTS - 3]);
-                        sum[PARTS - 2] = fmaf(x[r].z, y.z, sum[PARTS - 2]);
-                        sum[PARTS - 1] = fmaf(x[r].w, y.w, sum[PARTS - 1]);
-                    } else {
-                        sum[0] = fmaf(x[r].w, y.w, fmaf(x[r].z, y.z, fmaf(x[r].y, y.y, fmaf(x[r].x, y.x, sum[0]))));
-                    }
+                    sum[0] = fmaf(x[r].w, y.w, fmaf(x[r].z, y.z, fmaf(x[r].y, y.y, fmaf(x[r].x, y.x, sum[0]))));
                 }
             }
         }
+#else
+#pragma unroll
+        for (int u = 0; u < KPW; ++u) {
+            const int kk = warp + u * WARPS;
+            const float x = as[kk * ROWS_PER_BLOCK + lane];
+            const float* y = bs + kk * JPITCH;
+            if (NMAX % 4 == 0) {
+#pragma unroll
+                for (int j = 0; j < NMAX; j += 4) {
+                    const float4 y4 = *reinterpret_cast<const float4*>(y + j);
+                    acc[j] = fmaf(x, y4.x, acc[j]);
+                    acc[j + 1] = fmaf(x, y4.y, acc[j + 1]);
+                    acc[j + 2] = fmaf(x, y4.z, acc[j + 2]);
+                    acc[j + 3] = fmaf(x, y4.w, acc[j + 3]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, y[j], acc[j]);
+            }
+        }
+#endif
     }
+
+#if A_T == 0
     // The lanes' partial sums of each element, added in a fixed tree.
+    const int row0 = m0 + warp * ROWS_PER_WARP;
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r)
 #pragma unroll
@@ -151,52 +232,10 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
                 c[(long long)(row0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
         }
 #else
-    float acc[NMAX];
-#pragma unroll
-    for (int j = 0; j < NMAX; ++j) acc[j] = 0.0f;
-    const int row = m0 + lane;
-    const float* col = a + row;  // A[row][k] = col[k * a_sk]
-    if (NMAX == 1) {
-        // A matrix-vector product reads its vector directly: a warp-uniform load per k (one cached transaction), no
-        // stage and no barriers, and one loop over K that keeps more of A's loads in flight. (Staged by cp.async
-        // chunk by chunk it ran at 0.67x cuBLAS at 8192^2, against 0.85x staged by plain loads.)
-        const float* v = b + (long long)n0 * b_sn;
-#pragma unroll 8
-        for (int k = warp; k < K; k += WARPS) {
-            const float x = row < M ? __ldg(col + (long long)k * a_sk) : 0.0f;
-            acc[0] = fmaf(x, __ldg(v + (long long)k * b_sk), acc[0]);
-        }
-    }
-    for (int k0 = 0, c = 0; NMAX > 1 && k0 < K; k0 += KC, c ^= 1) {
-        // This chunk's copies have landed for every thread, and every warp is done with the other stage (the
-        // previous chunk's), into which the next chunk's copies now go.
-        cp_async_wait<0>();
-        __syncthreads();
-        if (k0 + KC < K) issue_b(stages[c ^ 1], KFAST, b, b_sk, b_sn, k0 + KC, K, n0, N);
-        cp_async_commit();
-        const float* stage = stages[c];
-        const int kend = min(KC, K - k0);
-#pragma unroll 4
-        for (int kk = warp; kk < kend; kk += WARPS) {
-            const float x = row < M ? __ldg(col + (long long)(k0 + kk) * a_sk) : 0.0f;
-            if (NMAX % 4 == 0) {
-#pragma unroll
-                for (int j = 0; j < NMAX; j += 4) {
-                    const float4 y = *reinterpret_cast<const float4*>(stage + kk * JPITCH + j);
-                    acc[j] = fmaf(x, y.x, acc[j]);
-                    acc[j + 1] = fmaf(x, y.y, acc[j + 1]);
-                    acc[j + 2] = fmaf(x, y.z, acc[j + 2]);
-                    acc[j + 3] = fmaf(x, y.w, acc[j + 3]);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, stage[kk * JPITCH + j], acc[j]);
-            }
-        }
-    }
-    // The 8 warps' partial sums of each element, added in warp order.
-    float* partial = stages[0];
-    __syncthreads();  // every warp is done with the last chunk's stage (no copies are pending: the last group is empty)
+    // The 8 warps' partial sums of each element, added in warp order, through the first slot.
+    cp_async_wait<0>();  // the last groups are empty, but a slot may not be reused while a copy could land in it
+    __syncthreads();     // every warp is done with the last step's slot
+    float* partial = smem;
 #pragma unroll
     for (int j = 0; j < NMAX; ++j) partial[(warp * ROWS_PER_BLOCK + lane) * NMAX + j] = acc[j];
     __syncthreads();
