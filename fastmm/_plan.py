@@ -247,14 +247,13 @@ def _smem_for(problem: Problem, device: Device) -> str:
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
 _SPLIT_K_OVER_MN = 16
-_SPLIT_MIN_SLICE = 512
+_SPLIT_SLICE = 512
+_SPLIT_MIN_SLICE = 256
 
 
 # Skinny products (an output side below this) with a long K are split too, for accuracy as much as speed:
 # 8192x1x8192 had 10.9x cuBLAS's relative error as one running sum per element, 2.8x with per-tile sums.
 _SKINNY = 32
-# ... into slices at most this deep (error falls as the square root of the number of slices).
-_SKINNY_SLICE = 1024
 
 
 def _skinny(problem: Problem) -> bool:
@@ -268,18 +267,28 @@ def _long_k(problem: Problem, device: Device) -> bool:
     return few or _skinny(problem)
 
 
-def split_count(problem: Problem, device: Device) -> int:
-    """Slices of K for split-K: about two 64x64 blocks per SM, each slice at least _SPLIT_MIN_SLICE deep;
-    skinny products at least one slice per _SKINNY_SLICE of K.
+def _split_for(problem: Problem, device: Device) -> str:
+    """The tile of split-K's slices: 128x256 where both sides of the output hold it, else 64x64.
 
-    Measured (H200, 128x128x65536): 66 slices 10.4 TFLOP/s, 198 slices 10.1: not occupancy. The split path
-    was then host-bound (planned anew on every call); it now replays like any other product.
+    Measured (H100, slices about 512 deep, x cuBLAS in the same run): 256x256x65536 0.85x with 128x256 tiles against
+    0.71x with 64x64 ones; 512x512x32768 0.85x against 0.69x; 128x128x65536 0.93x with 64x64 tiles."""
+    return WT256 if min(problem.m, problem.n) >= 256 and not _skinny(problem) else WT64
+
+
+def split_count(problem: Problem, device: Device) -> int:
+    """Slices of K for split-K: about _SPLIT_SLICE deep, deeper only where that leaves less than a wave of blocks
+    (never shallower than _SPLIT_MIN_SLICE).
+
+    Measured (H100, x cuBLAS in the same run): the best depth was about 500 whatever the output, while filling
+    the SMs was not enough: 128x128x65536 with 64x64 tiles 0.68x in 66 slices of 993 (two blocks per SM), 0.93x in
+    132 slices of 496 or 256 of 256; 256x256x65536 with 128x256 tiles 0.62x / 0.85x / 0.79x in 66 / 132 / 256
+    slices; 64x64x262144 1.09x / 1.07x / 1.01x in 264 / 528 / 1024 slices.
     """
-    tiles = problem.tiles(get_config(WT64))
-    slices = -(-2 * device.sm_count // tiles)
-    if _skinny(problem):
-        slices = max(slices, problem.k // _SKINNY_SLICE)
-    return max(2, min(slices, problem.k // _SPLIT_MIN_SLICE))
+    config = get_config(_split_for(problem, device))
+    tiles = problem.tiles(config)
+    wave = -(-config.min_blocks * device.sm_count // tiles)
+    slices = max(problem.k // _SPLIT_SLICE, min(wave, problem.k // _SPLIT_MIN_SLICE))
+    return max(2, slices)
 
 
 # Few columns (or rows): at most this many, against more of the other side. Such products read each element of the
@@ -306,7 +315,7 @@ def _skinny_for(problem: Problem, device: Device) -> str:
 
 def skinny_splits(problem: Problem, device: Device) -> int:
     """Slices of K for the few-column kernel: at most enough for min_blocks blocks per SM, slices at least
-    _SPLIT_MIN_SLICE deep (single products only, as for split-K), and among those the count whose blocks fill
+    _SPLIT_SLICE deep (single products only, as for split-K), and among those the count whose blocks fill
     their waves best (time ~ waves / slices; the fewest slices on a tie).
 
     Rounded up to fill the SMs, a count can leave a mostly idle last wave: 4096x16x4096 has 128 blocks of rows,
@@ -318,7 +327,7 @@ def skinny_splits(problem: Problem, device: Device) -> int:
     rows = problem.n if few_rows(problem) else problem.m
     blocks = -(-rows // config.tile[0])
     slots = config.min_blocks * device.sm_count
-    most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_MIN_SLICE))
+    most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
     return min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
 
 
@@ -330,7 +339,7 @@ RULES: tuple[Rule, ...] = (
          "the rows alone would leave SMs idle", lambda p, d: _few_columns(p) or few_rows(p), _skinny_for),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
-         "order", _long_k, WT64),
+         "order", _long_k, _split_for),
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )

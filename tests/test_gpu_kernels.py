@@ -166,7 +166,8 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
         assert err < 2e-6, err
 
 
-@pytest.mark.parametrize("m,n,k", [(128, 128, 65536), (64, 100, 10000), (33, 65, 8191), (40, 200, 5003)])
+@pytest.mark.parametrize("m,n,k", [(128, 128, 65536), (64, 100, 10000), (33, 65, 8191), (40, 200, 5003),
+                                   (256, 300, 20000)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     """Long-K products with few output tiles take the split-K path: right, and bitwise the same every run."""

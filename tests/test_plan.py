@@ -90,14 +90,19 @@ def test_tiled_rule_fills_the_gpu():
     assert few.name == "warptile_128x256x32_64x64_8x16_s4_spread"
 
 
-def test_split_k_fills_the_gpu():
+def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     c = choose(128, 128, 65536)
-    assert c.name == "warptile_64x64x16_32x32_8x4_s4_tsum" and c.splits == 66     # 4 tiles x 66 slices = 2 blocks per SM
-    assert choose(64, 64, 4096).splits == 8                       # never slices thinner than 512
+    assert c.name == "warptile_64x64x16_32x32_8x4_s4_tsum" and c.splits == 132  # 4 tiles x 132 = a wave of 4 per SM
+    assert choose(64, 64, 4096).splits == 16                      # a wave would be 528: never thinner than 256
     assert choose(4096, 4096, 4096).splits == 1
-    # Products with an output side of 17 to 31 and a long K split for accuracy: a slice per 1024 of K at least.
-    assert choose(8192, 24, 8192).splits == 8 and choose(8192, 24, 8192).rule == "split-k"
-    assert "split-K into 66 slices" in fastmm.explain((128, 65536), (65536, 128))
+    # Outputs that hold two 128x256 tiles or more take them, in slices of 512.
+    assert (choose(256, 256, 65536).name, choose(256, 256, 65536).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 128)
+    assert (choose(512, 512, 32768).name, choose(512, 512, 32768).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 64)
+    assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
+    # Products with an output side of 17 to 31 and a long K split for accuracy too, on the 64x64 tile.
+    skinny = choose(8192, 24, 8192)
+    assert (skinny.rule, skinny.name, skinny.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 16)
+    assert "split-K into 132 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
 def test_variant_follows_layout_and_alignment():
