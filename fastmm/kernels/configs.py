@@ -392,10 +392,10 @@ class Skinny(_Config):
 
     @property
     def smem_bytes(self) -> int:
-        # skinny.cu's slots: A's step, then B's in the larger of its two padded layouts (k-contiguous rows of
-        # STEP + 4, or j-contiguous rows of JPITCH), rounded to 16 bytes.
+        # skinny.cu's slots: A's step, then B's in the largest of its layouts (k-contiguous rows of STEP + 4,
+        # j-contiguous rows of JPITCH, or for a matrix-vector product 4 values per thread), rounded to 16 bytes.
         jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
-        b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch)
+        b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch, 4 * 256 if self.nmax == 1 else 0)
         return self.stages * 4 * (self.ROWS * self.STEP + -(-b // 4) * 4)
 
     def _tile_macros(self) -> dict[str, int]:

@@ -41,7 +41,10 @@
 #define KPITCH (STEP + 4)
 #define JPITCH (NMAX == 1 ? 1 : NMAX % 4 == 0 ? NMAX + 4 : NMAX + 1)
 #define A_FLOATS (ROWS_PER_BLOCK * STEP)
-#define B_FLOATS (A_T == 0 ? NMAX * KPITCH : STEP * JPITCH)
+// A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies
+// (16 bytes a step): then every thread reads back only what it copied, and the K loop needs no barrier at all.
+#define PRIVATE_B (A_T == 0 && NMAX == 1)
+#define B_FLOATS (PRIVATE_B ? THREADS * 4 : A_T == 0 ? NMAX * KPITCH : STEP * JPITCH)
 #define B_FLOATS_ALIGNED ((B_FLOATS + 3) / 4 * 4)
 #define SLOT_FLOATS (A_FLOATS + B_FLOATS_ALIGNED)
 
@@ -96,6 +99,22 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
         const int bytes = k0 + kk < K && piece_rows > 0 ? 4 * piece_rows : 0;
         if (PIECE == 4) cp_async16(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes);
         else cp_async4(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes);
+    }
+#endif
+#if PRIVATE_B
+    {
+        // The thread's own 4 values of the vector, beside its own 4 rows of A.
+        const int lane = tid % 32, left = K - k0 - 4 * lane;
+        const float* src = b + (long long)n0 * b_sn + (long long)(k0 + 4 * lane) * b_sk;
+        float* dst = bs + 4 * tid;
+        if (b_sk == 1 && reinterpret_cast<unsigned long long>(b + (long long)n0 * b_sn) % 16 == 0) {
+            const int bytes = 4 * max(0, min(4, left));
+            cp_async16(smem_addr(dst), bytes ? src : b, bytes);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) cp_async4(smem_addr(dst + e), e < left ? src + e * b_sk : b, e < left ? 4 : 0);
+        }
+        return;
     }
 #endif
     // B: STEP x NMAX; consecutive threads take the elements that are consecutive in global memory (k when B has unit
@@ -163,9 +182,10 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
 
     for (int s = 0; s < steps; ++s) {
         // Step s's copies have landed for every thread, and every warp is done with the slot of step s - 1, into
-        // which step s + STAGES - 1 now goes.
+        // which step s + STAGES - 1 now goes. (With PRIVATE_B, a thread's own copies are all it reads: its own
+        // wait is enough.)
         cp_async_wait<STAGES - 2>();
-        __syncthreads();
+        if (!PRIVATE_B) __syncthreads();
         const int ahead = s + STAGES - 1;
         if (ahead < steps)
             issue_step(smem + (ahead % STAGES) * SLOT_FLOATS, ahead, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0, M, K, n0, N);
@@ -180,7 +200,7 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             x[r] = *reinterpret_cast<const float4*>(as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane);
 #pragma unroll
         for (int j = 0; j < NMAX; ++j) {
-            const float4 y = *reinterpret_cast<const float4*>(bs + j * KPITCH + 4 * lane);
+            const float4 y = *reinterpret_cast<const float4*>(PRIVATE_B ? bs + 4 * tid : bs + j * KPITCH + 4 * lane);
 #pragma unroll
             for (int r = 0; r < ROWS_PER_WARP; ++r) {
                 float* sum = acc[r][j];
