@@ -76,6 +76,14 @@ SHAPES = (
     Shape("16x16x1048576", 16, 16, 1 << 20),
     Shape("batch 64 matvec 1024x1x1024", 1024, 1, 1024, batch=64),
     Shape("3001^3", 3001, 3001, 3001),
+    Shape("4096x8x4096", 4096, 8, 4096),
+    Shape("2048x1x16384", 2048, 1, 16384),
+    Shape("vecmat 1x4096x65536", 1, 4096, 65536),
+    Shape("65536x16x1024", 65536, 16, 1024),
+    # Long K on a small output: split-K in slices about 512 deep.
+    Shape("64x64x262144", 64, 64, 1 << 18),
+    Shape("256x256x65536", 256, 256, 65536),
+    Shape("512x512x32768", 512, 512, 32768),
 )
 
 # Extra interleaved (cuBLAS, auto) rounds per row; their timings and the first pass's give the medians.

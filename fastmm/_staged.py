@@ -107,14 +107,20 @@ def _event():
     return _gemm._cupy().cuda.Event(block=True, disable_timing=True)
 
 
-def _up(dst, src):
+def _up(dst, src, allocated):
     """(A staging thread.) ``dst[...] = src``: the host view `src` into a pinned slot, then to the contiguous device
-    view `dst` on this thread's stream. Returns the event after that copy (the slot is reused after it)."""
+    view `dst` on this thread's stream, once the event `allocated` (recorded on the stream that allocated `dst`) is
+    done. Returns the event after that copy (the slot is reused after it)."""
     cp = _gemm._cupy()
     me = _stager()
     device = dst.device.id
     with cp.cuda.Device(device):
         stream = me.stream(device, "up")
+        # CuPy's pool hands out memory freed on the allocating stream at once, ordered after that stream's queued
+        # work (which may still read the memory's previous owner); this stream is not ordered after it, so it waits.
+        # (Without the wait, chunk uploads of a Dask graph overwrote operands of products still queued on a busy
+        # GPU: wrong results under load.)
+        stream.wait_event(allocated)
         i, pin = me.slot(src.shape)
         np.copyto(pin, src)
         dst.set(pin, stream=stream)
@@ -197,7 +203,9 @@ def _upload(host, jobs: list, pool):
     """A new device array equal to `host`, being copied up by `pool`'s staging threads: (array, futures of the
     events that end its pieces' copies). The futures are appended to `jobs` too."""
     dev = _gemm.empty(host.shape)
-    futures = [_submit(pool, _up, d, h) for d, h in _split(dev, host, _chunk_bytes(host.nbytes, pool))]
+    allocated = _event()
+    allocated.record(_gemm._cupy().cuda.get_current_stream())
+    futures = [_submit(pool, _up, d, h, allocated) for d, h in _split(dev, host, _chunk_bytes(host.nbytes, pool))]
     jobs.extend(futures)
     return dev, futures
 

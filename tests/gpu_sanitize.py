@@ -22,8 +22,9 @@ from fastmm.kernels.configs import _BY_NAME, CONFIGS
 # block (fewer K-tiles than stages) and (300, 600, 160) in the interior blocks only.
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (300, 600, 100), (256, 512, 96),
           (300, 600, 160)]
-# `auto` also runs a long-K shape, which takes the split-K path (strided slices plus CuPy's reduction).
-AUTO_SHAPES = SHAPES + [(40, 72, 4100)]
+# `auto` also runs long-K shapes, which take the split paths (strided slices, then fastmm's slice sum): split-K, the
+# few-column kernel split over K (few columns, few rows), and a ragged matrix-vector product.
+AUTO_SHAPES = SHAPES + [(40, 72, 4100), (1000, 3, 4100), (5, 700, 4100), (3000, 1, 777)]
 
 
 def main(kernels) -> int:

@@ -37,6 +37,21 @@ def test_chunked_products_on_the_threaded_scheduler(chunks, rng, launches):
         _close(got, want)
 
 
+def test_chunked_products_from_host_memory_on_a_busy_gpu(rng):
+    """Chunks uploaded while the GPU is still busy with earlier work: each upload reuses memory that CuPy's pool
+    freed under products still queued, so it must wait for them (it did not, and results came out wrong whenever
+    the GPU lagged behind the host: under another process's load, or behind a long kernel as here)."""
+    a = rng.standard_normal((1000, 700)).astype(np.float32)
+    b = rng.standard_normal((700, 900)).astype(np.float32)
+    want = cp.matmul(cp.asarray(a), cp.asarray(b))
+    x, y = fd.from_array(a, chunks=(200, 100)), fd.from_array(b, chunks=(100, 300))
+    big = cp.ones((4096, 4096), cp.float32)
+    for _ in range(3):
+        for _ in range(8):  # ~10 ms of queued work ahead of the graph's products
+            cp.matmul(big, big)
+        _close((x @ y).compute(scheduler="threads"), want)
+
+
 def test_batched_product_and_results_to_the_host(rng):
     a = rng.standard_normal((6, 200, 150)).astype(np.float32)
     b = rng.standard_normal((6, 150, 170)).astype(np.float32)

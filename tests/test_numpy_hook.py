@@ -505,14 +505,33 @@ def test_a_failed_piece_leaves_no_staging_copy_running(lazy_gpu, rng, monkeypatc
     np.testing.assert_allclose(c2, _ref(a, b), rtol=1e-6, atol=1e-5)
 
 
+def test_uploads_wait_for_work_queued_on_memory_the_pool_hands_out_again(lazy_gpu, monkeypatch):
+    """CuPy's pool gives a new array memory freed on the allocating stream while that stream's queued work may still
+    read it; the staging copies run on streams of their own, so they must wait for that work first. (They did not:
+    a Dask graph's chunk uploads overwrote the operands of products still queued on a busy GPU.)"""
+    gpu = lazy_gpu
+    recycled = gpu.cupy.empty((4, 4), np.float32)
+    recycled[...] = 1.0  # the previous owner's data, which a queued kernel still reads
+    seen = np.zeros((4, 4), np.float32)
+
+    def queued_kernel():
+        seen[...] = recycled
+    gpu.queue(None, queued_kernel)
+    monkeypatch.setattr(gpu.cupy, "empty", lambda shape, dtype: recycled)  # the pool hands the same memory out
+    dev = _staged._put(np.full((4, 4), 7.0, np.float32))
+    gpu.null.synchronize()
+    assert (seen == 1.0).all(), "the upload overwrote memory before the work queued on it had read it"
+    assert (dev == 7.0).all()
+
+
 def test_large_products_are_staged_by_the_staging_threads(lazy_gpu, rng, monkeypatch):
     """The threads' path is the one taken (not the calling thread's) when the product is over _INLINE_BYTES."""
     names = set()
     real = _staged._up
 
-    def up(dst, src):
+    def up(dst, src, allocated):
         names.add(threading.current_thread().name.split("_")[0])
-        return real(dst, src)
+        return real(dst, src, allocated)
 
     monkeypatch.setattr(_staged, "_up", up)
     a = rng.standard_normal((1, 200, 64)).astype(np.float32)
