@@ -362,13 +362,16 @@ class Ahead:
 _SKINNY_MIN_ELEMENTS = 1 << 22
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("split-k", "long K on few output tiles: cuBLAS ran 128x128x65536 1.5x faster (auto 0.68x cuBLAS)",
+    Ahead("split-k", "long K on few output tiles, in slices about 512 deep: 128x128x65536 0.94x cuBLAS, "
+          "256x256x65536 0.87x, 512x512x32768 0.86x (64x64x262144 1.08x)",
           lambda p, c, d: c.rule == "split-k" and not _skinny(p)),
-    Ahead("skinny", f"an output side below {_SKINNY} (matrix-vector, a few columns): bound by memory; the few-column "
-          "kernel is level with cuBLAS's gemv on some of these (matvec 16384^2: 1.02x) and well behind on others "
-          "(4096x16x4096: 0.43-0.60x, 8x4096x4096: 0.42-0.56x; matrix-vector products split over K vary between "
-          "runs), so cuBLAS keeps the class",
-          lambda p, c, d: _skinny(p) and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
+    Ahead("skinny", f"an output side of 17 to {_SKINNY - 1} with a long K: split-K on 64x64 tiles, which ran "
+          "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
+          lambda p, c, d: _skinny(p) and c.rule == "split-k" and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
+    Ahead("matvec split", "a matrix-vector product on too few rows for the SMs, split over K into 4 slices or more "
+          "(2048x1x16384: 0.92-0.93x cuBLAS; every other few-column row of the bench is level or ahead)",
+          lambda p, c, d: c.rule == "few-columns" and c.config.name == "skinny_n1" and c.splits >= 4
+          and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave (768^3: auto 0.73x cuBLAS)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "

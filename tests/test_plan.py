@@ -263,9 +263,12 @@ def test_tune_size_classes(size, cls):
 
 @pytest.mark.parametrize("m,n,k,aligned,ahead", [
     (768, 768, 768, True, "partial wave"),          # 72 tiles of 128x64: 0.73x cuBLAS on the bench
-    (8192, 1, 8192, False, "skinny"),               # matrix-vector split over K: varies by run
-    (4096, 16, 4096, True, "skinny"),               # 0.43-0.60x
-    (128, 128, 65536, True, "split-k"),             # 0.64-0.68x
+    (8192, 1, 8192, False, None),                   # matrix-vector: 1.21-1.23x
+    (4096, 16, 4096, True, None),                   # few columns: 1.01-1.03x
+    (8, 4096, 4096, True, None),                    # few rows: 1.15-1.16x
+    (2048, 1, 16384, True, "matvec split"),         # 4 slices of K: 0.92-0.93x
+    (4096, 24, 8192, True, "skinny"),               # 17-31 columns: split-K on 64x64 tiles
+    (128, 128, 65536, True, "split-k"),             # 0.93-0.94x
     (4097, 4097, 4097, False, "unaligned"),         # 0.93x
     (4096, 4096, 4096, True, None),                 # level with cuBLAS or ahead: fastmm's
     (1024, 1024, 1024, True, None),
