@@ -103,7 +103,7 @@ def test_other_dtypes_and_forms_stay_cupys_bit_for_bit(rng, launches):
     assert all(type(g) is cp.ndarray and bool(cp.array_equal(g, w)) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("shape", [(768, 768, 768), (8192, 8192, 1), (4096, 4096, 16)], ids=str)
+@pytest.mark.parametrize("shape", [(768, 768, 768), (2048, 16384, 1), (128, 65536, 128)], ids=str)
 def test_shapes_where_cublas_is_ahead_are_left_to_cupy(shape, rng, launches):
     m, k, n = shape
     a, b = _f32(rng, m, k), _f32(rng, k, n)
@@ -117,6 +117,19 @@ def test_shapes_where_cublas_is_ahead_are_left_to_cupy(shape, rng, launches):
     assert bool(cp.array_equal(got, want))  # the same cuBLAS call: the same bits
     fastmm.asarray(a) @ fastmm.asarray(b)
     assert launches  # fastmm arrays still run fastmm's kernels: the user chose them
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192, 1), (4096, 4096, 16), (8, 4096, 4096)], ids=str)
+def test_few_column_shapes_run_on_fastmm_under_the_hook(shape, rng, launches):
+    """Matrix-vector and few-column products: the few-column kernel is level with cuBLAS or ahead, so the hook
+    runs them on fastmm's kernels (they were left to cuBLAS while it trailed)."""
+    m, k, n = shape
+    a, b = _f32(rng, m, k), _f32(rng, k, n)
+    assert "leave this product to cuBLAS" not in fastmm.explain(a, b)
+    with fastmm.accelerate_cupy():
+        got = a @ b
+    assert launches and all(name.startswith("skinny") or name == "slicesum" for name in launches), launches
+    _close(got, _d(a) @ _d(b))
 
 
 def test_a_fastmm_failure_falls_back_to_cupy_once_warned(monkeypatch, rng):
