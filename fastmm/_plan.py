@@ -370,7 +370,7 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           lambda p, c, d: _skinny(p) and c.rule == "split-k" and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("matvec split", "a matrix-vector product on too few rows for the SMs, split over K into 4 slices or more "
           "(2048x1x16384: 0.92-0.93x cuBLAS; every other few-column row of the bench is level or ahead)",
-          lambda p, c, d: c.rule == "few-columns" and c.config.name == "skinny_n1" and c.splits >= 4
+          lambda p, c, d: c.rule == "few-columns" and c.config.name == SKINNY[0] and c.splits >= 4
           and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave (768^3: auto 0.73x cuBLAS)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
