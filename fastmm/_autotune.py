@@ -69,7 +69,7 @@ def tune(shapes, *, seed: int = 0, progress: bool = True) -> list[dict]:
         problem = planned[0]
         table = _plan.choose(problem, device, tuned=False)
         row = {"shape": shape.label, "bucket": _plan.tune_bucket(problem), "heuristic": table.name}
-        if table.rule in ("empty", "split-k"):
+        if table.rule == "empty" or table.splits > 1:
             row["skipped"] = f"the table's {table.rule} plan is not a choice of configuration"
             rows.append(row)
             bar.update()

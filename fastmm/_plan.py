@@ -114,6 +114,7 @@ class Rule:
     reason: str
     test: Callable[[Problem, Device], bool]
     kernel: str | Callable[[Problem, Device], str]
+    splits: Callable[[Problem, Device], int] | None = None  # slices of K (None: the product runs whole)
 
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
@@ -331,15 +332,48 @@ def skinny_splits(problem: Problem, device: Device) -> int:
     return min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
 
 
+# Split-K over a short K, where the tiled rule's tile would leave SMs idle: slices of 128x64 tiles, counted so that
+# the busiest SM's share of the work (blocks per SM, rounded up, times each block's depth) is least. Measured on an
+# H100 (x cuBLAS in the same run, unsplit -> split): 768^3 0.72x -> 1.02x (3 slices), 896^3 0.71x -> 0.97x (4),
+# 1536^3 0.75x -> 1.01x (4), 1792^3 0.92x -> 1.03x (2), 512x512x2048 0.44x -> 0.95x (4), 768x3072x768 0.75x -> 0.91x
+# (4); where the tiles give at least 80% of the SMs a block (1024^3 0.98x, 2048^3 0.99x, 2048x2048x512 0.98x,
+# 1024x1024x4096 0.82x) every split measured slower. Slices divide K into whole 16-deep steps: an uneven last slice
+# runs as a launch of its own (896^3 in 3 slices: below 0.71x). Small products stay whole: a second launch costs
+# more than idle SMs there (640^3 runs 1.22x cuBLAS unsplit on 64x64 tiles).
+_IDLE_SMS = 0.8
+_MID_MIN_DEPTH = 128
+_MID_MIN_MACS = 1 << 28
+
+
+def _idle_sms(problem: Problem, device: Device) -> bool:
+    if problem.batch != 1 or _skinny(problem) or problem.m * problem.n * problem.k < _MID_MIN_MACS:
+        return False
+    tiled = get_config(_fill(problem, device))
+    return problem.tiles(tiled) < _IDLE_SMS * device.sm_count and mid_splits(problem, device) > 1
+
+
+def mid_splits(problem: Problem, device: Device) -> int:
+    """Slices of K for split-K on a short K (see _IDLE_SMS); 1 where K has no even split into 16-deep steps."""
+    config = get_config(WT128x64)
+    tiles = problem.tiles(config)
+    counts = [s for s in range(2, problem.k // _MID_MIN_DEPTH + 1) if problem.k % (config.bk * s) == 0]
+    # The busiest SM's share of the work; on a tie the fewest slices (each adds a slice to the sum's pass).
+    return min(counts, key=lambda s: (-(-tiles * s // device.sm_count) * (problem.k // s), s), default=1)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("empty", "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule("few-columns", f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
-         "the rows alone would leave SMs idle", lambda p, d: _few_columns(p) or few_rows(p), _skinny_for),
+         "the rows alone would leave SMs idle", lambda p, d: _few_columns(p) or few_rows(p), _skinny_for,
+         skinny_splits),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
-         "order", _long_k, _split_for),
+         "order", _long_k, _split_for, split_count),
+    Rule("split-k-mid", f"the tiled rule's tile would give fewer than {_IDLE_SMS:.0%} of the SMs a block: K split "
+         "into whole 16-deep slices of 128x64 tiles, as many as put the least work on the busiest SM, then summed in "
+         "a fixed order", _idle_sms, WT128x64, mid_splits),
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
@@ -372,7 +406,8 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           "(2048x1x16384: 0.92-0.93x cuBLAS; every other few-column row of the bench is level or ahead)",
           lambda p, c, d: c.rule == "few-columns" and c.config.name == SKINNY[0] and c.splits >= 4
           and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
-    Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave (768^3: auto 0.73x cuBLAS)",
+    Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
+          "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "
           "(4097^3: auto 0.93x cuBLAS)",
@@ -752,8 +787,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         for rule in RULES:
             if rule.test(problem, device):
                 name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
-                splits = (split_count(problem, device) if rule.name == "split-k" else
-                          skinny_splits(problem, device) if rule.name == "few-columns" else 1)
+                splits = rule.splits(problem, device) if rule.splits else 1
                 config = get_config(name)
                 choice = Choice(config, problem.variant_for(config), rule.name, rule.reason, splits)
                 break
@@ -767,7 +801,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None
-        if tuned and choice.rule not in ("empty", "split-k", "tensor", "few-columns"):
+        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "few-columns"):
             entry = tuned_entries(device).get(tune_bucket(problem))
         if entry is not None and entry.get("kernel") in _BY_NAME:
             choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",

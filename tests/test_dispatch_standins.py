@@ -457,13 +457,13 @@ def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(la
     before anything is launched; the same shape outside runs fastmm's kernel, and its replay is not reused inside."""
     from fastmm import _plan
 
-    a = _fastmm(np.zeros((768, 768), np.float32))
-    _dispatch.matmul(a, a)
-    _dispatch.matmul(a, a)  # a replay
+    a, b = _fastmm(np.zeros((768, 256), np.float32)), _fastmm(np.zeros((256, 768), np.float32))
+    _dispatch.matmul(a, b)
+    _dispatch.matmul(a, b)  # a replay
     assert launched == [_plan.WT128x64_SUMS] * 2
     with _plan.yield_to_cublas():
         with pytest.raises(_plan.CublasAhead, match="partial wave"):
-            _dispatch.matmul(a, a)
+            _dispatch.matmul(a, b)
         small = _fastmm(np.zeros((64, 64), np.float32))
         _dispatch.matmul(small, small)  # not a class where cuBLAS is ahead: fastmm's kernel
     assert launched == [_plan.WT128x64_SUMS] * 2 + [_plan.WT64]

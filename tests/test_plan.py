@@ -41,7 +41,7 @@ def test_unknown_kernel_lists_valid_names():
     (16, 16, 16, 1, "few-columns"), (1000, 1, 1000, 1, "few-columns"), (1, 4096, 4096, 1, "few-columns"),
     (17, 17, 17, 1, "tiled"), (16, 17, 4096, 1, "few-columns"), (17, 4096, 4096, 1, "split-k"),
     (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "tiled"),
-    (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "tiled"), (64, 64, 16384, 1, "split-k"),
+    (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
     (1, 1, 1 << 20, 1, "few-columns"), (32, 32, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
@@ -66,7 +66,9 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(256, 256, 256, batch=64).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(2048, 2048, 2032).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 50 tiles of 128x256: too few
-    assert choose(768, 768, 4096).name == "warptile_128x64x16_32x64_8x8_s4_tsum"   # 72 tiles: over half the SMs
+    # 72 tiles: over half the SMs, with per-tile sums below 3/4 of a wave (then split-K over K takes the product)
+    assert _plan._fill(_plan.Problem(768, 768, 4096), H100) == "warptile_128x64x16_32x64_8x8_s4_tsum"
+    assert choose(768, 768, 4096).rule == "split-k-mid"
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
     assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
@@ -74,7 +76,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
     assert choose(4096, 32, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
-    assert choose(768, 768, 768).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
+    assert choose(768, 768, 256).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"      # K not a multiple of 16
     # A ragged last wave: 3000^3 is 2.2 waves of 128x256 tiles (27% of the SMs' time idle), 2.85 of 128x64.
@@ -103,6 +105,25 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     skinny = choose(8192, 24, 8192)
     assert (skinny.rule, skinny.name, skinny.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 16)
     assert "split-K into 132 slices" in fastmm.explain((128, 65536), (65536, 128))
+
+
+@pytest.mark.parametrize("m,n,k,splits", [
+    (768, 768, 768, 3), (896, 896, 896, 4), (1536, 1536, 1536, 4), (1792, 1792, 1792, 2), (512, 512, 2048, 4),
+    (768, 3072, 768, 4),
+])
+def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits):
+    c = choose(m, n, k)
+    assert (c.rule, c.name, c.splits) == ("split-k-mid", "warptile_128x64x16_32x64_8x8_s4", splits)
+    assert k % (16 * splits) == 0  # whole 16-deep steps in every slice: no uneven last slice
+    assert f"split-K into {splits} slices" in fastmm.explain((m, k), (k, n))
+
+
+@pytest.mark.parametrize("m,n,k,batch", [
+    (1024, 1024, 1024, 1), (2048, 2048, 2048, 1), (2048, 2048, 512, 1), (640, 640, 640, 1),  # SMs busy, or small
+    (512, 512, 512, 1), (768, 768, 768 + 8, 1), (768, 768, 768, 2),  # no even 16-deep split; batched
+])
+def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, n, k, batch):
+    assert choose(m, n, k, batch).splits == 1
 
 
 def test_variant_follows_layout_and_alignment():
@@ -262,7 +283,7 @@ def test_tune_size_classes(size, cls):
 
 
 @pytest.mark.parametrize("m,n,k,aligned,ahead", [
-    (768, 768, 768, True, "partial wave"),          # 72 tiles of 128x64: 0.73x cuBLAS on the bench
+    (768, 768, 256, True, "partial wave"),          # 72 tiles of 128x64, K too short to split
     (8192, 1, 8192, False, None),                   # matrix-vector: 1.21-1.23x
     (4096, 16, 4096, True, None),                   # few columns: 1.01-1.03x
     (8, 4096, 4096, True, None),                    # few rows: 1.15-1.16x
@@ -287,7 +308,7 @@ def test_cublas_ahead_names_the_measured_classes(m, n, k, aligned, ahead):
 
 def test_explain_says_when_the_cupy_hook_leaves_a_product_to_cublas():
     assert "under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS (partial wave" in \
-        fastmm.explain((768, 768), (768, 768))
+        fastmm.explain((768, 256), (256, 768))
     assert "accelerate_cupy" not in fastmm.explain((4096, 4096), (4096, 4096))
 
 
