@@ -64,8 +64,8 @@ def __getattr__(name):
 def explain(a, b, kernel=None, precision=None) -> str:
     """Say which kernel ``matmul(a, b)`` runs, by which rule of the heuristic table, and why.
 
-    Nothing is computed: the product is planned as `matmul` would plan it, on the current GPU when CuPy,
-    PyCUDA and a GPU are available, else for an assumed H100/H200.
+    Nothing is computed: the product is planned as `matmul` would plan it, on the current GPU when CuPy
+    and a GPU are available, else for an assumed H100/H200.
 
     Parameters
     ----------
@@ -130,7 +130,7 @@ def explain(a, b, kernel=None, precision=None) -> str:
             from . import _cuda
 
             device = _cuda.device(cupy.cuda.Device().id)
-    except Exception:  # no CuPy, no GPU or no PyCUDA: plan for the assumed device
+    except Exception:  # no CuPy or no GPU: plan for the assumed device
         pass
     if precision is not None:
         _plan._check_precision(precision)

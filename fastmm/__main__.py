@@ -1,6 +1,6 @@
 """fastmm's command line: what was found, kernel resources, the plan for a product, the bench table, autotuning.
 
-info, compile and explain need no GPU (compile needs nvcc); bench and autotune need a CUDA GPU, CuPy and PyCUDA.
+info, compile and explain need no GPU (compile needs nvcc); bench and autotune need a CUDA GPU and CuPy.
 """
 
 from __future__ import annotations
@@ -70,12 +70,6 @@ def cmd_info(args) -> int:
     except ImportError:
         cupy = None
         print("cupy        not installed")
-    try:
-        import pycuda
-
-        print(f"pycuda      {pycuda.VERSION_TEXT}")
-    except ImportError:
-        print("pycuda      not installed")
     try:
         from .kernels.build import find_nvcc
 

@@ -1,35 +1,25 @@
-"""PyCUDA runtime: loading compiled kernels into CuPy's context and launching them on CuPy's stream.
+"""The CUDA runtime of fastmm's kernels: loading compiled cubins into CuPy's context, launching them on CuPy's stream.
 
-PyCUDA is imported lazily (it cannot even be built without a CUDA driver), so importing fastmm, planning and
-compiling work on any machine.
+fastmm calls the CUDA driver API (cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel) through the bindings
+that CuPy ships (``cupy.cuda.driver``), imported lazily, so importing fastmm, planning and compiling work on any
+machine. Earlier versions of fastmm used PyCUDA here. Measured on an H100 host (64x64 products): PyCUDA's launch
+(``Function._launch_kernel`` with a pre-packed buffer) cost 8.5 us, CuPy's binding of the same driver call 4.9 us
+with the arguments packed, the largest single cost of a small product. PyCUDA also cannot launch on a stream it
+did not create (every product on a non-default CuPy stream went through a stream of fastmm's own, ordered by two
+events), keeps a per-thread stack of contexts that aborts the process when a thread ends with a context on it,
+and ships no binary wheels (every install compiled it against a CUDA toolkit). None of that applies here.
 
-Contexts and threads. fastmm shares CuPy's context: CuPy uses the CUDA runtime, whose context is the
-device's primary context, and fastmm loads its modules into that same context (``pycuda.autoinit`` would
-create a second context, in which CuPy's pointers are invalid). What PyCUDA does with contexts decides the
-design (facts from PyCUDA's src/cpp/cuda.hpp):
+Contexts and threads. fastmm shares CuPy's context: CuPy uses the CUDA runtime, whose context is the device's
+primary context, and fastmm loads its modules into that same context. A launch runs in the driver's current
+context of the calling thread, with no stack to balance. CuPy's runtime makes the current device's primary context
+current on each thread that uses it, so a launch only checks that the current context is the right one (one
+driver call) and makes it so when it is not: a thread that has not touched CUDA yet gets the primary context of
+its current device, as CuPy's first call would give it; any other mismatch is switched for the launch and
+switched back. Modules and functions are loaded once per process and device and never unloaded (the driver
+frees them with the process): a function handle may then be used from any thread at any time.
 
-* PyCUDA keeps its own stack of contexts per thread; when a thread ends with anything on it (or the
-  process exits with anything on the main thread's), PyCUDA prints "The context stack was not empty upon
-  module cleanup" and calls abort(). So fastmm never leaves a context pushed: it pushes only around a
-  module load or a stream creation and pops in ``finally``.
-* A PyCUDA module or stream remembers the context that was on top of that stack when it was made, and that
-  context remembers the thread that retained it. Destroying the module or stream on any other thread with
-  the context not pushed fails with "module in out-of-thread context could not be cleaned up" (and a
-  leak); after a sticky fault its clean-up prints a warning. So fastmm never destroys them: the context,
-  modules, functions and bridge streams live in a process-wide holder that is never freed (`_KEEP`), not
-  even at interpreter exit. The driver frees them with the process.
-* A launch (``cuLaunchKernel``) needs no PyCUDA stack at all: it runs in the driver's current context of the
-  calling thread. CuPy's runtime makes the current device's primary context current on each thread that
-  uses it, so a launch only checks that the current context is the right one (one driver call) and makes it
-  so when it is not: a thread that has not touched CUDA yet gets the primary context of its current device,
-  as CuPy's first call would give it; any other mismatch is switched for the launch and switched back.
-
-Streams: CuPy's default stream is the legacy null stream, which PyCUDA's ``stream=None`` also means, so the
-common case costs nothing. PyCUDA cannot launch on a stream handle it did not create, so when CuPy's current
-stream is another one, fastmm launches on a bridge stream of its own, ordered after CuPy's stream by an event
-and before it by a second event: results stay correct and the host never waits. Each thread borrows one
-bridge per device while it lives and gives it back to a pool when it ends, so threads on different streams
-do not serialise each other, and thousands of short-lived threads reuse a few streams.
+Streams: a product is launched on CuPy's current stream of the device, whatever it is (the legacy default stream,
+a non-blocking stream, the per-thread default stream), so it is ordered with the caller's other work on it.
 
 Faults: every driver error becomes a fastmm error (fastmm/_errors.py) whose message says what to do. A
 sticky fault (an illegal address, say) breaks the device's context for the whole process; fastmm says so
@@ -51,96 +41,105 @@ from .kernels.configs import MAX_GRID_Y, MAX_GRID_Z, Variant, _Config
 
 __all__ = ["device", "Launch", "loaded_function", "as_fastmm_error"]
 
-# Everything PyCUDA would clean up in a context-dependent way, kept for the life of the process. The extra
-# reference taken here is never dropped, so neither thread exit nor interpreter shutdown destroys them.
-_KEEP: list = []
-ctypes.pythonapi.Py_IncRef(ctypes.py_object(_KEEP))
-
-_lock = threading.RLock()       # driver initialisation, per-device set-up, module loads, bridge creation
-_tls = threading.local()        # per thread: {device id: borrowed bridge}
-_drv = None
-_primary: dict[int, Any] = {}   # device id -> PyCUDA Context of the device's primary context
-_functions: dict[tuple[int, str], Any] = {}
+_lock = threading.RLock()       # driver initialisation, per-device set-up, module loads
+_tls = threading.local()        # per thread: the buffer a launch packs its arguments into
+_cupy = None
+_primary: dict[int, int] = {}   # device id -> handle of the device's primary context
+_functions: dict[tuple[int, str], int] = {}
 _devices: dict[int, Device] = {}
-_bridge_pools: dict[int, list] = {}
+_modules: list[int] = []        # loaded modules, never unloaded: their functions may be launched at any time
 
 # CUDA errors after which the context is unusable for the rest of the process (the driver's "sticky" errors):
 # 700 illegal address, 702 launch timeout, 710 device-side assert, 714 hardware stack error, 715 illegal
 # instruction, 716 misaligned address, 717 invalid address space, 718 invalid program counter, 719 launch
 # failure.
 _STICKY = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation alike
 
 
 def _driver():
-    """PyCUDA's driver module, initialised once per process."""
-    global _drv
-    if _drv is not None:
-        return _drv
+    """CuPy, once the CUDA driver is known to answer (once per process)."""
+    global _cupy
+    if _cupy is not None:
+        return _cupy
     with _lock:
-        if _drv is None:
+        if _cupy is None:
             try:
-                import pycuda.driver as drv
+                import cupy
             except ImportError as e:  # pragma: no cover - depends on the machine
                 raise _errors.CUDAUnavailableError(
-                    "fastmm launches its kernels through PyCUDA, which is not installed (or failed to load: "
-                    f"{e}); on a machine with a CUDA toolkit: pip install 'fastmm[cuda13]'") from e
+                    "fastmm runs its kernels through CuPy's CUDA bindings, and CuPy is not installed (or failed to "
+                    f"load: {e}): pip install 'fastmm[cuda13]' (or [cuda12])") from e
             try:
-                drv.init()
-            except drv.Error as e:
+                cupy.cuda.runtime.getDeviceCount()
+            except cupy.cuda.runtime.CUDARuntimeError as e:
                 raise _errors.CUDAUnavailableError(
                     f"fastmm could not initialise the CUDA driver ({e}); check that an NVIDIA GPU and its driver "
                     "are installed (nvidia-smi lists them)") from None
-            _drv = drv
-    return _drv
+            _cupy = cupy
+    return _cupy
 
 
-def _context(device_id: int):
-    """PyCUDA's handle on the primary context of `device_id` (retained once per process, never released)."""
+def _context(device_id: int) -> int:
+    """The handle of the primary context of `device_id`, initialised (as CuPy's first use of the device would)."""
     ctx = _primary.get(device_id)
     if ctx is None:
-        drv = _driver()
+        cupy = _driver()
+        runtime, driver = cupy.cuda.runtime, cupy.cuda.driver
         with _lock:
             ctx = _primary.get(device_id)
             if ctx is None:
+                before_device, before_ctx = runtime.getDevice(), driver.ctxGetCurrent()
                 try:
-                    ctx = drv.Device(device_id).retain_primary_context()
-                except drv.Error as e:
+                    runtime.setDevice(device_id)
+                    runtime.free(0)  # the runtime's idiom for "initialise this device's primary context now"
+                    ctx = driver.ctxGetCurrent()
+                except runtime.CUDARuntimeError as e:
                     raise _errors.CUDAError(
                         f"fastmm could not open CUDA device {device_id} ({e}); this process sees "
-                        f"{drv.Device.count()} device(s): use one of those (cupy.cuda.Device(i).use())") from None
-                _KEEP.append(ctx)
+                        f"{runtime.getDeviceCount()} device(s): use one of those (cupy.cuda.Device(i).use())") from None
+                finally:
+                    runtime.setDevice(before_device)
+                    if driver.ctxGetCurrent() != before_ctx:
+                        driver.ctxSetCurrent(before_ctx)
                 _primary[device_id] = ctx
     return ctx
 
 
 @contextmanager
-def _pushed(device_id: int):
-    """The primary context of `device_id` on PyCUDA's stack of this thread for the block, and off it after."""
-    drv = _driver()
-    _context(device_id).push()
+def _current(device_id: int):
+    """The primary context of `device_id` current on this thread for the block, and the thread's own after."""
+    driver = _driver().cuda.driver
+    ctx, before = _context(device_id), driver.ctxGetCurrent()
+    if before != ctx:
+        driver.ctxSetCurrent(ctx)
     try:
-        yield drv
+        yield driver
     finally:
-        drv.Context.pop()
+        if before != ctx:
+            driver.ctxSetCurrent(before)
 
 
 def device(device_id: int) -> Device:
     """The plan's view of a GPU, queried once per process."""
     dev = _devices.get(device_id)
     if dev is None:
-        drv = _driver()
+        runtime = _driver().cuda.runtime
         _context(device_id)  # an invalid device id fails here, with the error that says so
-        d = drv.Device(device_id)
-        a = drv.device_attribute
+        p = runtime.getDeviceProperties(device_id)
+
+        def attribute(name: str) -> int:
+            return runtime.deviceGetAttribute(getattr(runtime, "cudaDevAttr" + name), device_id)
+
         dev = _devices[device_id] = Device(
-            name=d.name(),
-            sm_count=d.get_attribute(a.MULTIPROCESSOR_COUNT),
-            compute_capability=d.compute_capability(),
-            max_threads_per_block=d.get_attribute(a.MAX_THREADS_PER_BLOCK),
-            max_smem_per_block=d.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
-            max_smem_optin=d.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-            max_regs_per_block=d.get_attribute(a.MAX_REGISTERS_PER_BLOCK),
-            driver_version=drv.get_driver_version(),
+            name=p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"]),
+            sm_count=attribute("MultiProcessorCount"),
+            compute_capability=(p["major"], p["minor"]),
+            max_threads_per_block=attribute("MaxThreadsPerBlock"),
+            max_smem_per_block=attribute("MaxSharedMemoryPerBlock"),
+            max_smem_optin=attribute("MaxSharedMemoryPerBlockOptin"),
+            max_regs_per_block=attribute("MaxRegistersPerBlock"),
+            driver_version=runtime.driverGetVersion(),
         )
     return dev
 
@@ -178,7 +177,7 @@ def _fatal(error: Exception, device_id: int, doing: str) -> Exception | None:
 
     Called with the primary context of `device_id` current, while `doing` (a phrase) failed with `error`.
     """
-    if (_drv is not None and isinstance(error, _drv.MemoryError)) or "out of memory" in str(error):
+    if getattr(error, "status", None) == _OUT_OF_MEMORY or "out of memory" in str(error):
         return _errors.OutOfMemoryError(
             f"out of GPU memory on device {device_id} {doing} ({error}): free GPU memory (drop arrays you no "
             "longer need, then cupy.get_default_memory_pool().free_all_blocks()) and try again")
@@ -203,21 +202,21 @@ class _NotLoaded(Exception):
     """The driver refused a cubin (not for lack of memory, not a broken context): `args[0]` is its error."""
 
 
-def _load(config: _Config, dev: Device, device_id: int, compiled: build.Compiled):
-    """Load one cubin into the device's primary context; the kernel function, set up for its first launch."""
+def _load(config: _Config, dev: Device, device_id: int, compiled: build.Compiled) -> int:
+    """Load one cubin into the device's primary context; the handle of its kernel function, set up for launches."""
     name = compiled.name
-    with _pushed(device_id) as drv:
+    errors = _faults()
+    with _current(device_id) as driver:
         try:
-            module = drv.module_from_buffer(compiled.cubin)
-            _KEEP.append(module)
-            fn = module.get_function(config.function)
-            _KEEP.append(fn)
-            regs = fn.get_attribute(drv.function_attribute.NUM_REGS)
+            module = driver.moduleLoadData(compiled.cubin)
+            _modules.append(module)
+            fn = driver.moduleGetFunction(module, config.function)
+            regs = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
             if config.dynamic_smem and config.smem_bytes > dev.max_smem_per_block:
                 # Beyond the default per-block limit a kernel must opt in to its dynamic shared memory, once per
                 # loaded function.
-                fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, config.smem_bytes)
-        except drv.Error as e:
+                driver.funcSetAttribute(fn, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, config.smem_bytes)
+        except errors as e:
             raise (_fatal(e, device_id, f"loading fastmm's kernel {name}") or _NotLoaded(e)) from None
     # The registers the loaded kernel really uses, checked against the device before the first launch.
     validated(config, dev, regs_per_thread=regs)
@@ -269,75 +268,6 @@ def _load_error(cause: Exception, dev: Device, compiled: build.Compiled, device_
 
 
 # --------------------------------------------------------------------------------------------------------
-# Streams
-# --------------------------------------------------------------------------------------------------------
-
-class _Bridge:
-    """A PyCUDA stream of fastmm's own (non-blocking), CuPy's view of it, and two reusable events."""
-
-    __slots__ = ("stream", "view", "ready", "done")
-    created = 0  # bridges made in this process: at most the number of threads that used one at the same time
-
-    def __init__(self, device_id: int):
-        import cupy
-
-        _Bridge.created += 1
-        with _pushed(device_id) as drv:
-            self.stream = drv.Stream(flags=1)  # CU_STREAM_NON_BLOCKING: no implicit sync with the null stream
-        _KEEP.append(self.stream)
-        with cupy.cuda.Device(device_id):
-            self.view = _cupy_view_of(cupy, self.stream.handle, device_id)
-            # Re-recording an event is safe once a wait on it is enqueued: the wait captures its state then.
-            self.ready = cupy.cuda.Event(block=False, disable_timing=True)
-            self.done = cupy.cuda.Event(block=False, disable_timing=True)
-
-
-class _Borrowed:
-    """A thread's loan of a bridge; when the thread ends, its locals die and the bridge goes back to the pool."""
-
-    __slots__ = ("bridge", "pool")
-
-    def __init__(self, bridge: _Bridge, pool: list):
-        self.bridge, self.pool = bridge, pool
-
-    def __del__(self):
-        self.pool.append(self.bridge)  # list.append is atomic; no module globals needed at shutdown
-
-
-def _bridge(device_id: int) -> _Bridge:
-    borrowed = getattr(_tls, "bridges", None)
-    if borrowed is None:
-        borrowed = _tls.bridges = {}
-    loan = borrowed.get(device_id)
-    if loan is None:
-        with _lock:
-            pool = _bridge_pools.get(device_id)
-            if pool is None:
-                pool = _bridge_pools[device_id] = []
-                _KEEP.append(pool)
-            bridge = pool.pop() if pool else _Bridge(device_id)
-        loan = borrowed[device_id] = _Borrowed(bridge, pool)
-    return loan.bridge
-
-
-class _StreamHandle:
-    """A raw stream handle in the CUDA stream protocol, for CuPy's Stream.from_external."""
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-def _cupy_view_of(cupy, handle: int, device_id: int):
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_StreamHandle(handle))
-    return cupy.cuda.ExternalStream(handle, device_id)  # CuPy < 14
-
-
-# --------------------------------------------------------------------------------------------------------
 # Launches
 # --------------------------------------------------------------------------------------------------------
 
@@ -359,20 +289,52 @@ def _pointer_split(fmt: str) -> struct.Struct:
 
 _ARGS_SPLIT = _pointer_split(_ARG_FORMAT)
 _pack = _ARGS_SPLIT.pack
+_pack_into = _ARGS_SPLIT.pack_into
+# cuLaunchKernel's `extra` markers: the parameters as one packed buffer of a given size.
+_BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0
+
+
+class _ArgBuffer:
+    """A thread's buffer for a launch's packed parameters, and the `extra` array that hands it to cuLaunchKernel.
+
+    Per thread because the driver call runs without the GIL: another thread must not repack the buffer while the
+    driver copies it (which it has done when cuLaunchKernel returns, so one buffer serves every launch of a thread)."""
+
+    __slots__ = ("data", "size", "extra", "address")
+
+    def __init__(self):
+        self.data = ctypes.create_string_buffer(_ARGS_SPLIT.size)
+        self.size = ctypes.c_size_t(_ARGS_SPLIT.size)
+        self.extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(self.data), _BUFFER_SIZE,
+                                           ctypes.addressof(self.size), _END)
+        self.address = ctypes.addressof(self.extra)
+
+
+def _arg_buffer() -> _ArgBuffer:
+    try:
+        return _tls.args
+    except AttributeError:
+        _tls.args = _ArgBuffer()
+        return _tls.args
+
+
+def _faults() -> tuple:
+    cupy = _driver()
+    return (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
+
 
 # Bound on the first Launch (CuPy is imported only then): the per-call driver and CuPy entry points.
-_ctx_current = _ctx_set = _current_stream = _get_device = None
+_ctx_current = _ctx_set = _current_stream = _get_device = _launch_kernel = None
 _FAULTS: tuple = ()
 
 
 def _bind() -> None:
-    global _ctx_current, _ctx_set, _current_stream, _get_device, _FAULTS
-    import cupy
-
-    drv = _driver()
+    global _ctx_current, _ctx_set, _current_stream, _get_device, _launch_kernel, _FAULTS
+    cupy = _driver()
     _ctx_current, _ctx_set = cupy.cuda.driver.ctxGetCurrent, cupy.cuda.driver.ctxSetCurrent
     _current_stream, _get_device = cupy.cuda.get_current_stream, cupy.cuda.runtime.getDevice
-    _FAULTS = (drv.Error, cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
+    _launch_kernel = cupy.cuda.driver.launchKernel
+    _FAULTS = _faults()
 
 
 class Launch:
@@ -380,7 +342,7 @@ class Launch:
 
     Everything that depends only on those (the compiled function, grids, strides, launch splits for the
     hardware's grid limits) is computed once; a call packs three pointers and launches. The dispatcher
-    keeps these per call signature, which is what keeps a small product's host cost near CuPy's.
+    keeps these per call signature, which is what keeps a small product's host cost below CuPy's.
 
     A Launch may be called from any thread: it runs in the primary context of `device_id` whatever the
     calling thread's current context is, on that thread's current CuPy stream of the device.
@@ -395,7 +357,7 @@ class Launch:
             _bind()
         self.name = config.name
         self.device_id = device_id
-        self.ctx = _context(device_id).handle
+        self.ctx = _context(device_id)
         self.fn = loaded_function(config, variant, device_id)
         self.block = config.block
         self.shared = config.smem_bytes if config.dynamic_smem else 0
@@ -410,18 +372,14 @@ class Launch:
                 args = _ARGS.pack(mm, n, k, 0, a_sm, a_sk, 0, b_sk, b_sn, 0, c_sm, c_sn, z0, batch_inner,
                                   *batch_strides)
                 before_a, _, between_ab, _, between_bc, _, after_c = _ARGS_SPLIT.unpack(args)
-                self.chunks.append((grid, 4 * m0 * a_sm, 4 * m0 * c_sm, before_a, between_ab, between_bc, after_c))
+                self.chunks.append((*grid, 4 * m0 * a_sm, 4 * m0 * c_sm, before_a, between_ab, between_bc, after_c))
 
     def __call__(self, a: int, b: int, c: int) -> None:
         """Run on CuPy's current stream; a, b, c are device addresses of the operands and the result."""
         if _ctx_current() != self.ctx:
             return self._elsewhere(a, b, c)
-        user_stream = _current_stream()
         try:
-            if user_stream.ptr == 0:
-                self._launch(a, b, c, None)
-            else:
-                self._bridged(a, b, c, user_stream)
+            self._launch(a, b, c, _current_stream().ptr)
         except _FAULTS as e:
             raise self._fault(e) from None
 
@@ -430,39 +388,27 @@ class Launch:
         current = _ctx_current()
         if current == 0 and _get_device() == self.device_id:
             # A thread that has not used CUDA yet: give it the primary context of its current device, as the
-            # CUDA runtime's first call on it would. Nothing to undo, nothing PyCUDA tracks.
+            # CUDA runtime's first call on it would. Nothing to undo.
             _ctx_set(self.ctx)
             return self(a, b, c)
         _ctx_set(self.ctx)
         try:
-            user_stream = _current_stream(self.device_id)
-            if user_stream.ptr == 0:
-                self._launch(a, b, c, None)
-            else:
-                self._bridged(a, b, c, user_stream)
+            self._launch(a, b, c, _current_stream(self.device_id).ptr)
         except _FAULTS as e:
             raise self._fault(e) from None
         finally:
             _ctx_set(current)
 
-    def _bridged(self, a: int, b: int, c: int, user_stream) -> None:
-        bridge = _bridge(self.device_id)
-        bridge.ready.record(user_stream)
-        bridge.view.wait_event(bridge.ready)
-        self._launch(a, b, c, bridge.stream)
-        bridge.done.record(bridge.view)
-        user_stream.wait_event(bridge.done)
-
-    def _launch(self, a, b, c, stream) -> None:
-        # Function._launch_kernel is what PyCUDA's prepared_async_call ends in; calling it with a buffer
-        # packed by a precompiled Struct skips that wrapper's per-call argument handling.
-        for grid, da, dc, before_a, between_ab, between_bc, after_c in self.chunks:
-            self.fn._launch_kernel(grid, self.block, _pack(before_a, a + da, between_ab, b, between_bc, c + dc,
-                                                           after_c), self.shared, stream)
+    def _launch(self, a: int, b: int, c: int, stream: int) -> None:
+        args = _arg_buffer()
+        bx, by, bz = self.block
+        for gx, gy, gz, da, dc, before_a, between_ab, between_bc, after_c in self.chunks:
+            _pack_into(args.data, 0, before_a, a + da, between_ab, b, between_bc, c + dc, after_c)
+            _launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)
 
     def _fault(self, error: Exception) -> Exception:
         """The fastmm exception for a failed call (with the device's primary context still current)."""
-        grid = self.chunks[0][0] if self.chunks else None
+        grid = tuple(self.chunks[0][:3]) if self.chunks else None
         doing = (f"launching fastmm's kernel {self.name} (grid {grid}, block {self.block}, {self.shared} bytes of "
                  "dynamic shared memory)")
         return _fatal(error, self.device_id, doing) or _errors.LaunchError(

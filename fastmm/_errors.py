@@ -1,6 +1,6 @@
 """Exceptions and warnings fastmm raises, so that callers can catch them by name.
 
-Every failure of the GPU runtime reaches the user as one of these, never as a raw PyCUDA or driver
+Every failure of the GPU runtime reaches the user as one of these, never as a raw CuPy or driver
 exception: each subclasses the builtin a caller would already catch (RuntimeError, MemoryError), and each
 message ends with what to change.
 """
@@ -18,7 +18,7 @@ class CUDAError(RuntimeError):
 
 
 class CUDAUnavailableError(CUDAError):
-    """No usable CUDA device, driver or PyCUDA."""
+    """No usable CUDA device, driver or CuPy."""
 
 
 class CompileError(RuntimeError):

@@ -1,6 +1,6 @@
 """Problem -> kernel: the heuristic table, forced kernels, and `explain`.
 
-Pure Python by design (no PyCUDA, no CuPy): the table runs and is tested on a machine without a GPU.
+Pure Python by design (no CuPy, no CUDA): the table runs and is tested on a machine without a GPU.
 The dispatcher describes each product as a `Problem`; `choose` walks `RULES` in order and the first rule
 whose test holds names the kernel. The numbers in the rules are break-even points measured on an H100/H200
 with ``python -m fastmm bench`` (docs/kernels.md has the tables they come from).

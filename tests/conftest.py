@@ -19,10 +19,6 @@ def gpu_unavailable_reason() -> str | None:
             return "no CUDA GPU is available (cupy.cuda.is_available() is False)"
     except Exception as e:  # a broken driver install
         return f"CUDA is unusable: {e}"
-    try:
-        import pycuda.driver  # noqa: F401
-    except ImportError as e:
-        return f"PyCUDA is not importable: {e}"
     return None
 
 

@@ -86,6 +86,25 @@ def test_launch_arguments_match_the_kernels_parameter_list():
     runs = _cuda._ARGS_SPLIT.unpack(_cuda._ARGS.pack(*[0 if i in pointers else v for i, v in enumerate(values)]))
     assert _cuda._pack(runs[0], values[pointers[0]], runs[2], values[pointers[1]], runs[4], values[pointers[2]],
                        runs[6]) == whole
+    # What a launch hands cuLaunchKernel: the packed parameters in the thread's buffer, through `extra`.
+    import ctypes
+
+    args = _cuda._arg_buffer()
+    _cuda._pack_into(args.data, 0, runs[0], values[pointers[0]], runs[2], values[pointers[1]], runs[4],
+                     values[pointers[2]], runs[6])
+    assert args.data.raw == whole
+    extra = list(args.extra)
+    assert extra[0::2] == [1, 2, None]  # CU_LAUNCH_PARAM_BUFFER_POINTER, _BUFFER_SIZE, CU_LAUNCH_PARAM_END
+    assert extra[1] == ctypes.addressof(args.data) and ctypes.c_size_t.from_address(extra[3]).value == len(whole)
+    assert args.address == ctypes.addressof(args.extra)
+    # One buffer per thread: the driver call runs without the GIL, while another thread may be packing.
+    import threading
+
+    other = []
+    t = threading.Thread(target=lambda: other.append(_cuda._arg_buffer()))
+    t.start()
+    t.join()
+    assert other[0] is not args and _cuda._arg_buffer() is args
 
 
 def test_slice_sum_grid_and_kernel_agree_on_slice_groups():

@@ -1,6 +1,6 @@
 """Turn a configuration into CUDA source and a cubin with nvcc: the one compile path.
 
-Used by the runtime (fastmm/_cuda.py, which loads the cubin with PyCUDA) and by ``python -m fastmm compile``
+Used by the runtime (fastmm/_cuda.py, which loads the cubin through the CUDA driver) and by ``python -m fastmm compile``
 (which only reads ptxas' resource report). Neither needs a GPU to compile: only nvcc.
 
 Compiled cubins are cached on disk, keyed on the full source text (macros included), the nvcc options,
