@@ -44,6 +44,14 @@
 // A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies
 // (16 bytes a step): then every thread reads back only what it copied, and the K loop needs no barrier at all.
 #define PRIVATE_B (A_T == 0 && NMAX == 1)
+// Matrix-vector products keep their running sums short, for accuracy: several partial sums per element (PARTS), and
+// every FOLD steps those are added into a second set and restarted (a blocked sum: each addition then rounds a sum
+// of at most FOLD steps' terms, or of K / (FOLD x STEP) blocks, instead of one of K / 128 or K / 8 terms). One
+// running sum per lane over K / 8 terms gave A^T.v at 8192^2 a relative error of 5.8e-7 against cuBLAS gemv's 4.2e-7.
+// (Wider products keep one sum: their accumulators fill the registers, and their errors were at or below cuBLAS's.)
+#define BLOCKED (NMAX == 1)
+#define FOLD 8
+#define PARTS (NMAX == 1 ? 4 : 1)
 #define B_FLOATS (PRIVATE_B ? THREADS * 4 : A_T == 0 ? NMAX * KPITCH : STEP * JPITCH)
 #define B_FLOATS_ALIGNED ((B_FLOATS + 3) / 4 * 4)
 #define SLOT_FLOATS (A_FLOATS + B_FLOATS_ALIGNED)
@@ -162,22 +170,21 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
         cp_async_commit();
     }
 
+    // PARTS partial sums per element of C: for a matrix-vector product, one per k of the lane's 16-byte load (A_T = 0)
+    // or per k of a warp's step modulo 4 (A_T = 1): four running sums a quarter as long (A_T = 0 with one: the error
+    // came out at 2.7x cuBLAS gemv's at 16384^2); with more columns, one.
 #if A_T == 0
-    // PARTS partial sums per element of C: for a matrix-vector product, one per k of the lane's 16-byte load (four
-    // running sums a quarter as long: with one, the error came out at 2.7x cuBLAS gemv's at 16384^2); with more
-    // columns, one.
-    constexpr int PARTS = NMAX == 1 ? 4 : 1;
-    float acc[ROWS_PER_WARP][NMAX][PARTS];
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; ++r)
-#pragma unroll
-        for (int j = 0; j < NMAX; ++j)
-#pragma unroll
-            for (int p = 0; p < PARTS; ++p) acc[r][j][p] = 0.0f;
+    constexpr int ACC = ROWS_PER_WARP * NMAX * PARTS;  // acc[(r * NMAX + j) * PARTS + p]
 #else
-    float acc[NMAX];
+    constexpr int ACC = NMAX * PARTS;                  // acc[j * PARTS + p]
+#endif
+    float acc[ACC];
 #pragma unroll
-    for (int j = 0; j < NMAX; ++j) acc[j] = 0.0f;
+    for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+#if BLOCKED
+    float total[ACC];
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) total[i] = 0.0f;
 #endif
 
     for (int s = 0; s < steps; ++s) {
@@ -203,7 +210,7 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             const float4 y = *reinterpret_cast<const float4*>(PRIVATE_B ? bs + 4 * tid : bs + j * KPITCH + 4 * lane);
 #pragma unroll
             for (int r = 0; r < ROWS_PER_WARP; ++r) {
-                float* sum = acc[r][j];
+                float* sum = acc + (r * NMAX + j) * PARTS;
                 if (PARTS == 4) {
                     sum[0] = fmaf(x[r].x, y.x, sum[0]);
                     sum[PARTS - 3] = fmaf(x[r].y, y.y, sum[PARTS - 3]);
@@ -222,7 +229,7 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             const float* y = bs + kk * JPITCH;
             if (NMAX % 4 == 0) {
 #pragma unroll
-                for (int j = 0; j < NMAX; j += 4) {
+                for (int j = 0; j < NMAX; j += 4) {  // PARTS == 1 here
                     const float4 y4 = *reinterpret_cast<const float4*>(y + j);
                     acc[j] = fmaf(x, y4.x, acc[j]);
                     acc[j + 1] = fmaf(x, y4.y, acc[j + 1]);
@@ -231,11 +238,24 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
                 }
             } else {
 #pragma unroll
-                for (int j = 0; j < NMAX; ++j) acc[j] = fmaf(x, y[j], acc[j]);
+                for (int j = 0; j < NMAX; ++j) acc[j * PARTS + u % PARTS] = fmaf(x, y[j], acc[j * PARTS + u % PARTS]);
+            }
+        }
+#endif
+#if BLOCKED
+        if (s % FOLD == FOLD - 1) {
+#pragma unroll
+            for (int i = 0; i < ACC; ++i) {
+                total[i] += acc[i];
+                acc[i] = 0.0f;
             }
         }
 #endif
     }
+#if BLOCKED
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[i] += total[i];  // the last, partial block first: then the blocks' sum
+#endif
 
 #if A_T == 0
     // The lanes' partial sums of each element, added in a fixed tree.
@@ -244,8 +264,8 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     for (int r = 0; r < ROWS_PER_WARP; ++r)
 #pragma unroll
         for (int j = 0; j < NMAX; ++j) {
-            float v = PARTS == 4 ? (acc[r][j][0] + acc[r][j][PARTS - 3]) + (acc[r][j][PARTS - 2] + acc[r][j][PARTS - 1])
-                                 : acc[r][j][0];
+            const float* sum = acc + (r * NMAX + j) * PARTS;
+            float v = PARTS == 4 ? (sum[0] + sum[PARTS - 3]) + (sum[PARTS - 2] + sum[PARTS - 1]) : sum[0];
 #pragma unroll
             for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
             if (lane == 0 && row0 + r < M && n0 + j < N)
@@ -257,7 +277,11 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     __syncthreads();     // every warp is done with the last step's slot
     float* partial = smem;
 #pragma unroll
-    for (int j = 0; j < NMAX; ++j) partial[(warp * ROWS_PER_BLOCK + lane) * NMAX + j] = acc[j];
+    for (int j = 0; j < NMAX; ++j) {
+        const float* sum = acc + j * PARTS;
+        partial[(warp * ROWS_PER_BLOCK + lane) * NMAX + j] =
+            PARTS == 4 ? (sum[0] + sum[PARTS - 3]) + (sum[PARTS - 2] + sum[PARTS - 1]) : sum[0];
+    }
     __syncthreads();
     for (int i = tid; i < ROWS_PER_BLOCK * NMAX; i += THREADS) {
         const int r = i / NMAX, j = i % NMAX;
