@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record asv results on a GPU host that has no network access (see docs/benchmarks.md for the whole recipe).
 #
-#   On a machine with network access:  git bundle create fastmm.bundle --all   (and wheels for PyCUDA, asv)
+#   On a machine with network access:  git bundle create fastmm.bundle --all   (and wheels for asv)
 #   On the GPU host, from the root of the copied checkout:
 #       asv_benchmarks/run_on_gpu.sh MACHINE RESULTS_DIR [COMMIT...]
 #

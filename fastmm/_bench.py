@@ -282,9 +282,11 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
             # Bound by memory: the bytes a product must move, and a device-to-device copy of A (read + write) as
             # the ceiling, timed on the same operands.
             row["bytes"] = 4 * shape.batch * (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n)
-            copies = [cp.empty_like(a) for a, _ in sets]
-            copy_s = time_per_call(lambda i: cp.copyto(copies[i], sets[i][0]), n_sets)
-            row["copy_tb_s"] = 2 * 4 * shape.batch * shape.m * shape.k / copy_s / 1e12
+            # The large operand's copy (A, or B for a few-row product such as a vector times a matrix).
+            large = 0 if shape.m >= shape.n else 1
+            copies = [cp.empty_like(s[large]) for s in sets]
+            copy_s = time_per_call(lambda i: cp.copyto(copies[i], sets[i][large]), n_sets)
+            row["copy_tb_s"] = 2 * copies[0].nbytes / copy_s / 1e12
             del copies
         if cpu:
             if shape.flops <= CPU_MAX_FLOPS:
@@ -333,8 +335,8 @@ def format_table(report: dict, kernels) -> str:
         lines.append(f"| {r['shape']:16s} | " + " | ".join(cells) + f" | {err:.1e} | {r.get('auto_kernel', '')} |")
     memory = [r for r in report["rows"] if "bytes" in r]
     if memory:
-        lines.append("\nbound by memory (TB/s: bytes of A, B and C over the median time; copy: A copied device to "
-                     "device, read + write):")
+        lines.append("\nbound by memory (TB/s: bytes of A, B and C over the median time; copy: the large "
+                     "operand copied device to device, read + write):")
         for r in memory:
             rate = {c: r["bytes"] / r["results"][c]["seconds"] / 1e12 for c in ("cublas", "auto")}
             lines.append(f"  {r['shape']:28s} auto {rate['auto']:5.2f}  cuBLAS {rate['cublas']:5.2f}  "
