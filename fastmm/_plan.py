@@ -269,24 +269,41 @@ def _long_k(problem: Problem, device: Device) -> bool:
 
 
 def _split_for(problem: Problem, device: Device) -> str:
-    """The tile of split-K's slices: 128x256 where both sides of the output hold it, else 64x64.
+    """The tile of split-K's slices: 128x256 where both sides of the output hold it, 128x64 where they hold that, else
+    64x64.
 
-    Measured (H100, slices about 512 deep, x cuBLAS in the same run): 256x256x65536 0.85x with 128x256 tiles against
-    0.71x with 64x64 ones; 512x512x32768 0.85x against 0.69x; 128x128x65536 0.93x with 64x64 tiles."""
-    return WT256 if min(problem.m, problem.n) >= 256 and not _skinny(problem) else WT64
+    Measured (H100, x cuBLAS in the same process): 256x256x65536 0.85x with 128x256 tiles against 0.71x with 64x64
+    ones (slices 512 deep); 128x128x65536 1.03-1.04x with 128x64 tiles against 0.93x with 64x64 ones."""
+    if _skinny(problem):
+        return WT64
+    side = min(problem.m, problem.n)
+    return WT256 if side >= 256 else WT128x64 if side >= 128 else WT64
 
 
 def split_count(problem: Problem, device: Device) -> int:
-    """Slices of K for split-K: about _SPLIT_SLICE deep, deeper only where that leaves less than a wave of blocks
-    (never shallower than _SPLIT_MIN_SLICE).
+    """Slices of K for split-K. On the 128x256 and 128x64 tiles, the most that keep all blocks in one wave, in whole
+    16-deep steps (see below); otherwise (64x64 tiles, or no even cut) about _SPLIT_SLICE deep, deeper only where
+    that leaves less than a wave of blocks (never shallower than _SPLIT_MIN_SLICE).
 
-    Measured (H100, x cuBLAS in the same run): the best depth was about 500 whatever the output, while filling
-    the SMs was not enough: 128x128x65536 with 64x64 tiles 0.68x in 66 slices of 993 (two blocks per SM), 0.93x in
-    132 slices of 496 or 256 of 256; 256x256x65536 with 128x256 tiles 0.62x / 0.85x / 0.79x in 66 / 132 / 256
-    slices; 64x64x262144 1.09x / 1.07x / 1.01x in 264 / 528 / 1024 slices.
+    Measured (H100, x cuBLAS in the same run) on 64x64 tiles: the best depth was about 500 whatever the output,
+    while filling the SMs was not enough: 128x128x65536 0.68x in 66 slices of 993 (two blocks per SM), 0.93x in
+    132 slices of 496 or 256 of 256; 64x64x262144 1.09x / 1.07x / 1.01x in 264 / 528 / 1024 slices. On 128x256
+    tiles a second wave cost more than the deeper slices of one: 256x256x65536 0.62x / 0.85x / 0.79x in 66 (uneven)
+    / 132 / 256 slices, then 0.94x in 64 even ones.
     """
-    config = get_config(_split_for(problem, device))
+    name = _split_for(problem, device)
+    config = get_config(name)
     tiles = problem.tiles(config)
+    if name != WT64:
+        # The large tiles: the most slices that keep every block in one wave, cut in whole 16-deep steps (an uneven
+        # last slice runs as a launch of its own). Measured (H100): 256x256x65536 on 128x256 tiles 0.94x cuBLAS in 64
+        # slices (one wave of 128 blocks) against 0.89x in 128; 512x512x32768 0.95x in 16 against 0.87x in 64;
+        # 128x128x65536 on 128x64 tiles 1.04x in 128 (256 blocks of 396 slots).
+        one_wave = config.min_blocks * device.sm_count // tiles
+        even = [s for s in range(2, one_wave + 1)
+                if problem.k % (config.bk * s) == 0 and problem.k // s >= _SPLIT_MIN_SLICE]
+        if even:
+            return max(even)
     wave = -(-config.min_blocks * device.sm_count // tiles)
     slices = max(problem.k // _SPLIT_SLICE, min(wave, problem.k // _SPLIT_MIN_SLICE))
     return max(2, slices)
@@ -396,9 +413,9 @@ class Ahead:
 _SKINNY_MIN_ELEMENTS = 1 << 22
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("split-k", "long K on few output tiles, in slices about 512 deep: 128x128x65536 0.94x cuBLAS, "
-          "256x256x65536 0.87x, 512x512x32768 0.86x (64x64x262144 1.08x)",
-          lambda p, c, d: c.rule == "split-k" and not _skinny(p)),
+    Ahead("split-k", "long K on an output of 128x256 tiles, one wave of slices: 256x256x65536 0.94x cuBLAS, "
+          "512x512x32768 0.95x (128x128x65536 on 128x64 tiles 1.04x, 64x64x262144 1.08x)",
+          lambda p, c, d: c.rule == "split-k" and c.config.name == WT256),
     Ahead("skinny", f"an output side of 17 to {_SKINNY - 1} with a long K: split-K on 64x64 tiles, which ran "
           "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
           lambda p, c, d: _skinny(p) and c.rule == "split-k" and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),

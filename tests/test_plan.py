@@ -94,17 +94,19 @@ def test_tiled_rule_fills_the_gpu():
 
 def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     c = choose(128, 128, 65536)
-    assert c.name == "warptile_64x64x16_32x32_8x4_s4_tsum" and c.splits == 132  # 4 tiles x 132 = a wave of 4 per SM
+    assert c.name == "warptile_128x64x16_32x64_8x8_s4" and c.splits == 128  # 2 tiles x 128: a wave of 396 slots
     assert choose(64, 64, 4096).splits == 16                      # a wave would be 528: never thinner than 256
     assert choose(4096, 4096, 4096).splits == 1
-    # Outputs that hold two 128x256 tiles or more take them, in slices of 512.
-    assert (choose(256, 256, 65536).name, choose(256, 256, 65536).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 128)
-    assert (choose(512, 512, 32768).name, choose(512, 512, 32768).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 64)
+    # Outputs that hold two 128x256 tiles or more take them, in one wave of even slices (2 x 64, 8 x 16 blocks).
+    assert (choose(256, 256, 65536).name, choose(256, 256, 65536).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 64)
+    assert (choose(512, 512, 32768).name, choose(512, 512, 32768).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 16)
+    # ... unless K has no even cut into 16-deep steps: then slices about 512 deep, as on 64x64 tiles.
+    assert choose(300, 300, 65537).splits == 128
     assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
     # Products with an output side of 17 to 31 and a long K split for accuracy too, on the 64x64 tile.
     skinny = choose(8192, 24, 8192)
     assert (skinny.rule, skinny.name, skinny.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 16)
-    assert "split-K into 132 slices" in fastmm.explain((128, 65536), (65536, 128))
+    assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
@@ -289,7 +291,8 @@ def test_tune_size_classes(size, cls):
     (8, 4096, 4096, True, None),                    # few rows: 1.15-1.16x
     (2048, 1, 16384, True, "matvec split"),         # 4 slices of K: 0.92-0.93x
     (4096, 24, 8192, True, "skinny"),               # 17-31 columns: split-K on 64x64 tiles
-    (128, 128, 65536, True, "split-k"),             # 0.93-0.94x
+    (256, 256, 65536, True, "split-k"),             # 128x256 tiles: 0.94x
+    (128, 128, 65536, True, None),                  # 128x64 tiles: 1.04x
     (4097, 4097, 4097, False, "unaligned"),         # 0.93x
     (4096, 4096, 4096, True, None),                 # level with cuBLAS or ahead: fastmm's
     (1024, 1024, 1024, True, None),
