@@ -32,7 +32,6 @@ import ctypes
 import struct
 import threading
 from contextlib import contextmanager
-from typing import Any
 
 from . import _errors
 from ._plan import Device, validated
