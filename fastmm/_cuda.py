@@ -46,7 +46,6 @@ _cupy = None
 _primary: dict[int, int] = {}   # device id -> handle of the device's primary context
 _functions: dict[tuple[int, str], int] = {}
 _devices: dict[int, Device] = {}
-_modules: list[int] = []        # loaded modules, never unloaded: their functions may be launched at any time
 
 # CUDA errors after which the context is unusable for the rest of the process (the driver's "sticky" errors):
 # 700 illegal address, 702 launch timeout, 710 device-side assert, 714 hardware stack error, 715 illegal
@@ -207,8 +206,9 @@ def _load(config: _Config, dev: Device, device_id: int, compiled: build.Compiled
     errors = _faults()
     with _current(device_id) as driver:
         try:
+            # Never unloaded (the driver frees it with the process): its function may be launched at any time,
+            # from any thread.
             module = driver.moduleLoadData(compiled.cubin)
-            _modules.append(module)
             fn = driver.moduleGetFunction(module, config.function)
             regs = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
             if config.dynamic_smem and config.smem_bytes > dev.max_smem_per_block:

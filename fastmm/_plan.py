@@ -280,6 +280,12 @@ def _split_for(problem: Problem, device: Device) -> str:
     return WT256 if side >= 256 else WT128x64 if side >= 128 else WT64
 
 
+def _even_splits(problem: Problem, config: _Config, most: int, min_depth: int) -> list[int]:
+    """Slice counts from 2 to `most` that cut K into whole K-tile steps, slices at least `min_depth` deep: the split
+    then runs as one batched launch (an uneven last slice runs as a launch of its own, at a fraction of the SMs)."""
+    return [s for s in range(2, most + 1) if problem.k % (config.bk * s) == 0 and problem.k // s >= min_depth]
+
+
 def split_count(problem: Problem, device: Device) -> int:
     """Slices of K for split-K. On the 128x256 and 128x64 tiles, the most that keep all blocks in one wave, in whole
     16-deep steps (see below); otherwise (64x64 tiles, or no even cut) about _SPLIT_SLICE deep, deeper only where
@@ -299,9 +305,7 @@ def split_count(problem: Problem, device: Device) -> int:
         # last slice runs as a launch of its own). Measured (H100): 256x256x65536 on 128x256 tiles 0.94x cuBLAS in 64
         # slices (one wave of 128 blocks) against 0.89x in 128; 512x512x32768 0.95x in 16 against 0.87x in 64;
         # 128x128x65536 on 128x64 tiles 1.04x in 128 (256 blocks of 396 slots).
-        one_wave = config.min_blocks * device.sm_count // tiles
-        even = [s for s in range(2, one_wave + 1)
-                if problem.k % (config.bk * s) == 0 and problem.k // s >= _SPLIT_MIN_SLICE]
+        even = _even_splits(problem, config, config.min_blocks * device.sm_count // tiles, _SPLIT_MIN_SLICE)
         if even:
             return max(even)
     wave = -(-config.min_blocks * device.sm_count // tiles)
@@ -373,7 +377,7 @@ def mid_splits(problem: Problem, device: Device) -> int:
     """Slices of K for split-K on a short K (see _IDLE_SMS); 1 where K has no even split into 16-deep steps."""
     config = get_config(WT128x64)
     tiles = problem.tiles(config)
-    counts = [s for s in range(2, problem.k // _MID_MIN_DEPTH + 1) if problem.k % (config.bk * s) == 0]
+    counts = _even_splits(problem, config, problem.k // _MID_MIN_DEPTH, _MID_MIN_DEPTH)
     # The busiest SM's share of the work; on a tie the fewest slices (each adds a slice to the sum's pass).
     return min(counts, key=lambda s: (-(-tiles * s // device.sm_count) * (problem.k // s), s), default=1)
 
