@@ -214,18 +214,21 @@ class _SwappedReplay:
     def __init__(self, prepared, db: int, da: int, dc: int):
         self.prepared, self.db, self.da, self.dc = prepared, db, da, dc
 
-    def __call__(self, a, b, c):
-        self.prepared(b.data.ptr + self.db, a.data.ptr + self.da, c.data.ptr + self.dc)
+    def __call__(self, pa: int, pb: int, pc: int):
+        self.prepared(pb + self.db, pa + self.da, pc + self.dc)
 
 
 def replay(steps, a, b, c) -> None:
-    pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
+    _replay(steps, a.data.ptr, b.data.ptr, c.data.ptr)
+
+
+def _replay(steps, pa: int, pb: int, pc: int) -> None:
     for step in steps:
         if type(step) is tuple:
             prepared, da, db, dc = step
             prepared(pa + da, pb + db, pc + dc)
         else:
-            step(a, b, c)
+            step(pa, pb, pc)
 
 
 def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
@@ -261,6 +264,8 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
         why = _plan.cublas_ahead(problem, choice, device)
         if why is not None:
             raise _plan.CublasAhead(why)
+    if choice.peel != (0, 0):
+        return _peeled(a, b, c, choice.peel, record)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, device_id, record)
     swapped = _plan.few_rows(problem) and isinstance(choice.config, _plan.Skinny)
@@ -285,17 +290,19 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
 
 
 class _SplitKReplay:
-    """Replay of a split-K product: a fresh workspace, the recorded slice launches, the ordered sum into C."""
+    """Replay of a split-K product: a fresh workspace, the recorded slice launches, the ordered sum into C. The split
+    product's operands sit at fixed byte offsets from the top-level ones (a piece of a peeled product, see _peeled)."""
 
-    __slots__ = ("steps", "ws_shape", "total", "c_offset")
+    __slots__ = ("steps", "ws_shape", "total", "offsets")
 
-    def __init__(self, steps, ws_shape, total, c_offset):
-        self.steps, self.ws_shape, self.total, self.c_offset = steps, ws_shape, total, c_offset
+    def __init__(self, steps, ws_shape, total, offsets):
+        self.steps, self.ws_shape, self.total, self.offsets = steps, ws_shape, total, offsets
 
-    def __call__(self, a, b, c):
+    def __call__(self, pa: int, pb: int, pc: int):
         ws = empty(self.ws_shape)
-        replay(self.steps, a, b, ws)
-        self.total(ws.data.ptr, 0, c.data.ptr + self.c_offset)
+        da, db, dc = self.offsets
+        _replay(self.steps, pa + da, pb + db, ws.data.ptr)
+        self.total(ws.data.ptr, 0, pc + dc)
 
 
 def _slice_sum(ws, c, device_id: int):
@@ -321,9 +328,12 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
     # The plan splits only single products: any batch axes here have size 1 and drop out as views.
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
-    depth = -(-k // choice.splits)
-    depth += -depth % 8  # whole BK steps per slice
-    full = k // depth
+    # Slices in whole 16-deep steps (every tile's K-tile divides 16), all as one batched launch; where K does not
+    # divide evenly, the few values of K left over run as one shallow launch of their own (a deeper uneven last
+    # slice, at a fraction of the SMs, cost more: K = 4097 in slices of 2056 and 2041 ran a matrix-vector product at
+    # a third of the bandwidth).
+    depth = max(8, k // choice.splits // 16 * 16)
+    full = min(choice.splits, k // depth)
     tail = k - full * depth
     ws = empty((full + (tail > 0), m, n))
     strided = cp.lib.stride_tricks.as_strided
@@ -337,11 +347,24 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
     total = _slice_sum(ws, c, device_id)
     total(ws.data.ptr, 0, c.data.ptr)
     if record is not None:
-        base_a, base_b, base_c = record.base
-        if None in sub or a.data.ptr != base_a or b.data.ptr != base_b:
+        if None in sub:
             record.append(None)
         else:
-            record.append(_SplitKReplay(tuple(sub), ws.shape, total, c.data.ptr - base_c))
+            offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
+            record.append(_SplitKReplay(tuple(sub), ws.shape, total, offsets))
+
+
+def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None) -> None:
+    """c = a @ b as the interior on whole tiles and its last `rows` rows and `cols` columns as few-row and
+    few-column products (each planned on its own; all are views of a, b and c, so a replay runs them again)."""
+    rows, cols = peel
+    m, n = c.shape[-2:]
+    mm, nn = m - rows, n - cols
+    gemm(a[..., :mm, :], b[..., :nn], c[..., :mm, :nn], None, record)
+    if cols:
+        gemm(a[..., :mm, :], b[..., nn:], c[..., :mm, nn:], None, record)
+    if rows:
+        gemm(a[..., mm:, :], b, c[..., mm:, :], None, record)
 
 
 def _via_temporary(a, b, c, kernel, record):

@@ -89,6 +89,7 @@ class Choice:
     rule: str
     reason: str
     splits: int = 1  # split-K: K cut into this many slices, multiplied as a batch and summed in a fixed order
+    peel: tuple[int, int] = (0, 0)  # rows and columns of C's ragged bottom and right edges run as few-column products
 
     @property
     def name(self) -> str:
@@ -100,6 +101,12 @@ class Choice:
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
                   f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
+        if self.peel != (0, 0):
+            rows, cols = self.peel
+            main = dataclasses.replace(problem, m=problem.m - rows, n=problem.n - cols)
+            split = (f" on the {main.m}x{main.n} interior; the last {rows} rows and {cols} columns on the few-column "
+                     "kernel")
+            problem = main
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
                 f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
                 f"  mode    {self.config.precision}: {PRECISIONS[self.config.precision]}\n"
@@ -115,6 +122,7 @@ class Rule:
     test: Callable[[Problem, Device], bool]
     kernel: str | Callable[[Problem, Device], str]
     splits: Callable[[Problem, Device], int] | None = None  # slices of K (None: the product runs whole)
+    peel: Callable[[Problem, Device], tuple[int, int]] | None = None  # ragged edges run apart (see Choice.peel)
 
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
@@ -138,7 +146,9 @@ _MIN_USEFUL = 0.95
 # sums (0.74x against 0.75x the speed). From 1000^3 (128 tiles) up the plain tiles match cuBLAS's error.
 _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it wins from two waves
-# up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x).
+# up (4096^3: 0.92x cuBLAS against 0.89x; 2048^3, one wave: 0.87x against 0.90x), where rows are 16-byte aligned:
+# with scalar loads the 16-deep tile is ahead (H100, time against cuBLAS's whole product: 4096x4096x4097 97% against
+# 110%, 8192x8192x8193 103% against 108%, 6144x6144x6145 100% against 105%).
 _DEEP_WAVES = 2
 # ... except for A with unit stride along m (A^T.B of C-ordered arrays), where both operands copy in 16-byte
 # pieces and the 16-deep tile ran faster in every run (H100, 4096^3: 1.01-1.03x cuBLAS against 0.96x; 8192^3:
@@ -216,7 +226,7 @@ def _fill(problem: Problem, device: Device) -> str:
             return WT256_LOOP
         if long_k and _whole_k_tiles(problem, WT256_LOOP16):  # a transposed operand, or K an odd multiple of 16
             return WT256_LOOP16
-        if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t:
+        if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t and problem.aligned:
             return WT256_32
         return WT256_LOOP16 if _whole_k_tiles(problem, WT256_LOOP16) else WT256
     name = _fill_small_warptile(problem, device)
@@ -373,13 +383,49 @@ def _idle_sms(problem: Problem, device: Device) -> bool:
     return problem.tiles(tiled) < _IDLE_SMS * device.sm_count and mid_splits(problem, device) > 1
 
 
+# ... with per-tile sums where the 128x64 tiles alone would give fewer than this fraction of the SMs a block: there
+# cuBLAS splits K too (we infer) and came out more accurate than one running sum per slice (H100, relative error
+# against float64 / x cuBLAS: 768^3 in 3 slices 2.9e-7 / 1.02x plain, 1.1e-7 / 0.97x with per-tile sums, cuBLAS
+# 2.0e-7; 512x512x2048 in 4: 4.1e-7 / 0.98x, 1.4e-7 / 0.91x, cuBLAS 2.2e-7). From 896^3 (98 tiles, 2.7e-7 against
+# cuBLAS's 3.8e-7) the plain tile's error is below cuBLAS's, and per-tile sums ran 0.67x where it runs 0.97x.
+_MID_SUMS_BELOW_WAVE = 0.6
+
+
+def _mid_kernel(problem: Problem, device: Device) -> str:
+    small = problem.tiles(get_config(WT128x64)) < _MID_SUMS_BELOW_WAVE * device.sm_count
+    return WT128x64_SUMS if small else WT128x64
+
+
 def mid_splits(problem: Problem, device: Device) -> int:
     """Slices of K for split-K on a short K (see _IDLE_SMS); 1 where K has no even split into 16-deep steps."""
-    config = get_config(WT128x64)
+    config = get_config(_mid_kernel(problem, device))
     tiles = problem.tiles(config)
     counts = _even_splits(problem, config, problem.k // _MID_MIN_DEPTH, _MID_MIN_DEPTH)
     # The busiest SM's share of the work; on a tie the fewest slices (each adds a slice to the sum's pass).
     return min(counts, key=lambda s: (-(-tiles * s // device.sm_count) * (problem.k // s), s), default=1)
+
+
+# Ragged edges: a large product whose rows (or columns) run a few past a multiple of 128 pays for a whole row of
+# mostly empty tiles, and often a mostly idle last wave, for those few (4097^3 on 128x256 tiles: 561 tiles, 4.25 waves
+# of an H100's 132 SMs, where 4096 rows and columns make 512, 3.9). Those last rows and columns are a few-row and a
+# few-column product, bound by memory and run as such; the interior keeps whole tiles. Measured on an H100
+# (x cuBLAS in the same process), whole -> peeled: see docs/kernels.md.
+_PEEL_MAX = _FEW
+_PEEL_MIN_MACS = 1 << 33
+
+
+def peel_edges(problem: Problem, device: Device) -> tuple[int, int]:
+    """Rows and columns past the last multiple of 128 of a large single product, where there are at most _PEEL_MAX
+    of them (each side on its own: (rows, 0), (0, cols) or both); (0, 0) where there is nothing to peel."""
+    if problem.batch != 1 or _skinny(problem) or problem.m * problem.n * problem.k < _PEEL_MIN_MACS:
+        return (0, 0)
+    rows, cols = problem.m % 128, problem.n % 128
+    return (rows if rows <= _PEEL_MAX else 0, cols if cols <= _PEEL_MAX else 0)
+
+
+def _peeled_kernel(problem: Problem, device: Device) -> str:
+    rows, cols = peel_edges(problem, device)
+    return choose(dataclasses.replace(problem, m=problem.m - rows, n=problem.n - cols), device, "auto").name
 
 
 RULES: tuple[Rule, ...] = (
@@ -392,9 +438,13 @@ RULES: tuple[Rule, ...] = (
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),
+    Rule("ragged-edge", f"a product of >= 2^{_PEEL_MIN_MACS.bit_length() - 1} multiply-adds whose rows or columns run "
+         f"1 to {_PEEL_MAX} past a multiple of 128: the interior on whole tiles (its own rule's kernel), the last rows "
+         "and columns on the few-column kernel, instead of a row of mostly empty tiles and a mostly idle last wave",
+         lambda p, d: peel_edges(p, d) != (0, 0), _peeled_kernel, peel=peel_edges),
     Rule("split-k-mid", f"the tiled rule's tile would give fewer than {_IDLE_SMS:.0%} of the SMs a block: K split "
          "into whole 16-deep slices of 128x64 tiles, as many as put the least work on the busiest SM, then summed in "
-         "a fixed order", _idle_sms, WT128x64, mid_splits),
+         "a fixed order (with per-tile sums below 60% of the SMs, for accuracy)", _idle_sms, _mid_kernel, mid_splits),
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
@@ -429,7 +479,7 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
-          lambda p, c, d: c.config.name == WT128x64_SUMS),
+          lambda p, c, d: c.rule == "tiled" and c.config.name == WT128x64_SUMS),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "
           "(4097^3: auto 0.93x cuBLAS)",
           lambda p, c, d: c.variant.vec == 1 and p.blocks(c.config) >= d.sm_count and c.rule != "few-columns"),
@@ -809,8 +859,9 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
             if rule.test(problem, device):
                 name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
                 splits = rule.splits(problem, device) if rule.splits else 1
+                peel = rule.peel(problem, device) if rule.peel else (0, 0)
                 config = get_config(name)
-                choice = Choice(config, problem.variant_for(config), rule.name, rule.reason, splits)
+                choice = Choice(config, problem.variant_for(config), rule.name, rule.reason, splits, peel)
                 break
         if precision != "highest":
             if choice.rule in ("split-k", "few-columns"):  # memory-bound or split: the FP32 paths
@@ -822,7 +873,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None
-        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "few-columns"):
+        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "few-columns", "ragged-edge"):
             entry = tuned_entries(device).get(tune_bucket(problem))
         if entry is not None and entry.get("kernel") in _BY_NAME:
             choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",

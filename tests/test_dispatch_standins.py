@@ -521,10 +521,10 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     _dispatch.matmul(a, v)
     (name, variant, args), (_, _, tail), (total, _, sums) = launched.args
     assert name == "skinny_n1" and variant == "nn_v4"  # v's unit stride along k does not make A unaligned
-    # Three slices of K, whole multiples of 8 deep: two of 1368 as one batch, and the 1360 left, then fastmm's
-    # ordered sum of the three (slices x 2816 x 1) into the result.
-    assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (2, 1368, 1, 1360)
-    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sk"]) == (3, 2816, 1, 2816)
+    # Three slices of K in whole 16-deep steps, 1360 deep, as one batch, and the 16 left over as a shallow launch of
+    # their own, then fastmm's ordered sum of the four (slices x 2816 x 1) into the result.
+    assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (3, 1360, 1, 16)
+    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sk"]) == (4, 2816, 1, 2816)
     assert launched == ["skinny_n1", "skinny_n1", "slicesum"]
 
 

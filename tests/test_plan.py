@@ -70,8 +70,9 @@ def test_tiled_rule_fills_the_gpu():
     assert _plan._fill(_plan.Problem(768, 768, 4096), H100) == "warptile_128x64x16_32x64_8x8_s4_tsum"
     assert choose(768, 768, 4096).rule == "split-k-mid"
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
-    # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5%.
-    assert choose(4097, 4097, 4097).name == "warptile_128x64x16_32x64_8x8_s4"
+    # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5% (the ragged-edge rule
+    # takes such products first, see below).
+    assert _plan._fill(_plan.Problem(4097, 4097, 4097), H100) == "warptile_128x64x16_32x64_8x8_s4"
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
     assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
@@ -109,13 +110,15 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
-@pytest.mark.parametrize("m,n,k,splits", [
-    (768, 768, 768, 3), (896, 896, 896, 4), (1536, 1536, 1536, 4), (1792, 1792, 1792, 2), (512, 512, 2048, 4),
-    (768, 3072, 768, 4),
+@pytest.mark.parametrize("m,n,k,splits,sums", [
+    (768, 768, 768, 3, True), (896, 896, 896, 4, False), (1536, 1536, 1536, 4, False), (1792, 1792, 1792, 2, False),
+    (512, 512, 2048, 4, True), (768, 3072, 768, 4, False),
 ])
-def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits):
+def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits, sums):
+    """... on 128x64 tiles, with per-tile sums where they give fewer than 60% of the SMs a block (accuracy)."""
     c = choose(m, n, k)
-    assert (c.rule, c.name, c.splits) == ("split-k-mid", "warptile_128x64x16_32x64_8x8_s4", splits)
+    name = "warptile_128x64x16_32x64_8x8_s4" + ("_tsum" if sums else "")
+    assert (c.rule, c.name, c.splits) == ("split-k-mid", name, splits)
     assert k % (16 * splits) == 0  # whole 16-deep steps in every slice: no uneven last slice
     assert f"split-K into {splits} slices" in fastmm.explain((m, k), (k, n))
 
@@ -126,6 +129,32 @@ def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits):
 ])
 def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, n, k, batch):
     assert choose(m, n, k, batch).splits == 1
+
+
+@pytest.mark.parametrize("m,n,k,peel", [
+    (4097, 4097, 4097, (1, 1)), (8193, 8193, 8193, (1, 1)), (4100, 4100, 4100, (4, 4)), (4097, 4096, 4096, (1, 0)),
+    (4096, 4112, 4096, (0, 16)), (2049, 2049, 2049, (1, 1)),
+])
+def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel):
+    c = choose(m, n, k, aligned=False)
+    assert (c.rule, c.peel, c.splits) == ("ragged-edge", peel, 1)
+    interior = choose(m - peel[0], n - peel[1], k, aligned=False)
+    assert interior.rule == "tiled" and c.name == interior.name
+    if k % 16:  # scalar loads and no whole K-tiles: the 16-deep large tile, not the 32-deep one
+        assert interior.name == "warptile_128x256x16_64x64_8x16_s4_spread"
+    text = fastmm.explain((m, k), (k, n))
+    assert f"on the {m - peel[0]}x{n - peel[1]} interior; the last {peel[0]} rows and {peel[1]} columns" in text
+
+
+@pytest.mark.parametrize("m,n,k,batch", [
+    (4113, 4113, 4113, 1),   # 17 rows past 4096: more than a few-column product takes
+    (4097, 4097, 4097, 2),   # batched
+    (2047, 2049, 2047, 1),   # under 2^33 multiply-adds
+    (4097, 20, 4097, 1),     # skinny
+    (4096, 4096, 4097, 1),   # only K ragged: every tile is whole
+])
+def test_ragged_edges_stay_where_peeling_does_not_apply(m, n, k, batch):
+    assert choose(m, n, k, batch, aligned=False).rule != "ragged-edge"
 
 
 def test_variant_follows_layout_and_alignment():
@@ -237,7 +266,7 @@ def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
     device = _plan.Device(name="Test GPU 9000", driver_version=13000)
     path = _plan.tune_cache_path(device)
     assert path.parent.parent == tmp_path and "Test-GPU-9000-sm_90-drv13000-fastmm" in path.name
-    problem = _plan.Problem(4097, 4097, 4097, aligned=False)
+    problem = _plan.Problem(4113, 4113, 4113, aligned=False)
     assert _plan.tune_bucket(problem) == "6144x6144x6144_nn_v1"
     _plan.reload_tuned()
     assert _plan.choose(problem, device).name == "warptile_128x64x16_32x64_8x8_s4"   # no cache yet: the table
@@ -252,6 +281,9 @@ def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
         assert _plan.choose(problem, device, tuned=False).rule == "tiled"
         assert _plan.choose(problem, device, "regtile_128x64x8_8x8").rule == "forced"   # forcing still wins
         aligned = _plan.Problem(4096, 4096, 4096)                                        # another class: the table
+        assert _plan.choose(aligned, device).rule == "tiled"
+        # A peeled product's plan is not one configuration: not overridden (its interior is planned on its own).
+        assert _plan.choose(_plan.Problem(4097, 4097, 4097, aligned=False), device).rule == "ragged-edge"
         assert _plan.choose(aligned, device).rule == "tiled"
         long_k = _plan.Problem(128, 128, 65536)
         path.write_text(json.dumps({"entries": {_plan.tune_bucket(long_k): {
