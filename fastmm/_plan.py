@@ -413,19 +413,30 @@ def mid_splits(problem: Problem, device: Device) -> int:
 # Ragged edges: a large product whose rows (or columns) run a few past a multiple of 128 pays for a whole row of
 # mostly empty tiles, and often a mostly idle last wave, for those few (4097^3 on 128x256 tiles: 561 tiles, 4.25 waves
 # of an H100's 132 SMs, where 4096 rows and columns make 512, 3.9). Those last rows and columns are a few-row and a
-# few-column product, bound by memory and run as such; the interior keeps whole tiles. Measured on an H100
-# (x cuBLAS in the same process), whole -> peeled: see docs/kernels.md.
+# few-column product, bound by memory and run as such; the interior keeps whole tiles, where its own plan gives at
+# least _IDLE_SMS of the SMs a block. Measured on an H100 (x cuBLAS in the same process), whole -> peeled: 2049^3
+# 0.91x -> 1.05x, 3073^3 0.89x -> 0.98x, 4097^3 0.93x -> 1.00x (A^T.B 0.90x -> 0.95x), 8193^3 0.92x -> 0.97x,
+# 4100^3 1.05x -> 1.13x, 5000^3 0.96x -> 1.02x, 2049x2049x8192 0.85x -> 1.18x. Smaller products lost: their
+# interiors leave SMs idle, and the edges' launches cost more than the padded tiles (1537^3 0.91x -> 0.61x with 72
+# tiles of 128x256 inside, 1793^3 0.87x -> 0.79x with 98, 1153^3 0.88x -> 0.57x with 162 of 128x64).
 _PEEL_MAX = _FEW
 _PEEL_MIN_MACS = 1 << 33
 
 
 def peel_edges(problem: Problem, device: Device) -> tuple[int, int]:
     """Rows and columns past the last multiple of 128 of a large single product, where there are at most _PEEL_MAX
-    of them (each side on its own: (rows, 0), (0, cols) or both); (0, 0) where there is nothing to peel."""
+    of them (each side on its own: (rows, 0), (0, cols) or both) and the interior's plan keeps the SMs busy; (0, 0)
+    where there is nothing to peel."""
     if problem.batch != 1 or _skinny(problem) or problem.m * problem.n * problem.k < _PEEL_MIN_MACS:
         return (0, 0)
     rows, cols = problem.m % 128, problem.n % 128
-    return (rows if rows <= _PEEL_MAX else 0, cols if cols <= _PEEL_MAX else 0)
+    peel = (rows if rows <= _PEEL_MAX else 0, cols if cols <= _PEEL_MAX else 0)
+    if peel == (0, 0):
+        return peel
+    interior = dataclasses.replace(problem, m=problem.m - peel[0], n=problem.n - peel[1])
+    plan = choose(interior, device, "auto")  # never peeled again: its sides are whole multiples of 128 or long edges
+    busy = interior.blocks(plan.config) * plan.splits >= _IDLE_SMS * device.sm_count
+    return peel if busy else (0, 0)
 
 
 def _peeled_kernel(problem: Problem, device: Device) -> str:

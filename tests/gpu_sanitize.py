@@ -24,9 +24,10 @@ SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (3
           (300, 600, 160)]
 # `auto` also runs long-K shapes, which take the split paths (strided slices, then fastmm's slice sum): split-K, the
 # few-column kernel split over K (few columns, few rows), and a ragged matrix-vector product; and split-K over a
-# short K where the tiles leave SMs idle (768^3 in 3 slices; 520x700x768, ragged edges, in 3).
+# short K where the tiles leave SMs idle (768^3 in 3 slices; 520x700x768, ragged edges, in 3); a large product
+# whose last row and column are peeled off, their matrix-vector products split over K = 2049 with a 1-deep remainder.
 AUTO_SHAPES = SHAPES + [(40, 72, 4100), (1000, 3, 4100), (5, 700, 4100), (3000, 1, 777), (768, 768, 768),
-                        (520, 700, 768)]
+                        (520, 700, 768), (2049, 2049, 2049)]
 
 
 def main(kernels) -> int:

@@ -152,6 +152,7 @@ def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel
     (2047, 2049, 2047, 1),   # under 2^33 multiply-adds
     (4097, 20, 4097, 1),     # skinny
     (4096, 4096, 4097, 1),   # only K ragged: every tile is whole
+    (1537, 1537, 4097, 1),   # 2^33 multiply-adds, but the interior's 72 tiles of 128x256 would leave SMs idle
 ])
 def test_ragged_edges_stay_where_peeling_does_not_apply(m, n, k, batch):
     assert choose(m, n, k, batch, aligned=False).rule != "ragged-edge"
