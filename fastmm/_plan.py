@@ -383,28 +383,10 @@ def _idle_sms(problem: Problem, device: Device) -> bool:
     return problem.tiles(tiled) < _IDLE_SMS * device.sm_count and mid_splits(problem, device) > 1
 
 
-# ... with per-tile sums where the 128x64 tiles alone would give fewer than this fraction of the SMs a block: there
-# cuBLAS splits K too (we infer) and came out more accurate than one running sum per slice (H100, relative error
-# against float64 / x cuBLAS: 768^3 in 3 slices 2.9e-7 / 1.02x plain, 1.1e-7 / 0.97x with per-tile sums, cuBLAS
-# 2.0e-7; 512x512x2048 in 4: 4.1e-7 / 0.98x, 1.4e-7 / 0.91x, cuBLAS 2.2e-7). From 896^3 (98 tiles, 2.7e-7 against
-# cuBLAS's 3.8e-7) the plain tile's error is below cuBLAS's, and per-tile sums ran 0.67x where it runs 0.97x.
-_MID_SUMS_BELOW_WAVE = 0.6
-
-
-def _mid_kernel(problem: Problem, device: Device) -> str:
-    small = problem.tiles(get_config(WT128x64)) < _MID_SUMS_BELOW_WAVE * device.sm_count
-    return WT128x64_SUMS if small else WT128x64
-
-
 def mid_splits(problem: Problem, device: Device) -> int:
     """Slices of K for split-K on a short K (see _IDLE_SMS); 1 where K has no even split into 16-deep steps."""
-    config = get_config(_mid_kernel(problem, device))
+    config = get_config(WT128x64)
     tiles = problem.tiles(config)
-    if config.tile_sums:
-        # Two blocks to an SM: the most slices that keep every block in one wave (H100: 768^3 in 3 slices 0.97x
-        # cuBLAS, 6 0.89x; 512x512x2048 in 8 0.94x, 4 0.91x).
-        most = config.min_blocks * device.sm_count // tiles
-        return max(_even_splits(problem, config, most, _MID_MIN_DEPTH), default=1)
     counts = _even_splits(problem, config, problem.k // _MID_MIN_DEPTH, _MID_MIN_DEPTH)
     # The busiest SM's share of the work; on a tie the fewest slices (each adds a slice to the sum's pass).
     return min(counts, key=lambda s: (-(-tiles * s // device.sm_count) * (problem.k // s), s), default=1)
@@ -460,7 +442,7 @@ RULES: tuple[Rule, ...] = (
          lambda p, d: peel_edges(p, d) != (0, 0), _peeled_kernel, peel=peel_edges),
     Rule("split-k-mid", f"the tiled rule's tile would give fewer than {_IDLE_SMS:.0%} of the SMs a block: K split "
          "into whole 16-deep slices of 128x64 tiles, as many as put the least work on the busiest SM, then summed in "
-         "a fixed order (with per-tile sums below 60% of the SMs, for accuracy)", _idle_sms, _mid_kernel, mid_splits),
+         "a fixed order", _idle_sms, WT128x64, mid_splits),
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
