@@ -200,8 +200,10 @@ def test_an_interrupt_keeps_the_result_whole_and_reaches_the_program(gpu, monkey
     with fastmm.accelerate_numpy(EVERYTHING):
         with pytest.raises(KeyboardInterrupt):
             np.matmul(a, a, out=out)
-            for _ in range(10_000):  # the interrupt arrives at the interpreter's next check
-                pass
+            # The interrupt arrives at the main thread's next check for signals; sleeping checks at once (a busy
+            # loop of 10,000 steps was not always long enough while other threads held the GIL, in a full run).
+            for _ in range(2000):
+                time.sleep(0.001)
     assert np.array_equal(out, want)
 
 
