@@ -438,7 +438,8 @@ RULES: tuple[Rule, ...] = (
          "order", _long_k, _split_for, split_count),
     Rule("ragged-edge", f"a product of >= 2^{_PEEL_MIN_MACS.bit_length() - 1} multiply-adds whose rows or columns run "
          f"1 to {_PEEL_MAX} past a multiple of 128: the interior on whole tiles (its own rule's kernel), the last rows "
-         "and columns on the few-column kernel, instead of a row of mostly empty tiles and a mostly idle last wave",
+         "and columns on the few-column kernel, instead of a row of mostly empty tiles and a mostly idle last wave "
+         f"(where the interior's own plan gives >= {_IDLE_SMS:.0%} of the SMs a block)",
          lambda p, d: peel_edges(p, d) != (0, 0), _peeled_kernel, peel=peel_edges),
     Rule("split-k-mid", f"the tiled rule's tile would give fewer than {_IDLE_SMS:.0%} of the SMs a block: K split "
          "into whole 16-deep slices of 128x64 tiles, as many as put the least work on the busiest SM, then summed in "
