@@ -102,11 +102,9 @@ class Choice:
                   f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
         if self.peel != (0, 0):
-            rows, cols = self.peel
-            main = dataclasses.replace(problem, m=problem.m - rows, n=problem.n - cols)
-            split = (f" on the {main.m}x{main.n} interior; the last {rows} rows and {cols} columns on the few-column "
-                     "kernel")
-            problem = main
+            problem = interior(problem, self.peel)
+            split = (f" on the {problem.m}x{problem.n} interior; the last {self.peel[0]} rows and {self.peel[1]} "
+                     "columns on the few-column kernel")
         return (f"{shape} float32 ({layout}) on {device.name}:\n"
                 f"  kernel  {self.config.binary_name(self.variant)}{split}\n"
                 f"  mode    {self.config.precision}: {PRECISIONS[self.config.precision]}\n"
@@ -415,15 +413,19 @@ def peel_edges(problem: Problem, device: Device) -> tuple[int, int]:
     peel = (rows if rows <= _PEEL_MAX else 0, cols if cols <= _PEEL_MAX else 0)
     if peel == (0, 0):
         return peel
-    interior = dataclasses.replace(problem, m=problem.m - peel[0], n=problem.n - peel[1])
-    plan = choose(interior, device, "auto")  # never peeled again: its sides are whole multiples of 128 or long edges
-    busy = interior.blocks(plan.config) * plan.splits >= _IDLE_SMS * device.sm_count
+    inside = interior(problem, peel)
+    plan = choose(inside, device, "auto")  # never peeled again: its sides are whole multiples of 128 or long edges
+    busy = inside.blocks(plan.config) * plan.splits >= _IDLE_SMS * device.sm_count
     return peel if busy else (0, 0)
 
 
+def interior(problem: Problem, peel: tuple[int, int]) -> Problem:
+    """The product left once `peel` = (rows, columns) of C's bottom and right edges are taken off."""
+    return dataclasses.replace(problem, m=problem.m - peel[0], n=problem.n - peel[1])
+
+
 def _peeled_kernel(problem: Problem, device: Device) -> str:
-    rows, cols = peel_edges(problem, device)
-    return choose(dataclasses.replace(problem, m=problem.m - rows, n=problem.n - cols), device, "auto").name
+    return choose(interior(problem, peel_edges(problem, device)), device, "auto").name
 
 
 RULES: tuple[Rule, ...] = (
@@ -478,7 +480,7 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
-          lambda p, c, d: c.rule == "tiled" and c.config.name == WT128x64_SUMS),
+          lambda p, c, d: c.config.name == WT128x64_SUMS),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "
           "(3001^3: auto 0.93x cuBLAS; with a ragged edge of at most 16 rows or columns peeled off instead, 4097^3 "
           "runs 1.00x, 8193^3 0.97x)",
