@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from . import _errors
 from ._plan import Device, validated
 from .kernels import build
-from .kernels.configs import MAX_GRID_Y, MAX_GRID_Z, Variant, _Config
+from .kernels.configs import MAX_GRID_Y, Variant, _Config
 
 __all__ = ["device", "Launch", "loaded_function", "as_fastmm_error"]
 
@@ -366,8 +366,8 @@ class Launch:
         self.chunks = []
         for m0 in range(0, max(m, 1), rows):
             mm = min(m - m0, rows)
-            for z0 in range(0, batch, MAX_GRID_Z):
-                grid = config.grid(mm, n, min(batch - z0, MAX_GRID_Z), k)
+            for z0 in range(0, batch, config.batch_per_launch):
+                grid = config.grid(mm, n, min(batch - z0, config.batch_per_launch), k)
                 args = _ARGS.pack(mm, n, k, 0, a_sm, a_sk, 0, b_sk, b_sn, 0, c_sm, c_sn, z0, batch_inner,
                                   *batch_strides)
                 before_a, _, between_ab, _, between_bc, _, after_c = _ARGS_SPLIT.unpack(args)

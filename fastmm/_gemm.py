@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _errors, _plan
 from ._rules import _fmt, matmul_shapes
-from .kernels.configs import SLICE_SUM, Variant
+from .kernels.configs import REPITCH, SLICE_SUM, Variant
 
 __all__ = ["problem_for", "plan_matmul", "gemm", "empty", "owning", "may_overlap", "Recorder", "replay", "signature",
            "replays"]
@@ -170,13 +170,12 @@ def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
     b_sk, b_sn = (1, ldb) if b_t else (ldb, 1)
     strides = [lda, ldb, ldc, *s0, *s1, *(s for _, st in outer for s in st)]
     ptrs = (a.data.ptr, b.data.ptr, c.data.ptr)
-    aligned = all(p % 16 == 0 for p in ptrs) and all(s % 4 == 0 for s in strides)
-    # One operand alone (the few-column kernel loads only its A in 16-byte pieces): its pointer, leading
-    # dimension and batch strides.
+    # Each operand's rows start 16-byte aligned (its pointer, leading dimension and batch strides): the kernels then
+    # copy it 16 bytes at a time. C's rows decide only the stores, which each block checks for itself.
     a_aligned, b_aligned = (ptrs[i] % 16 == 0 and all(s % 4 == 0 for s in (strides[i], s0[i], s1[i],
                                                                             *(st[i] for _, st in outer)))
                             for i in (0, 1))
-    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, aligned, a_aligned, b_aligned)
+    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned)
     # C's stride along n: 1 for every kernel but the few-column one, which also writes C^T (for few rows).
     c_sn = c.strides[-1] // 4 if n > 1 else 1
     args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
@@ -264,6 +263,14 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
         why = _plan.cublas_ahead(problem, choice, device)
         if why is not None:
             raise _plan.CublasAhead(why)
+    if choice.pad:
+        if launch["copied"] and record is not None:  # the operands' own copies change address per call
+            record.append(None)
+            record = None
+        try:
+            return _padded(*launch["keep"], c, problem, device_id, record)
+        except _errors.OutOfMemoryError:  # no room for the copies: the plan without them
+            choice = _plan.without_copies(problem, device)
     if choice.peel != (0, 0):
         return _peeled(a, b, c, choice.peel, record)
     if choice.splits > 1:
@@ -352,6 +359,70 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
         else:
             offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
             record.append(_SplitKReplay(tuple(sub), ws.shape, total, offsets))
+
+
+def _aligned_copy(x, device_id: int):
+    """x (2-D, unit stride along one axis) copied into a new buffer whose rows along that axis are padded to 16 bytes:
+    (the copy, as a view of x's shape and layout; the buffer's shape; the launch that copies, called with (x's
+    address, 0, the buffer's))."""
+    from . import _cuda
+
+    rows, cols = x.shape
+    along_rows = x.strides[1] != 4 and cols > 1  # unit stride along axis 0: copy x^T's rows
+    if along_rows:
+        rows, cols = cols, rows
+    pitch = x.strides[along_rows] // 4 if rows > 1 else cols
+    width = -(-cols // 4) * 4
+    buf = empty((rows, width))
+    copy = _cuda.Launch(REPITCH, Variant(), device_id, m=rows, n=cols, k=0, a_sm=pitch, a_sk=1, b_sk=0, b_sn=0,
+                        c_sm=width, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
+    copy(x.data.ptr, 0, buf.data.ptr)
+    view = buf[:, :cols]
+    return (view.T if along_rows else view), buf.shape, copy
+
+
+class _PaddedReplay:
+    """Replay of a product on aligned copies (see _padded): fresh buffers, the copies, the product's recorded steps."""
+
+    __slots__ = ("copies", "steps", "offsets")
+
+    def __init__(self, copies, steps, offsets):
+        self.copies, self.steps, self.offsets = copies, steps, offsets
+
+    def __call__(self, pa: int, pb: int, pc: int):
+        ptrs = [pa + self.offsets[0], pb + self.offsets[1]]
+        keep = []
+        for i, (shape, copy) in enumerate(self.copies):
+            if copy is not None:
+                buf = empty(shape)
+                keep.append(buf)
+                copy(ptrs[i], 0, buf.data.ptr)
+                ptrs[i] = buf.data.ptr
+        _replay(self.steps, ptrs[0], ptrs[1], pc + self.offsets[2])
+
+
+def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
+    """c = a @ b (a single product; a and b as the kernels read them) with A and B, where their rows are not 16-byte
+    aligned, copied into rows that are (the plan's aligned-copy rule), then planned and run like any product; C is
+    written in place."""
+    a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))  # the plan pads single products only
+    copies, operands = [], []
+    for x, ok in ((a, problem.a_aligned), (b, problem.b_aligned)):
+        if ok:
+            copies.append((None, None))
+            operands.append(x)
+        else:
+            view, shape, copy = _aligned_copy(x, device_id)
+            copies.append((shape, copy))
+            operands.append(view)
+    sub = Recorder(operands[0].data.ptr, operands[1].data.ptr, c.data.ptr) if record is not None else None
+    gemm(operands[0], operands[1], c, None, sub)
+    if record is not None:
+        if None in sub:
+            record.append(None)
+        else:
+            offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
+            record.append(_PaddedReplay(tuple(copies), tuple(sub), offsets))
 
 
 def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None) -> None:

@@ -32,7 +32,8 @@ class Problem:
     batch: int = 1
     a_t: bool = False      # A has unit stride along m (e.g. ``a.T`` of a C-ordered array)
     b_t: bool = False      # B has unit stride along k
-    aligned: bool = True   # 16-byte aligned rows everywhere: 128-bit loads and stores are legal
+    aligned: bool = True   # A's and B's rows start 16-byte aligned: 128-bit copies are legal (C's rows decide only
+    #                        the kernels' stores, which each block checks)
     a_aligned: bool = True  # ... in A alone (the few-column kernel reads only A in 16-byte pieces)
     b_aligned: bool = True  # ... in B alone (A of the transposed product, for few rows)
 
@@ -55,8 +56,9 @@ class Problem:
 
     def blocks(self, config: _Config) -> int:
         """Blocks of `config` one launch needs (the transposed product's, for few rows on the few-column kernel)."""
-        if isinstance(config, Skinny) and few_rows(self):
-            return dataclasses.replace(self, m=self.n, n=self.m).tiles(config)
+        if isinstance(config, Skinny):  # each block of rows over a cluster's blocks (split K) or one
+            problem = dataclasses.replace(self, m=self.n, n=self.m) if few_rows(self) else self
+            return problem.tiles(config) * config.cluster
         return self.tiles(config)
 
     def tiles(self, config: _Config) -> int:
@@ -90,6 +92,7 @@ class Choice:
     reason: str
     splits: int = 1  # split-K: K cut into this many slices, multiplied as a batch and summed in a fixed order
     peel: tuple[int, int] = (0, 0)  # rows and columns of C's ragged bottom and right edges run as few-column products
+    pad: bool = False  # A and B (those not 16-byte aligned) copied into rows padded to 16 bytes, the product on those
 
     @property
     def name(self) -> str:
@@ -100,7 +103,14 @@ class Choice:
         wide = self.variant.vec == 4
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
                   f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
+        if self.pad:
+            copies = " and ".join(x for x, ok in (("A", problem.a_aligned), ("B", problem.b_aligned)) if not ok)
+            inner = choose(aligned_copies(problem), device, "auto")
+            return (inner.explain(aligned_copies(problem), device).replace(" (A ", f" (on aligned copies of {copies}; A ", 1)
+                    + f"\n  copy    {self.rule}: {self.reason}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
+        if getattr(self.config, "cluster", 1) > 1:
+            split = f", K split over a cluster of {self.config.cluster} blocks that sums it"
         if self.peel != (0, 0):
             problem = interior(problem, self.peel)
             split = (f" on the {problem.m}x{problem.n} interior; the last {self.peel[0]} rows and {self.peel[1]} "
@@ -121,6 +131,7 @@ class Rule:
     kernel: str | Callable[[Problem, Device], str]
     splits: Callable[[Problem, Device], int] | None = None  # slices of K (None: the product runs whole)
     peel: Callable[[Problem, Device], tuple[int, int]] | None = None  # ragged edges run apart (see Choice.peel)
+    pad: bool = False  # the product runs on aligned copies of its operands (see Choice.pad)
 
 
 NAIVE, SMEM16, SMEM32 = "naive_32x8", "smem_16", "smem_32"
@@ -343,10 +354,12 @@ def _skinny_for(problem: Problem, device: Device) -> str:
     return next((name for name in SKINNY if get_config(name).nmax >= few), SKINNY[-1])
 
 
-def skinny_splits(problem: Problem, device: Device) -> int:
-    """Slices of K for the few-column kernel: at most enough for min_blocks blocks per SM, slices at least
-    _SPLIT_SLICE deep (single products only, as for split-K), and among those the count whose blocks fill
-    their waves best (time ~ waves / slices; the fewest slices on a tie).
+def _skinny_count(problem: Problem, device: Device) -> int:
+    """Slices of K for the few-column kernel (single products only, as for split-K; slices at least _SPLIT_SLICE
+    deep). Up to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit
+    one per SM for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
+    than 16 slices would fill the SMs take those, summed by the slice-sum kernel: of the counts that fill min_blocks
+    blocks per SM, the one whose blocks fill their waves best (time ~ waves / slices; the fewest on a tie).
 
     Rounded up to fill the SMs, a count can leave a mostly idle last wave: 4096x16x4096 has 128 blocks of rows,
     and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
@@ -358,7 +371,37 @@ def skinny_splits(problem: Problem, device: Device) -> int:
     blocks = -(-rows // config.tile[0])
     slots = config.min_blocks * device.sm_count
     most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
-    return min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
+    count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
+    if not _clusters(device) or count > 2 * _CLUSTERS[-1]:
+        return count
+    per_sm = config.min_blocks if config.nmax > 4 else 1
+    return max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
+               and problem.k // c >= _SPLIT_SLICE)
+
+
+# Few-column products split K over a thread-block cluster of this many blocks, in one launch that sums the slices
+# itself (skinny.cu); more slices than a cluster holds run as a batch summed by the slice-sum kernel. Measured on an
+# H100 (x cuBLAS in the same process; workspace split -> cluster): 2048x1x16384 0.93x -> 0.98x (2 blocks; the slice
+# sum alone took 4.5-8.5% of such products), 4096x16x4096 1.02x -> 1.29x (2), 1024x1x65536 1.15x -> 1.17x (4),
+# 1000x3x50000 1.36x -> 1.49x (4). More blocks than one per SM (up to 4 columns) or min_blocks per SM (16 columns)
+# lost: 2048x1x16384 0.92x in clusters of 4, 0.95x of 8; 1000x3x50000 1.21x of 8; 4096x16x4096 unsplit 1.21x.
+_CLUSTERS = (2, 4, 8)
+
+
+def _clusters(device: Device) -> bool:
+    return device.compute_capability >= (9, 0)
+
+
+def _skinny_kernel(problem: Problem, device: Device) -> str:
+    """The few-column configuration, split over a cluster where its count of slices is one."""
+    name, count = _skinny_for(problem, device), _skinny_count(problem, device)
+    return f"{name}_c{count}" if count in _CLUSTERS and _clusters(device) else name
+
+
+def skinny_splits(problem: Problem, device: Device) -> int:
+    """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
+    count = _skinny_count(problem, device)
+    return 1 if count in _CLUSTERS and _clusters(device) else count
 
 
 # Split-K over a short K, where the tiled rule's tile would leave SMs idle: slices of 128x64 tiles, counted so that
@@ -419,6 +462,43 @@ def peel_edges(problem: Problem, device: Device) -> tuple[int, int]:
     return peel if busy else (0, 0)
 
 
+# Rows that do not start 16-byte aligned (an odd leading dimension: 3001^3) cost the tiles their 16-byte copies, the
+# 128x64 tile most. A large single product copies its unaligned A and B into rows padded to 16 bytes (repitch.cu, one
+# pass over each at 2.6 TB/s on an H100: 2-4% of these products) and runs on the copies; C needs none (its rows
+# decide only the stores). Measured on an H100, x cuBLAS in the same process, on 4-byte copies -> with aligned copies:
+# 2999^3 0.89x -> 1.00x, 3001^3 0.89x -> 0.99x, 3001x3001x6001 0.85x -> 0.95x, 3073^3 (peeled) 0.94x -> 1.07x (all
+# on the 128x64 tile), A^T.B 4097^3 0.94x -> 1.01x (A copied transposing), 6001^3 0.93x -> 0.99x, 8193^3 0.97x ->
+# 1.00x. Where the 128x256 tile runs a product of fewer than 2^37 multiply-adds, its 4-byte copies kept up and the
+# copies lost: 4097^3 1.00x -> 0.97x, 2049^3 1.06x -> 1.04x, 2001^3 0.89x -> 0.88x, 5001x5001x2001 0.87x either way;
+# smaller products lost too (1793^3 0.89x -> 0.87x), so the rule starts at 2^34 (2580^3).
+_PAD_MIN_MACS = 1 << 34
+_PAD_WIDE_MIN_MACS = 1 << 37
+
+
+def pads(problem: Problem, device: Device) -> bool:
+    """A large single product whose A or B rows are not 16-byte aligned runs on aligned copies of them (see above)."""
+    if problem.batch != 1 or problem.aligned or _skinny(problem):
+        return False
+    macs = problem.m * problem.n * problem.k
+    if macs < _PAD_MIN_MACS:
+        return False
+    return macs >= _PAD_WIDE_MIN_MACS or problem.a_t or without_copies(problem, device).config.tile != (128, 256)
+
+
+def aligned_copies(problem: Problem) -> Problem:
+    """The product on copies of A and B whose rows start 16-byte aligned."""
+    return dataclasses.replace(problem, aligned=True, a_aligned=True, b_aligned=True)
+
+
+def _padded_kernel(problem: Problem, device: Device) -> str:
+    return choose(aligned_copies(problem), device, "auto").name
+
+
+def without_copies(problem: Problem, device: Device) -> Choice:
+    """The table's plan for `problem` with no aligned copies: what runs where the copies do not fit in memory."""
+    return _by_rules(problem, device, tuple(r for r in RULES if not r.pad))
+
+
 def interior(problem: Problem, peel: tuple[int, int]) -> Problem:
     """The product left once `peel` = (rows, columns) of C's bottom and right edges are taken off."""
     return dataclasses.replace(problem, m=problem.m - peel[0], n=problem.n - peel[1])
@@ -433,11 +513,16 @@ RULES: tuple[Rule, ...] = (
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule("few-columns", f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
-         "the rows alone would leave SMs idle", lambda p, d: _few_columns(p) or few_rows(p), _skinny_for,
-         skinny_splits),
+         "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
+         "summed in a fixed order)", lambda p, d: _few_columns(p) or few_rows(p), _skinny_kernel, skinny_splits),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),
+    Rule("aligned-copy", f"a product of >= 2^{_PAD_MIN_MACS.bit_length() - 1} multiply-adds whose A or B rows do not "
+         "start 16-byte aligned (an odd leading dimension): those operands copied into rows padded to 16 bytes (one "
+         "pass over each, a few percent of the product) so that the tiles copy 16 bytes at a time, C written in place "
+         f"(except on the 128x256 tile with A k-contiguous below 2^{_PAD_WIDE_MIN_MACS.bit_length() - 1}, where the "
+         "4-byte copies keep up)", pads, _padded_kernel, pad=True),
     Rule("ragged-edge", f"a product of >= 2^{_PEEL_MIN_MACS.bit_length() - 1} multiply-adds whose rows or columns run "
          f"1 to {_PEEL_MAX} past a multiple of 128: the interior on whole tiles (its own rule's kernel), the last rows "
          "and columns on the few-column kernel, instead of a row of mostly empty tiles and a mostly idle last wave "
@@ -474,18 +559,15 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
     Ahead("skinny", f"an output side of 17 to {_SKINNY - 1} with a long K: split-K on 64x64 tiles, which ran "
           "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
           lambda p, c, d: _skinny(p) and c.rule == "split-k" and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
-    Ahead("matvec split", "a matrix-vector product on too few rows for the SMs, split over K into 4 slices or more "
-          "(2048x1x16384: 0.92-0.93x cuBLAS; every other few-column row of the bench is level or ahead)",
-          lambda p, c, d: c.rule == "few-columns" and c.config.name == SKINNY[0] and c.splits >= 4
-          and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
-    Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles: scalar loads "
-          "(3001^3: auto 0.93x cuBLAS; with a ragged edge of at most 16 rows or columns peeled off instead, 4097^3 "
-          "runs 1.00x, 8193^3 0.97x)",
+    Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles, where the operands are not "
+          f"copied aligned (below 2^{_PAD_MIN_MACS.bit_length() - 1} multiply-adds): 4-byte copies (2501^3 0.81x "
+          "cuBLAS; from 2^34 on aligned copies, 3001^3 0.99x; with a ragged edge of at most 16 rows or columns peeled "
+          "off instead, 4097^3 1.00x)",
           lambda p, c, d: c.variant.vec == 1 and p.blocks(c.config) >= d.sm_count
-          and c.rule not in ("few-columns", "ragged-edge")),
+          and c.rule not in ("few-columns", "ragged-edge", "aligned-copy")),
 )
 
 
@@ -845,6 +927,18 @@ def on_reload(hook: Callable[[], None]) -> None:
 _memo: dict[tuple, Choice] = {}
 
 
+def _by_rules(problem: Problem, device: Device, rules: tuple[Rule, ...]) -> Choice:
+    """The first of `rules` that applies to `problem` (the last one always does)."""
+    for rule in rules:
+        if rule.test(problem, device):
+            name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
+            splits = rule.splits(problem, device) if rule.splits else 1
+            peel = rule.peel(problem, device) if rule.peel else (0, 0)
+            config = get_config(name)
+            return Choice(config, problem.variant_for(config), rule.name, rule.reason, splits, peel, rule.pad)
+    raise AssertionError("the last rule applies to every problem")
+
+
 def choose(problem: Problem, device: Device = Device(), kernel: str | None = None, *, tuned: bool = True,
            precision: str | None = None) -> Choice:
     """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else an autotuned entry
@@ -858,14 +952,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         return hit
     _check_name(kernel)
     if kernel == "auto":
-        for rule in RULES:
-            if rule.test(problem, device):
-                name = rule.kernel(problem, device) if callable(rule.kernel) else rule.kernel
-                splits = rule.splits(problem, device) if rule.splits else 1
-                peel = rule.peel(problem, device) if rule.peel else (0, 0)
-                config = get_config(name)
-                choice = Choice(config, problem.variant_for(config), rule.name, rule.reason, splits, peel)
-                break
+        choice = _by_rules(problem, device, RULES)
         if precision != "highest":
             if choice.rule in ("split-k", "few-columns"):  # memory-bound or split: the FP32 paths
                 choice = dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
@@ -876,7 +963,8 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None
-        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "few-columns", "ragged-edge"):
+        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "few-columns", "ragged-edge",
+                                                                "aligned-copy"):
             entry = tuned_entries(device).get(tune_bucket(problem))
         if entry is not None and entry.get("kernel") in _BY_NAME:
             choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",

@@ -512,7 +512,22 @@ def test_few_rows_run_the_few_column_kernel_on_the_transposed_product(launched):
     assert (args["c_sm"], args["c_sn"]) == (1, 1040)
 
 
+def test_matvec_splits_k_over_a_cluster_in_one_launch(launched):
+    """2048 rows are 64 blocks: K split over clusters of two blocks, summed in the cluster (no workspace, no sum)."""
+    a = _fastmm(np.zeros((2048, 16384), np.float32))
+    v = _fastmm(np.zeros(16384, np.float32))
+    _dispatch.matmul(a, v)
+    ((name, variant, args),) = launched.args
+    assert (name, variant, args["k"], args["batch"]) == ("skinny_n1_c2", "nn_v4", 16384, 1)
+    assert launched == ["skinny_n1_c2"]
+
+
 def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
+    """On a GPU without thread-block clusters (before Hopper), slices of K are a batch summed by the slice sum."""
+    from fastmm import _plan
+
+    monkeypatch.setattr(_plan, "_clusters", lambda device: False)
+    monkeypatch.setattr(_plan, "_memo", {})  # plans made with clusters must not answer (nor outlive the test)
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_gemm._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)

@@ -28,6 +28,15 @@ __device__ __forceinline__ long long fastmm_batch_offset(int z, int inner, long 
     return (long long)(z / inner) * s0 + (long long)(z % inner) * s1;
 }
 
+// C's rows admit 16-byte stores (c: the block's batch item of C). Checked by each block in its epilogue rather than
+// compiled in: VEC speaks for A's and B's loads only, so that a product whose operands' rows are aligned runs its
+// 16-byte copies whatever C's rows are (an out= view, or C copied out of an aligned workspace), and costs nothing
+// in the K loop's registers.
+__device__ __forceinline__ bool fastmm_c_vec4(const float* c, long long c_sm)
+{
+    return reinterpret_cast<unsigned long long>(c) % 16 == 0 && c_sm % 4 == 0;
+}
+
 // Store 4 consecutive elements of one row of C, starting at column n: one 16-byte store when all four lie
 // inside C and 16-byte stores are legal (vec4), else up to four guarded scalar stores.
 __device__ __forceinline__ void fastmm_store4(float* crow, int n, int N, float4 v, bool vec4)

@@ -25,6 +25,8 @@ __all__ = [
     "Skinny",
     "SliceSum",
     "SLICE_SUM",
+    "Repitch",
+    "REPITCH",
     "AUXILIARY",
     "Variant",
     "CONFIGS",
@@ -94,6 +96,11 @@ class _Config:
     def binary_name(self, variant: Variant) -> str:
         """Name of one compiled binary: the config, plus the layout when the layout is compiled in."""
         return f"{self.name}_{variant.suffix}" if self.layout_macros else self.name
+
+    @property
+    def batch_per_launch(self) -> int:
+        """Batch items one launch covers (the runtime launches again from z0 for the rest)."""
+        return MAX_GRID_Z
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         """Launch grid; y and z are clamped to the hardware limits (the kernels loop over the rest)."""
@@ -368,6 +375,7 @@ class Skinny(_Config):
     nmax: int = 16
     stages: int = 4
     min_blocks: int = 2  # blocks per SM the shared memory is planned for: (stages - 1) steps of A in flight each
+    cluster: int = 1  # > 1: K split over a thread-block cluster of this many blocks, summed in it (sm_90; single products)
     family: ClassVar[str] = "skinny"
     source: ClassVar[str] = "skinny.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
@@ -380,7 +388,8 @@ class Skinny(_Config):
 
     @property
     def name(self) -> str:
-        return f"skinny_n{self.nmax}" + (f"_s{self.stages}" if self.stages != self.STAGES else "")
+        return (f"skinny_n{self.nmax}" + (f"_s{self.stages}" if self.stages != self.STAGES else "")
+                + (f"_c{self.cluster}" if self.cluster > 1 else ""))
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -399,11 +408,21 @@ class Skinny(_Config):
         return self.stages * 4 * (self.ROWS * self.STEP + -(-b // 4) * 4)
 
     def _tile_macros(self) -> dict[str, int]:
-        return {"NMAX": self.nmax, "STAGES": self.stages, "THREADS": 256, "MIN_BLOCKS": self.min_blocks}
+        return {"NMAX": self.nmax, "STAGES": self.stages, "THREADS": 256, "MIN_BLOCKS": self.min_blocks,
+                "CLUSTER": self.cluster}
+
+    @property
+    def batch_per_launch(self) -> int:
+        return MAX_GRID_Z // self.cluster
+
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
+        x, y, _ = super().grid(m, n, batch, k)
+        return (x, y, max(1, min(batch, self.batch_per_launch)) * self.cluster)  # a cluster per batch item, along z
 
     def _check(self) -> list[str]:
-        if self.stages < 2 or self.nmax < 1:
-            return [f"stages must be at least 2, nmax at least 1 (got {self.stages}, {self.nmax})"]
+        if self.stages < 2 or self.nmax < 1 or not 1 <= self.cluster <= 8:
+            return [f"stages must be at least 2, nmax at least 1, cluster 1 to 8 (got {self.stages}, {self.nmax}, "
+                    f"{self.cluster})"]
         return []
 
 
@@ -456,6 +475,40 @@ class SliceSum(_Config):
         return []
 
 
+@dataclasses.dataclass(frozen=True)
+class Repitch(_Config):
+    """Not a product's kernel: an operand copied into rows padded to 16 bytes (fastmm/kernels/repitch.cu), for the
+    plan's aligned copies. M x N the operand (its rows along the unit stride), a_sm its row stride, c_sm the copy's."""
+
+    family: ClassVar[str] = "repitch"
+    source: ClassVar[str] = "repitch.cu"
+
+    THREADS: ClassVar[int] = 256
+    ROWS: ClassVar[int] = 4  # rows per thread (repitch.cu's ROWS)
+
+    @property
+    def name(self) -> str:
+        return "repitch"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.THREADS, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.ROWS, 4 * self.THREADS)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {}
+
+    def _check(self) -> list[str]:
+        return []
+
+
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[_Config, ...] = (
     Naive(32, 8),
@@ -486,13 +539,17 @@ CONFIGS: tuple[_Config, ...] = (
     Skinny(1),
     Skinny(4),
     Skinny(16),
+    # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
+    # rows alone leave SMs idle.
+    *(Skinny(nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
 
 SLICE_SUM = SliceSum()
+REPITCH = Repitch()
 # Kernels that are not products (never planned, forced or benchmarked as one), compiled and checked like the rest.
-AUXILIARY: tuple[_Config, ...] = (SLICE_SUM,)
+AUXILIARY: tuple[_Config, ...] = (SLICE_SUM, REPITCH)
 
 _BY_NAME = {c.name: c for c in CONFIGS}
 

@@ -17,8 +17,9 @@
 // contiguous 128-bit reads. Global loads go 4 elements at a time along each operand's unit-stride axis:
 //   A_T = 0: A has unit stride along k (row-major A),    A_T = 1: unit stride along m (A is a transposed view)
 //   B_T = 0: B has unit stride along n (row-major B),    B_T = 1: unit stride along k (B is a transposed view)
-// VEC = 4 uses float4 loads and stores, which needs 16-byte aligned rows (fastmm/_plan.py checks base
-// pointers, leading dimensions and batch strides); VEC = 1 reads the same 4 elements one by one.
+// VEC = 4 uses float4 loads of A and B, which needs their rows 16-byte aligned (fastmm/_gemm.py checks base
+// pointers, leading dimensions and batch strides); VEC = 1 reads the same 4 elements one by one. C's rows are
+// checked by each block for its float4 stores (fastmm_c_vec4).
 //
 // Edges: a 4-vector that crosses the end of a matrix is read element by element with zero fill, and
 // stores are guarded per row and per element, so any M, N, K >= 0 is correct with no out-of-bounds
@@ -208,8 +209,9 @@ fastmm_regtile(FASTMM_GEMM_PARAMS)
                 __syncthreads();  // stage s^1 complete for everyone; stage s free to be overwritten
             }
 
-            // Epilogue: each row of a 4 x 4 block is one 16-byte store when it lies inside C (and VEC = 4),
-            // else up to 4 guarded scalar stores.
+            // Epilogue: each row of a 4 x 4 block is one 16-byte store when it lies inside C (and C's rows
+            // allow it), else up to 4 guarded scalar stores.
+            const bool vec4 = VEC == 4 && fastmm_c_vec4(c, c_sm);
 #pragma unroll
             for (int i = 0; i < RM; ++i)
 #pragma unroll
@@ -222,7 +224,7 @@ fastmm_regtile(FASTMM_GEMM_PARAMS)
                             const int n = bn + j * (BN / RN) + tx * 4;
                             const float4 v = make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1],
                                                          acc[i * 4 + r][j * 4 + 2], acc[i * 4 + r][j * 4 + 3]);
-                            fastmm_store4(crow, n, N, v, VEC == 4);
+                            fastmm_store4(crow, n, N, v, vec4);
                         }
                     }
                 }

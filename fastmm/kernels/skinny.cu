@@ -25,9 +25,17 @@
 // column per k); lane l owns row l and warp w the k's congruent to w mod 8 of each step, and B is staged as
 // Bs[k][j], read as a broadcast. The 8 warps' partial sums are added in shared memory in a fixed order.
 //
-// Macros: NMAX (columns per block), THREADS (256: 8 warps), STAGES (ring slots), MIN_BLOCKS, A_T, B_T, VEC (4: the
-// rows (A_T = 0) or columns (A_T = 1) of A start 16-byte aligned, so A is copied 16 bytes at a time; B and C do not
-// matter, they are copied and written in 4-byte pieces).
+// Split K in one launch (CLUSTER > 1): where the rows alone would leave SMs idle (2048x1x16384: 64 blocks of rows for
+// 132 SMs), a thread-block cluster of CLUSTER blocks (Hopper, sm_90) shares each block of rows, block z of the cluster
+// taking the z-th run of K's steps. Each block leaves its partial sums in its own shared memory, and after the
+// cluster's barrier each block adds every block's partial sums for a share of the elements, reading them through
+// distributed shared memory in block order: the same result every run, with no workspace and no second launch (the
+// slice-sum pass that split K needs otherwise cost 5-8% of these memory-bound products). The grid's z axis holds a
+// cluster per batch item.
+//
+// Macros: NMAX (columns per block), THREADS (256: 8 warps), STAGES (ring slots), MIN_BLOCKS, CLUSTER (blocks that
+// split K), A_T, B_T, VEC (4: the rows (A_T = 0) or columns (A_T = 1) of A start 16-byte aligned, so A is copied 16
+// bytes at a time; B and C do not matter, they are copied and written in 4-byte pieces).
 
 #define WARPS (THREADS / 32)
 #define ROWS_PER_BLOCK 32
@@ -57,8 +65,16 @@
 #define SLOT_FLOATS (A_FLOATS + B_FLOATS_ALIGNED)
 
 static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
+static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster: at most 8 blocks");
+#if CLUSTER > 1
+#include <cooperative_groups.h>
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "split K in a cluster (CLUSTER > 1) needs thread-block clusters: compile for sm_90 or later"
+#endif
+#endif
 static_assert(STAGES >= 2, "a ring of at least two slots");
 static_assert(SLOT_FLOATS >= WARPS * ROWS_PER_BLOCK * NMAX, "a slot holds the warps' partial sums (A_T = 1)");
+static_assert(SLOT_FLOATS >= ROWS_PER_BLOCK * NMAX, "a slot holds the block's sums (CLUSTER > 1)");
 static_assert(THREADS % (B_T ? STEP : NMAX) == 0, "a pass of B's copies covers whole rows along its unit-stride axis");
 
 // Copy step `s` (k from s * STEP) of A and B into `slot`, zero outside A and B. A copy that reads nothing (src-size 0)
@@ -145,19 +161,43 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
     }
 }
 
+#if CLUSTER > 1
+// The cluster's partial sums of one element of C, added in block order (see the top): `partial` is the element's
+// place in the calling block's shared memory, the same place in every block of the cluster.
+__device__ __forceinline__ float cluster_sum(float* partial)
+{
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    float v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < CLUSTER; ++q) v += *cluster.map_shared_rank(partial, q);
+    return v;
+}
+#endif
+
 // MIN_BLOCKS blocks per SM (2: 16 warps; the registers hold the accumulators only, so that is no squeeze).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+#if CLUSTER > 1
+__cluster_dims__(1, 1, CLUSTER)
+#endif
 fastmm_skinny(FASTMM_GEMM_PARAMS)
 {
     extern __shared__ __align__(16) float smem[];  // STAGES slots of (A's step, B's step)
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m0 = blockIdx.y * ROWS_PER_BLOCK, n0 = blockIdx.x * NMAX;
+#if CLUSTER > 1
+    // The grid's z axis holds CLUSTER blocks per batch item, one cluster; block `slice` of the cluster takes steps
+    // [first, last) of K's.
+    const int z = z0 + blockIdx.z / CLUSTER, slice = blockIdx.z % CLUSTER;
+    const int per = ((K + STEP - 1) / STEP + CLUSTER - 1) / CLUSTER;
+    const int first = slice * per, last = min((K + STEP - 1) / STEP, first + per);
+#else
     const int z = z0 + blockIdx.z;
+    const int first = 0, last = (K + STEP - 1) / STEP;
+#endif
     const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
     const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-    const int steps = (K + STEP - 1) / STEP;
     // A_T = 0: each thread copies (and reads back) 4 rows of its warp from the lane's 4 values of k.
     const int rows = A_T == 0 ? M - m0 - warp * ROWS_PER_WARP : 0;
     const float* a_copy = A_T == 0 ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + 4 * lane : a;
@@ -166,7 +206,8 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     // newest STAGES - 2 groups have landed" always means "this step's slot has".
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < steps) issue_step(smem + s * SLOT_FLOATS, s, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0, M, K, n0, N);
+        if (first + s < last)
+            issue_step(smem + s * SLOT_FLOATS, first + s, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0, M, K, n0, N);
         cp_async_commit();
     }
 
@@ -187,15 +228,16 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     for (int i = 0; i < ACC; ++i) total[i] = 0.0f;
 #endif
 
-    for (int s = 0; s < steps; ++s) {
+    for (int s = 0; s < last - first; ++s) {  // s counts the block's own steps; step first + s of K's
         // Step s's copies have landed for every thread, and every warp is done with the slot of step s - 1, into
         // which step s + STAGES - 1 now goes. (With PRIVATE_B, a thread's own copies are all it reads: its own
         // wait is enough.)
         cp_async_wait<STAGES - 2>();
         if (!PRIVATE_B) __syncthreads();
         const int ahead = s + STAGES - 1;
-        if (ahead < steps)
-            issue_step(smem + (ahead % STAGES) * SLOT_FLOATS, ahead, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0, M, K, n0, N);
+        if (first + ahead < last)
+            issue_step(smem + (ahead % STAGES) * SLOT_FLOATS, first + ahead, a_copy, a_sm, a_sk, rows, b, b_sk, b_sn, m0,
+                       M, K, n0, N);
         cp_async_commit();
         const float* as = smem + (s % STAGES) * SLOT_FLOATS;
         const float* bs = as + A_FLOATS;
@@ -258,6 +300,13 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
 #endif
 
 #if A_T == 0
+#if CLUSTER > 1
+    // The block's sums go to the second slot (element (r, j) at r * NMAX + j), once no copy can land there and every
+    // warp is done reading it.
+    cp_async_wait<0>();
+    __syncthreads();
+    float* mine = smem + SLOT_FLOATS;
+#endif
     // The lanes' partial sums of each element, added in a fixed tree.
     const int row0 = m0 + warp * ROWS_PER_WARP;
 #pragma unroll
@@ -268,8 +317,12 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             float v = PARTS == 4 ? (sum[0] + sum[PARTS - 3]) + (sum[PARTS - 2] + sum[PARTS - 1]) : sum[0];
 #pragma unroll
             for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+#if CLUSTER > 1
+            if (lane == 0) mine[(warp * ROWS_PER_WARP + r) * NMAX + j] = v;
+#else
             if (lane == 0 && row0 + r < M && n0 + j < N)
                 c[(long long)(row0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
+#endif
         }
 #else
     // The 8 warps' partial sums of each element, added in warp order, through the first slot.
@@ -283,12 +336,30 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
             PARTS == 4 ? (sum[0] + sum[PARTS - 3]) + (sum[PARTS - 2] + sum[PARTS - 1]) : sum[0];
     }
     __syncthreads();
+#if CLUSTER > 1
+    float* mine = smem + SLOT_FLOATS;  // the block's sums (element (r, j) at r * NMAX + j), beside the warps' in the first
+#endif
     for (int i = tid; i < ROWS_PER_BLOCK * NMAX; i += THREADS) {
         const int r = i / NMAX, j = i % NMAX;
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) v += partial[(w * ROWS_PER_BLOCK + r) * NMAX + j];
+#if CLUSTER > 1
+        mine[i] = v;
+#else
+        if (m0 + r < M && n0 + j < N) c[(long long)(m0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
+#endif
+    }
+#endif
+#if CLUSTER > 1
+    // Every block's sums are in place; block `slice` of the cluster adds the elements congruent to it, in block
+    // order, and no block leaves (taking its shared memory with it) before all have read.
+    cooperative_groups::this_cluster().sync();
+    for (int i = CLUSTER * tid + slice; i < ROWS_PER_BLOCK * NMAX; i += CLUSTER * THREADS) {
+        const int r = i / NMAX, j = i % NMAX;
+        const float v = cluster_sum(mine + i);
         if (m0 + r < M && n0 + j < N) c[(long long)(m0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
     }
+    cooperative_groups::this_cluster().sync();
 #endif
 }

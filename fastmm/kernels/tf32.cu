@@ -33,7 +33,7 @@
 //
 // Macros: THREADS, PAD, BM, BN, BK, WM, WN, STAGES, MIN_BLOCKS, PASSES (1 or 3), SUB_K (0: no sub-slices), and the
 // layout: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte
-// copies and 8-byte stores are legal (else 4-byte copies and stores).
+// copies of A and B are legal (else 4-byte copies); C's 8-byte stores are decided per block (fastmm_c_vec4).
 
 #define MT (WM / 16)   // mma tiles per warp along m
 #define NT (WN / 8)    // ... along n
@@ -170,11 +170,11 @@ __device__ __forceinline__ void k_step(float (&acc)[MT][NT][4], const float (&x)
 #endif
 }
 
-// Two consecutive elements of one row of C at column n (even): one 8-byte store when both lie inside C and the
-// row is 16-byte aligned (VEC = 4), else up to two guarded scalar stores.
-__device__ __forceinline__ void store2(float* crow, int n, int N, float x, float y)
+// Two consecutive elements of one row of C at column n (even): one 8-byte store when both lie inside C and C's
+// rows allow it (vec: 16-byte aligned rows, see fastmm_c_vec4), else up to two guarded scalar stores.
+__device__ __forceinline__ void store2(float* crow, int n, int N, float x, float y, bool vec)
 {
-    if (VEC == 4 && n + 1 < N) {
+    if (vec && n + 1 < N) {
         *reinterpret_cast<float2*>(crow + n) = make_float2(x, y);
     } else {
         if (n < N) crow[n] = x;
@@ -261,14 +261,15 @@ fastmm_tf32(FASTMM_GEMM_PARAMS)
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
 
+    const bool vec = VEC == 4 && fastmm_c_vec4(c, c_sm);
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
         const int m = bm + wm0 + i * 16 + g;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int n = bn + wn0 + j * 8 + 2 * t;
-            if (m < M) store2(c + (long long)m * c_sm, n, N, acc[i][j][0], acc[i][j][1]);
-            if (m + 8 < M) store2(c + (long long)(m + 8) * c_sm, n, N, acc[i][j][2], acc[i][j][3]);
+            if (m < M) store2(c + (long long)m * c_sm, n, N, acc[i][j][0], acc[i][j][1], vec);
+            if (m + 8 < M) store2(c + (long long)(m + 8) * c_sm, n, N, acc[i][j][2], acc[i][j][3], vec);
         }
     }
 }

@@ -38,8 +38,8 @@
 //
 // Macros: THREADS = (BM / WM) * (BN / WN) * 32, PAD (floats of padding per shared row: keeps 16-byte alignment,
 // spreads banks), BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, SUB_K, and the layout as in rung 3: A_T = 1 when A
-// has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies and stores are
-// legal (else 4-byte copies).
+// has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies of A and B are
+// legal (else 4-byte copies; C's 16-byte stores are decided per block, see fastmm_c_vec4).
 
 #define LX (WN / TN)             // lanes of a warp along n
 #define LY (WM / TM)             // ... and along m
@@ -75,11 +75,11 @@ __host__ __device__ constexpr int copies_per_step(int copies)
     return 8 > (copies + BK - 2) / (BK - 1) ? 8 : (copies + BK - 2) / (BK - 1);
 }
 
-// Epilogue: each row of a 4 x 4 block is one 16-byte store when it lies inside C (and VEC = 4), else up to
-// four guarded scalar stores. The 8 (or LX) lanes sharing a row write consecutive 16-byte pieces of it.
+// Epilogue: each row of a 4 x 4 block is one 16-byte store when it lies inside C (and C's rows allow it: vec4),
+// else up to four guarded scalar stores. The 8 (or LX) lanes sharing a row write consecutive 16-byte pieces of it.
 // (row0, col0) is the thread's first element of C.
 __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, int col0, int M, int N,
-                                           const float (&acc)[TM][TN])
+                                           const float (&acc)[TM][TN], bool vec4)
 {
 #pragma unroll
     for (int i = 0; i < RM; ++i)
@@ -92,7 +92,7 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
                 for (int j = 0; j < RN; ++j) {
                     const float4 v = make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1],
                                                  acc[i * 4 + r][j * 4 + 2], acc[i * 4 + r][j * 4 + 3]);
-                    fastmm_store4(crow, col0 + j * (WN / RN), N, v, VEC == 4);
+                    fastmm_store4(crow, col0 + j * (WN / RN), N, v, vec4);
                 }
             }
         }
@@ -321,5 +321,5 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #endif
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
-    store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc);
+    store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, VEC == 4 && fastmm_c_vec4(c, c_sm));
 }
