@@ -196,6 +196,8 @@ class ndarray(_cp.ndarray):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         impl = _GEMM_UFUNCS.get(ufunc.__name__) if method == "__call__" else None
         if impl is not None:
+            if not kwargs:  # np.matmul(a, b): every small product's path, kept to one call
+                return _fresh(impl(*inputs), *inputs)
             out = _one_out(kwargs)
             result = impl(*inputs, out=out, **kwargs)
             return result if out is None and kwargs.get("subok", True) is False else _returned(result, out, *inputs)

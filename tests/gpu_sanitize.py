@@ -1,4 +1,5 @@
 """Run every kernel binary once on ragged shapes and check the results: the workload for compute-sanitizer.
+Arguments: kernel names, `auto` (the plan's choices) and `padded` (the plan with aligned copies on small shapes).
 
     compute-sanitizer --tool memcheck  python tests/gpu_sanitize.py
     compute-sanitizer --tool racecheck python tests/gpu_sanitize.py
@@ -25,9 +26,13 @@ SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (3
 # `auto` also runs long-K shapes, which take the split paths (strided slices, then fastmm's slice sum): split-K, the
 # few-column kernel split over K (few columns, few rows), and a ragged matrix-vector product; and split-K over a
 # short K where the tiles leave SMs idle (768^3 in 3 slices; 520x700x768, ragged edges, in 3); a large product
-# whose last row and column are peeled off, their matrix-vector products split over K = 2049 with a 1-deep remainder.
+# whose last row and column are peeled off, their matrix-vector products split over K = 2049 with a 1-deep remainder;
+# few-column products whose K is split over clusters of blocks (2048x1x4100, 900x5x5000).
 AUTO_SHAPES = SHAPES + [(40, 72, 4100), (1000, 3, 4100), (5, 700, 4100), (3000, 1, 777), (768, 768, 768),
-                        (520, 700, 768), (2049, 2049, 2049)]
+                        (520, 700, 768), (2049, 2049, 2049), (2048, 1, 4100), (900, 5, 5000)]
+# `padded` is `auto` with the aligned-copy rule lowered to every product of 2^20 multiply-adds or more, so that
+# small shapes run the copies (repitch.cu) and then their product on the copies.
+PADDED_MIN_MACS = 1 << 20
 
 
 def main(kernels) -> int:
@@ -35,7 +40,11 @@ def main(kernels) -> int:
     failures = 0
     runs = 0
     for name in kernels:
-        for m, n, k in (AUTO_SHAPES if name == "auto" else SHAPES):
+        if name == "padded":
+            fastmm._plan._PAD_MIN_MACS, fastmm._plan._PAD_WIDE_MIN_MACS = PADDED_MIN_MACS, PADDED_MIN_MACS
+            fastmm._plan._memo.clear()
+            fastmm._gemm.replays.clear()
+        for m, n, k in (AUTO_SHAPES if name in ("auto", "padded") else SHAPES):
             for a_t in (False, True):
                 for b_t in (False, True):
                     for offset in (0, 1):
@@ -49,7 +58,7 @@ def main(kernels) -> int:
                         if b_t:
                             db, hb = db.T, hb.T
                         out = cp.full((m, n), cp.nan, cp.float32)
-                        fastmm.matmul(da, db, out=out, kernel=name)
+                        fastmm.matmul(da, db, out=out, kernel=None if name == "padded" else name)
                         ref = ha.astype(np.float64) @ hb.astype(np.float64)
                         got = cp.asnumpy(out)
                         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -64,4 +73,4 @@ def main(kernels) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["auto", *(c.name for c in CONFIGS)]))
+    sys.exit(main(sys.argv[1:] or ["auto", "padded", *(c.name for c in CONFIGS)]))
