@@ -288,15 +288,20 @@ def _long_k(problem: Problem, device: Device) -> bool:
 
 
 def _split_for(problem: Problem, device: Device) -> str:
-    """The tile of split-K's slices: 128x256 where both sides of the output hold it, 128x64 where they hold that, else
-    64x64.
+    """The tile of split-K's slices: 128x256 where both sides of the output hold it with little padding, 128x64 where
+    they hold that, else 64x64; the large tiles on their sub-tile loops (slices are whole 16-deep steps).
 
     Measured (H100, x cuBLAS in the same process): 256x256x65536 0.85x with 128x256 tiles against 0.71x with 64x64
-    ones (slices 512 deep); 128x128x65536 1.03-1.04x with 128x64 tiles against 0.93x with 64x64 ones."""
+    ones (slices 512 deep); 128x128x65536 1.03-1.04x with 128x64 tiles against 0.93x with 64x64 ones. On the loops,
+    in the same slices: 256x256x65536 0.99x (16-deep loop; unrolled 0.93-0.94x, 32-deep loop 0.98x), 512x512x32768
+    1.01x (0.94x), 128x128x65536 1.10x (1.03x). 384x384x65536 on 128x256 tiles (a quarter of their area padding) ran
+    0.58x, on 128x64 ones 0.84-0.88x."""
     if _skinny(problem):
         return WT64
     side = min(problem.m, problem.n)
-    return WT256 if side >= 256 else WT128x64 if side >= 128 else WT64
+    if side >= 256 and _useful(problem, get_config(WT256_LOOP16)) >= _MIN_USEFUL:
+        return WT256_LOOP16
+    return WT128x64_LOOP if side >= 128 else WT64
 
 
 def _even_splits(problem: Problem, config: _Config, most: int, min_depth: int) -> list[int]:
@@ -553,9 +558,6 @@ class Ahead:
 _SKINNY_MIN_ELEMENTS = 1 << 22
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("split-k", "long K on an output of 128x256 tiles, one wave of slices: 256x256x65536 0.94x cuBLAS, "
-          "512x512x32768 0.95x (128x128x65536 on 128x64 tiles 1.04x, 64x64x262144 1.08x)",
-          lambda p, c, d: c.rule == "split-k" and c.config.name == WT256),
     Ahead("skinny", f"an output side of 17 to {_SKINNY - 1} with a long K: split-K on 64x64 tiles, which ran "
           "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
           lambda p, c, d: _skinny(p) and c.rule == "split-k" and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),

@@ -103,7 +103,7 @@ def test_other_dtypes_and_forms_stay_cupys_bit_for_bit(rng, launches):
     assert all(type(g) is cp.ndarray and bool(cp.array_equal(g, w)) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("shape", [(768, 256, 768), (2501, 2501, 2501), (256, 65536, 256)], ids=str)
+@pytest.mark.parametrize("shape", [(768, 256, 768), (2501, 2501, 2501), (4096, 8192, 24)], ids=str)
 def test_shapes_where_cublas_is_ahead_are_left_to_cupy(shape, rng, launches):
     m, k, n = shape
     a, b = _f32(rng, m, k), _f32(rng, k, n)

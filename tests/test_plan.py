@@ -95,12 +95,15 @@ def test_tiled_rule_fills_the_gpu():
 
 def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     c = choose(128, 128, 65536)
-    assert c.name == "warptile_128x64x16_32x64_8x8_s4" and c.splits == 128  # 2 tiles x 128: a wave of 396 slots
+    assert c.name == "warptile_128x64x16_32x64_8x8_s4_sub8" and c.splits == 128  # 2 tiles x 128: a wave of 396
     assert choose(64, 64, 4096).splits == 16                      # a wave would be 528: never thinner than 256
     assert choose(4096, 4096, 4096).splits == 1
-    # Outputs that hold two 128x256 tiles or more take them, in one wave of even slices (2 x 64, 8 x 16 blocks).
-    assert (choose(256, 256, 65536).name, choose(256, 256, 65536).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 64)
-    assert (choose(512, 512, 32768).name, choose(512, 512, 32768).splits) == ("warptile_128x256x16_64x64_8x16_s4_spread", 16)
+    # Outputs that hold two 128x256 tiles or more take them (on the 16-deep loop), in one wave of even slices (2 x 64,
+    # 8 x 16 blocks); an output that 128x256 tiles would pad by a quarter takes 128x64 ones.
+    loop16 = "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert (choose(256, 256, 65536).name, choose(256, 256, 65536).splits) == (loop16, 64)
+    assert (choose(512, 512, 32768).name, choose(512, 512, 32768).splits) == (loop16, 16)
+    assert choose(384, 384, 65536).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     # ... unless K has no even cut into 16-deep steps: then slices about 512 deep, as on 64x64 tiles.
     assert choose(300, 300, 65537).splits == 128
     assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
@@ -327,7 +330,7 @@ def test_tune_size_classes(size, cls):
     (8, 4096, 4096, True, None),                    # few rows: 1.15-1.16x
     (2048, 1, 16384, True, None),                   # K over clusters of two: 0.98x
     (4096, 24, 8192, True, "skinny"),               # 17-31 columns: split-K on 64x64 tiles
-    (256, 256, 65536, True, "split-k"),             # 128x256 tiles: 0.94x
+    (256, 256, 65536, True, None),                  # 128x256 tiles on the 16-deep loop: 0.99x
     (128, 128, 65536, True, None),                  # 128x64 tiles: 1.04x
     (3001, 3001, 3001, False, None),                # on aligned copies: 0.99x
     (2501, 2501, 2501, False, "unaligned"),         # below the aligned copies' 2^34: 0.81x
