@@ -564,3 +564,39 @@ def test_few_row_products_replay_with_their_operands_swapped(launched):
     assert len(launched.args) == 1  # the second product made no new Launch: a replay
     first, second = launched.ptrs
     assert first[:2] == (w.data.ptr, a.data.ptr) and second[:2] == (w2.data.ptr, a2.data.ptr)
+
+
+def test_unaligned_operands_are_copied_aligned_then_multiplied(launched, monkeypatch):
+    """The aligned-copy rule (lowered here to small products): A and B, whose rows are not 16-byte aligned, are each
+    copied by repitch into rows padded to 16 bytes, and the product runs on the copies with 16-byte loads; an A whose
+    rows are aligned is not copied. Where the copies do not fit in memory, the product runs on 4-byte copies."""
+    from fastmm import _errors, _plan
+
+    monkeypatch.setattr(_plan, "_PAD_MIN_MACS", 1 << 20)
+    monkeypatch.setattr(_plan, "_memo", {})
+    a = _fastmm(np.zeros((301, 303), np.float32))
+    b = _fastmm(np.zeros((303, 305), np.float32))
+    _dispatch.matmul(a, b)
+    (copy_a, _, args_a), (copy_b, _, args_b), (product, variant, _) = launched.args
+    assert (copy_a, copy_b) == ("repitch", "repitch") and variant.endswith("_v4")
+    assert (args_a["m"], args_a["n"], args_a["a_sm"], args_a["c_sm"]) == (301, 303, 303, 304)
+    assert (args_b["m"], args_b["n"], args_b["a_sm"], args_b["c_sm"]) == (303, 305, 305, 308)
+    assert launched.ptrs[0][0] == a.data.ptr and launched.ptrs[1][0] == b.data.ptr
+
+    launched.clear(), launched.args.clear()
+    aligned_a = _fastmm(np.zeros((301, 304), np.float32))
+    _dispatch.matmul(aligned_a, _fastmm(np.zeros((304, 305), np.float32)))
+    assert launched[0] == "repitch" and len(launched) == 2 and launched.args[0][2]["m"] == 304  # B alone
+
+    launched.clear(), launched.args.clear()
+    real_empty = _gemm.empty
+
+    def no_room(shape, dtype=np.float32):
+        if shape[-1] % 4 == 0 and shape not in ((301, 305),):  # a copy's buffer (the result has 305 columns)
+            raise _errors.OutOfMemoryError("out of GPU memory (stand-in)")
+        return real_empty(shape, dtype)
+
+    monkeypatch.setattr(_gemm, "empty", no_room)
+    monkeypatch.setattr(_gemm, "replays", {})
+    _dispatch.matmul(_fastmm(np.zeros((301, 303), np.float32)), _fastmm(np.zeros((303, 305), np.float32)))
+    assert len(launched) == 1 and launched.args[0][1].endswith("_v1")  # no copies: the product on 4-byte copies

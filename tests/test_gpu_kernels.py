@@ -257,6 +257,36 @@ def test_ragged_edges_are_peeled_off_correctly(m, n, k, layout, rng):
     assert rel_error(fresh, a2.astype(np.float64) @ b.astype(np.float64)) < 1e-5
 
 
+@pytest.mark.parametrize("m,n,k", [(2601, 2599, 2603), (2600, 2601, 2600)], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_unaligned_operands_are_copied_aligned_correctly(m, n, k, layout, rng):
+    """Large products whose A or B rows are not 16-byte aligned run on aligned copies of them (or, B n-contiguous with
+    2601 columns aside, k-contiguous ones are aligned already): right in every layout, into an out= whose rows are
+    aligned nowhere, every element written once, the operands untouched, and replays give the same bits."""
+    import fastmm
+
+    a, b = host_operand(rng, m, k, layout[0] == "t"), host_operand(rng, k, n, layout[1] == "t")
+    da, db = device(a), device(b)
+    a0, b0 = da.copy(), db.copy()
+    text = fastmm.explain(da, db)
+    unaligned = (da.strides[0] if layout[0] == "n" else da.strides[1]) % 16 or \
+        (db.strides[0] if layout[1] == "n" else db.strides[1]) % 16
+    assert ("copy    aligned-copy" in text) == bool(unaligned), text
+    ref = cp.asnumpy(da.astype(cp.float64) @ db.astype(cp.float64))
+    base = cp.full((m, n + 8), cp.nan, cp.float32)
+    out = base[:, 3:3 + n]
+    fastmm.matmul(da, db, out=out)
+    assert rel_error(out, ref) < 1e-5
+    assert int(cp.isnan(base).sum()) == base.size - out.size
+    first = out.copy()
+    for _ in range(2):
+        out[...] = cp.nan
+        fastmm.matmul(da, db, out=out)
+        assert bool((out == first).all())
+    assert bool((fastmm.matmul(da, db) == first).all())
+    assert bool((da == a0).all()) and bool((db == b0).all())
+
+
 def test_autotune_writes_the_cache_and_auto_uses_it(tmp_path, monkeypatch, rng):
     import fastmm
     from fastmm import _autotune, _cuda, _dispatch, _plan
