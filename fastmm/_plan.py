@@ -501,7 +501,7 @@ def _padded_kernel(problem: Problem, device: Device) -> str:
 
 def without_copies(problem: Problem, device: Device) -> Choice:
     """The table's plan for `problem` with no aligned copies: what runs where the copies do not fit in memory."""
-    return _by_rules(problem, device, tuple(r for r in RULES if not r.pad))
+    return _by_rules(problem, device, _RULES_WITHOUT_COPIES)
 
 
 def interior(problem: Problem, peel: tuple[int, int]) -> Problem:
@@ -539,6 +539,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )
+_RULES_WITHOUT_COPIES = tuple(r for r in RULES if not r.pad)
 
 # --------------------------------------------------------------------------------------------------------
 # Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md,

@@ -229,6 +229,25 @@ def test_split_products_sum_into_any_out(m, n, k, where, rng):
         assert bool((out == first).all())
 
 
+def _into_unaligned_out(da, db, ref):
+    """da @ db into an out= view whose rows are 16-byte aligned nowhere: right against `ref`, every element of the
+    view written once and none outside it, and replays (and a product without out=) give the same bits."""
+    import fastmm
+
+    m, n = ref.shape
+    base = cp.full((m, n + 8), cp.nan, cp.float32)
+    out = base[:, 3:3 + n]
+    fastmm.matmul(da, db, out=out)
+    assert rel_error(out, ref) < 1e-5
+    assert int(cp.isnan(base).sum()) == base.size - out.size
+    first = out.copy()
+    for _ in range(2):
+        out[...] = cp.nan
+        fastmm.matmul(da, db, out=out)
+        assert bool((out == first).all())
+    assert bool((fastmm.matmul(da, db) == first).all())
+
+
 @pytest.mark.parametrize("m,n,k", [(2049, 2049, 2049), (2052, 2176, 2051), (2176, 2063, 2100)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_ragged_edges_are_peeled_off_correctly(m, n, k, layout, rng):
@@ -241,17 +260,8 @@ def test_ragged_edges_are_peeled_off_correctly(m, n, k, layout, rng):
     b = host_operand(rng, k, n, layout[1] == "t")
     da, db = device(a), device(b)
     assert "rule    ragged-edge" in fastmm.explain(da, db)
-    base = cp.full((m, n + 8), cp.nan, cp.float32)
-    out = base[:, 3:3 + n]  # rows 16-byte aligned nowhere: the interior's stores and the edges' alike
-    fastmm.matmul(da, db, out=out)
-    assert rel_error(out, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
-    assert int(cp.isnan(base).sum()) == base.size - out.size
-    first = out.copy()
-    for _ in range(2):
-        out[...] = cp.nan
-        fastmm.matmul(da, db, out=out)
-        assert bool((out == first).all())
-    assert bool((fastmm.matmul(da, db) == first).all())
+    # rows 16-byte aligned nowhere: the interior's stores and the edges' alike
+    _into_unaligned_out(da, db, a.astype(np.float64) @ b.astype(np.float64))
     a2 = host_operand(rng, m, k, layout[0] == "t")
     fresh = fastmm.matmul(device(a2), db)
     assert rel_error(fresh, a2.astype(np.float64) @ b.astype(np.float64)) < 1e-5
@@ -272,18 +282,7 @@ def test_unaligned_operands_are_copied_aligned_correctly(m, n, k, layout, rng):
     unaligned = (da.strides[0] if layout[0] == "n" else da.strides[1]) % 16 or \
         (db.strides[0] if layout[1] == "n" else db.strides[1]) % 16
     assert ("copy    aligned-copy" in text) == bool(unaligned), text
-    ref = cp.asnumpy(da.astype(cp.float64) @ db.astype(cp.float64))
-    base = cp.full((m, n + 8), cp.nan, cp.float32)
-    out = base[:, 3:3 + n]
-    fastmm.matmul(da, db, out=out)
-    assert rel_error(out, ref) < 1e-5
-    assert int(cp.isnan(base).sum()) == base.size - out.size
-    first = out.copy()
-    for _ in range(2):
-        out[...] = cp.nan
-        fastmm.matmul(da, db, out=out)
-        assert bool((out == first).all())
-    assert bool((fastmm.matmul(da, db) == first).all())
+    _into_unaligned_out(da, db, cp.asnumpy(da.astype(cp.float64) @ db.astype(cp.float64)))
     assert bool((da == a0).all()) and bool((db == b0).all())
 
 

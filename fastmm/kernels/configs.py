@@ -426,8 +426,29 @@ class Skinny(_Config):
         return []
 
 
+class _Auxiliary(_Config):
+    """A kernel that is not a product's (never planned, forced or benchmarked as one), launched through the same
+    runtime as the products: one binary for every layout, THREADS threads in a row, named by its family."""
+
+    THREADS: ClassVar[int] = 256
+
+    @property
+    def name(self) -> str:
+        return self.family
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.THREADS, 1, 1)
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {}
+
+    def _check(self) -> list[str]:
+        return []
+
+
 @dataclasses.dataclass(frozen=True)
-class SliceSum(_Config):
+class SliceSum(_Auxiliary):
     """Not a product's kernel: split-K's ordered sum of the slices' partial products into C
     (fastmm/kernels/slicesum.cu), launched through the same runtime as the products (M x N the result, K the number
     of slices). A block adds 4 consecutive elements per group of threads, over every slice: with many slices its
@@ -436,8 +457,6 @@ class SliceSum(_Config):
     family: ClassVar[str] = "slicesum"
     source: ClassVar[str] = "slicesum.cu"
 
-    THREADS: ClassVar[int] = 256
-
     @staticmethod
     def slice_groups(slices: int) -> int:
         """slicesum.cu's slice_groups: 1 up to 15 slices, then doubling with the slices, at most 32."""
@@ -445,14 +464,6 @@ class SliceSum(_Config):
         while g < 32 and 16 * g <= slices:
             g *= 2
         return g
-
-    @property
-    def name(self) -> str:
-        return "slicesum"
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.THREADS, 1, 1)
 
     @property
     def tile(self) -> tuple[int, int]:
@@ -468,31 +479,16 @@ class SliceSum(_Config):
         per_block = 4 * (self.THREADS // self.slice_groups(k))
         return (max(1, -(-m * n // per_block)), 1, 1)
 
-    def _tile_macros(self) -> dict[str, int]:
-        return {}
-
-    def _check(self) -> list[str]:
-        return []
-
 
 @dataclasses.dataclass(frozen=True)
-class Repitch(_Config):
+class Repitch(_Auxiliary):
     """Not a product's kernel: an operand copied into rows padded to 16 bytes (fastmm/kernels/repitch.cu), for the
     plan's aligned copies. M x N the operand (its rows along the unit stride), a_sm its row stride, c_sm the copy's."""
 
     family: ClassVar[str] = "repitch"
     source: ClassVar[str] = "repitch.cu"
 
-    THREADS: ClassVar[int] = 256
     ROWS: ClassVar[int] = 4  # rows per thread (repitch.cu's ROWS)
-
-    @property
-    def name(self) -> str:
-        return "repitch"
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.THREADS, 1, 1)
 
     @property
     def tile(self) -> tuple[int, int]:
@@ -501,12 +497,6 @@ class Repitch(_Config):
     @property
     def smem_bytes(self) -> int:
         return 0
-
-    def _tile_macros(self) -> dict[str, int]:
-        return {}
-
-    def _check(self) -> list[str]:
-        return []
 
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
