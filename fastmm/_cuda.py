@@ -359,7 +359,7 @@ class Launch:
         self.ctx = _context(device_id)
         self.fn = loaded_function(config, variant, device_id)
         self.block = config.block
-        self.shared = config.smem_bytes if config.dynamic_smem else 0
+        self.shared = config.shared_for(k) if config.dynamic_smem else 0
         # Launches needed to cover the grid: more than 65535 row tiles or batch items take several, with
         # A and C offset by whole row blocks and z0 counting batch items already done.
         rows = config.tile[0] * MAX_GRID_Y

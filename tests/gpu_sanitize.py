@@ -20,9 +20,10 @@ from fastmm.kernels.configs import _BY_NAME, CONFIGS
 
 # (300, 600, 100) has tiles wholly inside A, B and C for every kernel (the warp-tiled kernels copy those without
 # bounds checks) next to ragged ones; with K a multiple of 32, (256, 512, 96) runs the sub-tile loop in every
-# block (fewer K-tiles than stages) and (300, 600, 160) in the interior blocks only.
+# block (fewer K-tiles than stages) and (300, 600, 160) in the interior blocks only; (300, 600, 1040) runs the loop
+# that sums K in runs of 512 through two flushes to its slots in shared memory, next to edge blocks.
 SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (300, 600, 100), (256, 512, 96),
-          (300, 600, 160)]
+          (300, 600, 160), (300, 600, 1040)]
 # `auto` also runs long-K shapes, which take the split paths (strided slices, then fastmm's slice sum): split-K, the
 # few-column kernel split over K (few columns, few rows), and a ragged matrix-vector product; and split-K over a
 # short K where the tiles leave SMs idle (768^3 in 3 slices; 520x700x768, ragged edges, in 3); a large product

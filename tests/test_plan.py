@@ -98,9 +98,9 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     assert c.name == "warptile_128x64x16_32x64_8x8_s4_sub8" and c.splits == 128  # 2 tiles x 128: a wave of 396
     assert choose(64, 64, 4096).splits == 16                      # a wave would be 528: never thinner than 256
     assert choose(4096, 4096, 4096).splits == 1
-    # Outputs that hold two 128x256 tiles or more take them (on the 16-deep loop), in one wave of even slices (2 x 64,
-    # 8 x 16 blocks); an output that 128x256 tiles would pad by a quarter takes 128x64 ones.
-    loop16 = "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    # Outputs that hold two 128x256 tiles or more take them (on the 16-deep loop, summing K in runs of 512), in one wave
+    # of even slices (2 x 64, 8 x 16 blocks); an output that 128x256 tiles would pad by a quarter takes 128x64 ones.
+    loop16 = "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
     assert (choose(256, 256, 65536).name, choose(256, 256, 65536).splits) == (loop16, 64)
     assert (choose(512, 512, 32768).name, choose(512, 512, 32768).splits) == (loop16, 16)
     assert choose(384, 384, 65536).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
@@ -234,6 +234,19 @@ def test_warptile_configurations_are_checked():
         configs.validate(WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, sub_k=4))   # a transposing pass is 8 rows
     with pytest.raises(ValueError, match=r"sub_k and tile_sums cannot be combined"):
         configs.validate(WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True, sub_k=8))
+    # Partial sums: runs of whole K-tiles on the sub-tile loop; their slots in shared memory only where K makes runs.
+    runs = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16, flush=512)
+    assert runs.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512" and runs.macros(Variant())["FLUSH"] == 512
+    stages = 4 * 16 * (128 + 256 + 8) * 4
+    assert runs.shared_for(512) == stages and runs.shared_for(528) == runs.smem_bytes == stages + 256 * 128 * 4
+    assert runs.smem_bytes <= 227 * 1024  # validate() at import: it fits the opt-in limit
+    assert all(c.shared_for(1 << 20) == c.smem_bytes for c in configs.CONFIGS + configs.AUXILIARY)  # every launch asks
+    with pytest.raises(ValueError, match=r"flush 520 must be a multiple of BK \(16\) on a sub-tile loop"):
+        configs.validate(WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, sub_k=16, flush=520))
+    with pytest.raises(ValueError, match=r"flush 512 must be a multiple of BK \(16\) on a sub-tile loop"):
+        configs.validate(WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, flush=512))  # no loop: no runs
+    with pytest.raises(ValueError, match=r"KiB of shared memory per block"):
+        configs.validate(WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, sub_k=8, flush=512))  # 32-deep stages + slots
 
 
 def test_explain_names_kernel_and_rule():

@@ -37,7 +37,8 @@
 // The cp.async copies of a BK-deep slice of each operand are pipeline.cuh's (shared with the tensor-core family).
 //
 // Macros: THREADS = (BM / WM) * (BN / WN) * 32, PAD (floats of padding per shared row: keeps 16-byte alignment,
-// spreads banks), BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, SUB_K, and the layout as in rung 3: A_T = 1 when A
+// spreads banks), BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, SUB_K, FLUSH (steps of k per
+// partial sum, a multiple of BK, or 0), and the layout as in rung 3: A_T = 1 when A
 // has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies of A and B are
 // legal (else 4-byte copies; C's 16-byte stores are decided per block, see fastmm_c_vec4).
 
@@ -48,6 +49,7 @@
 #define LDA_S (BM + PAD)
 #define LDB_S (BN + PAD)
 #define STAGE_FLOATS (BK * (LDA_S + LDB_S))
+#define FLUSH_TILES (FLUSH ? FLUSH / BK : 1)  // K-tiles per partial sum
 
 static_assert(LX * LY == 32, "a warp's lanes must tile its warp tile exactly");
 static_assert(BM % WM == 0 && BN % WN == 0 && WM % TM == 0 && WN % TN == 0, "tiles must nest");
@@ -55,6 +57,7 @@ static_assert(TM % 4 == 0 && TN % 4 == 0 && BK % 8 == 0, "thread tiles are 4 x 4
 static_assert(STAGES >= 2, "cp.async pipelining needs at least two stages");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
 static_assert(SUB_K == 0 || (BK % SUB_K == 0 && SUB_K >= 2 && !TILE_SUMS), "SUB_K divides BK; no tile sums");
+static_assert(FLUSH % BK == 0 && (FLUSH == 0 || SUB_K > 0), "partial sums span whole K-tiles, on the sub-tile loop");
 
 // 128-bit shared-memory read at a byte address. Fragment addresses are kept as 32-bit shared addresses that
 // live through the whole K loop, so every read is [register + immediate]: recomputing them per K-tile made
@@ -65,6 +68,12 @@ __device__ __forceinline__ float4 lds128(unsigned addr)
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
     return v;
+}
+
+__device__ __forceinline__ void sts128(unsigned addr, float4 v)
+{
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
 }
 
 // Copies issued per K step when they are spread over a tile: 8, or more if needed to finish by the tile's last
@@ -259,6 +268,50 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         copy_step(BK - 1);
         fma_step((BK - 1) % 2, BK == 1);
     };
+    // Partial sums (FLUSH > 0): after every FLUSH steps of k the accumulators are added to this thread's slots in
+    // shared memory past the stages (stored the first time) and start again from zero; the epilogue adds the slots
+    // to the last run. One running sum over all of K grows, and each rounding error with it (relative error
+    // ~ sqrt(K)); runs of FLUSH steps added in order give ~ sqrt(FLUSH + K / FLUSH). Slots rather than a second set
+    // of accumulators (tile sums: twice the registers) or C (guarded row addresses spilled every layout): a slot is
+    // one base address plus an immediate, vector v of the thread at v * THREADS + tid (conflict-free 16-byte access).
+    const unsigned sums = smem0 + STAGES * STAGE_BYTES + 16 * tid;
+    auto add_sums = [&](bool load, bool store) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; j += 4) {
+                const unsigned at = sums + 16 * THREADS * ((i * TN + j) / 4);
+                if (load) {
+                    const float4 v = lds128(at);
+                    acc[i][j] += v.x; acc[i][j + 1] += v.y; acc[i][j + 2] += v.z; acc[i][j + 3] += v.w;
+                }
+                if (store) sts128(at, make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]));
+            }
+    };
+    // The sub-tile loop, `loop(kt0, kt1)` over K-tiles [kt0, kt1): in runs of FLUSH_TILES K-tiles, each but the last
+    // followed by a flush, or in one run. A loop per run, not a test per K-tile, and on the sub-tile loop only: the
+    // unrolled path with partial sums, flushing or not, ran 6-8% slower (4097^3, 1000^3: ptxas laid its K loop out
+    // worse), while the loop lost 0-2% (4096^3 A^T.B 1.02 -> 1.00x cuBLAS, 512x512x32768 1.00x). Edge blocks and a K
+    // that is not a multiple of BK keep one running sum.
+    bool flushed = false;
+    auto in_runs = [&](auto&& loop) {
+#if FLUSH
+        for (int kt0 = 0; kt0 < num_k_tiles; kt0 += FLUSH_TILES) {
+            const int kt1 = min(kt0 + FLUSH_TILES, num_k_tiles);
+            loop(kt0, kt1);
+            if (kt1 < num_k_tiles) {
+                add_sums(flushed, true);
+                flushed = true;
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+            }
+        }
+#else
+        loop(0, num_k_tiles);
+#endif
+    };
 #if SUB_K
     // (num_k_tiles > 0 adds nothing to K % BK == 0 for the K > 0 the dispatcher launches, but with it ptxas laid
     // the loop out the way that ran 0.5% faster, 4096^3 1.004x against 0.999x cuBLAS: same loop statistics.)
@@ -267,42 +320,44 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         constexpr int SUB_COPIES = CopyA::SUB_COUNT + CopyB::SUB_COUNT;
         constexpr int SUB_PER_STEP = (SUB_COPIES + SUB_K - 2) / (SUB_K - 1);  // from step 1 on
         constexpr unsigned A_ROWS = 4 * SUB_K * LDA_S, B_ROWS = 4 * SUB_K * LDB_S;  // a sub-slice, in bytes
-        for (int it = 0; it < num_k_tiles * SUBS; ++it) {
-            const int sub = it % SUBS;
-            // Copies of this body go to K-tile it / SUBS + STAGES - 1, into the stage at write_stage.
-            const bool has = it / SUBS + STAGES - 1 < num_k_tiles;
-            const unsigned a_rd = a_frag + sub * A_ROWS, b_rd = b_frag + sub * B_ROWS;
-            const unsigned wa = write_stage + sub * A_ROWS, wb = write_stage + sub * B_ROWS;
+        in_runs([&](int kt0, int kt1) {
+            for (int it = kt0 * SUBS; it < kt1 * SUBS; ++it) {
+                const int sub = it % SUBS;
+                // Copies of this body go to K-tile it / SUBS + STAGES - 1, into the stage at write_stage.
+                const bool has = it / SUBS + STAGES - 1 < num_k_tiles;
+                const unsigned a_rd = a_frag + sub * A_ROWS, b_rd = b_frag + sub * B_ROWS;
+                const unsigned wa = write_stage + sub * A_ROWS, wb = write_stage + sub * B_ROWS;
 #pragma unroll
-            for (int k = 0; k < SUB_K - 1; ++k) {
-                load_at((k + 1) % 2, a_rd + 4 * (k + 1) * LDA_S, b_rd + 4 * (k + 1) * LDB_S);
+                for (int k = 0; k < SUB_K - 1; ++k) {
+                    load_at((k + 1) % 2, a_rd + 4 * (k + 1) * LDA_S, b_rd + 4 * (k + 1) * LDB_S);
 #pragma unroll
-                for (int c = (k - 1) * SUB_PER_STEP; c < k * SUB_PER_STEP && c < SUB_COPIES; ++c) {
-                    if (c < 0) continue;
-                    if (c < CopyA::SUB_COUNT) copy_a.copy_sub(c, wa, lda, has);
-                    else copy_b.copy_sub(c - CopyA::SUB_COUNT, wb, ldb, has);
+                    for (int c = (k - 1) * SUB_PER_STEP; c < k * SUB_PER_STEP && c < SUB_COPIES; ++c) {
+                        if (c < 0) continue;
+                        if (c < CopyA::SUB_COUNT) copy_a.copy_sub(c, wa, lda, has);
+                        else copy_b.copy_sub(c - CopyA::SUB_COUNT, wb, ldb, has);
+                    }
+                    fma_step(k % 2, false);
                 }
-                fma_step(k % 2, false);
+                copy_a.next_sub(lda);
+                copy_b.next_sub(ldb);
+                // The first fragments of the next body: the next sub-slice of this stage, or, after the K-tile's
+                // last body, the next stage once its copies have landed (the K-tile's one barrier).
+                unsigned a_next = a_rd + A_ROWS, b_next = b_rd + B_ROWS;
+                if (sub == SUBS - 1) {
+                    cp_async_commit();
+                    write_stage = write_stage == (STAGES - 1) * STAGE_BYTES ? 0 : write_stage + STAGE_BYTES;
+                    const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
+                    a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
+                    b_frag = wrap ? b_frag0 : b_frag + STAGE_BYTES;
+                    a_next = a_frag;
+                    b_next = b_frag;
+                    cp_async_wait<STAGES - 2>();
+                    __syncthreads();
+                }
+                load_at(0, a_next, b_next);
+                fma_step((SUB_K - 1) % 2, false);
             }
-            copy_a.next_sub(lda);
-            copy_b.next_sub(ldb);
-            // The first fragments of the next body: the next sub-slice of this stage, or, after the K-tile's
-            // last body, the next stage once its copies have landed (the K-tile's one barrier).
-            unsigned a_next = a_rd + A_ROWS, b_next = b_rd + B_ROWS;
-            if (sub == SUBS - 1) {
-                cp_async_commit();
-                write_stage = write_stage == (STAGES - 1) * STAGE_BYTES ? 0 : write_stage + STAGE_BYTES;
-                const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
-                a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
-                b_frag = wrap ? b_frag0 : b_frag + STAGE_BYTES;
-                a_next = a_frag;
-                b_next = b_frag;
-                cp_async_wait<STAGES - 2>();
-                __syncthreads();
-            }
-            load_at(0, a_next, b_next);
-            fma_step((SUB_K - 1) % 2, false);
-        }
+        });
     } else
 #endif
     for (int kt = 0; kt < num_k_tiles; ++kt) {
@@ -321,5 +376,6 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #endif
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
+    if (FLUSH && flushed) add_sums(true, false);
     store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, VEC == 4 && fastmm_c_vec4(c, c_sm));
 }
