@@ -114,12 +114,16 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
-    (768, 768, 768, 3), (896, 896, 896, 4), (1536, 1536, 1536, 4), (1792, 1792, 1792, 2), (512, 512, 2048, 4),
-    (768, 3072, 768, 4),
+    (896, 896, 896, 4), (1536, 1536, 1536, 4), (1792, 1792, 1792, 2), (768, 3072, 768, 4),
+    # Small outputs (at most 1.25 64x64 tiles per SM): 64x64 tile sums, slices 128 deep or more, at most 8.
+    (768, 768, 768, -6), (512, 512, 2048, -8), (640, 640, 1024, -8), (768, 768, 512, -4), (512, 512, 1024, -8),
+    (768, 768, 1536, -8), (640, 640, 768, -6),
 ])
 def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits):
     c = choose(m, n, k)
-    assert (c.rule, c.name, c.splits) == ("split-k-mid", "warptile_128x64x16_32x64_8x8_s4", splits)
+    name = "warptile_64x64x16_32x32_8x4_s4_tsum" if splits < 0 else "warptile_128x64x16_32x64_8x8_s4"
+    splits = abs(splits)
+    assert (c.rule, c.name, c.splits) == ("split-k-mid", name, splits)
     assert k % (16 * splits) == 0  # whole 16-deep steps in every slice: no uneven last slice
     assert f"split-K into {splits} slices" in fastmm.explain((m, k), (k, n))
 
