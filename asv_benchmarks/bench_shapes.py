@@ -36,6 +36,10 @@ SHAPES = {
     "64x64x262144": (64, 64, 1 << 18, 1, False),
     "256x256x65536": (256, 256, 65536, 1, False),
     "512x512x32768": (512, 512, 32768, 1, False),
+    # Small outputs over a short K: split over 64x64 tile sums (split-k-mid).
+    "640x640x1024": (640, 640, 1024, 1, False),
+    "512x512x1024": (512, 512, 1024, 1, False),
+    "384x384x2048": (384, 384, 2048, 1, False),
 }
 
 
