@@ -421,17 +421,20 @@ def skinny_splits(problem: Problem, device: Device) -> int:
 # runs as a launch of its own (896^3 in 3 slices: below 0.71x). Small products stay whole: a second launch costs
 # more than idle SMs there (640^3 runs 1.22x cuBLAS unsplit on 64x64 tiles).
 #
-# Small outputs (at most _MID_SUMS_TILES 64x64 tiles per SM: m x n up to 768^2 on an H100) take 64x64 tiles with tile
-# sums instead, in slices _MID_SUMS_DEPTH deep (at most _MID_SUMS_MOST of them): faster, and their error less than
-# half cuBLAS's. Measured (H100, x cuBLAS, medians of 4 interleaved rounds; 128x64 slices -> 64x64 sums): 512x512x1024
-# 1.05x -> 1.48x, 640x640x768 1.03x -> 1.23x, 640x640x1024 0.86x -> 1.03x, 768x768x512 0.90x -> 0.94x, 768x768x1536
-# 0.81x -> 0.87x, 384x384x2048 0.96x -> 1.21x, 512x512x2048 0.93x -> 0.93x, 768^3 1.01x -> 0.99x (error 2.9e-7 ->
-# 1.1e-7, cuBLAS 2.0e-7); larger outputs lost (896^3 0.97x -> 0.79x, 1536^3 1.02x -> 0.77x, 768x3072x768 0.90x ->
-# 0.75x), as did slices of 64 where a sum of many slices costs more than they gain (768x768x1536 in 24: 0.61x).
+# Small outputs (from _MID_SUMS_TILES[0] to [1] 64x64 tiles per SM: m x n from about 512^2 to 768^2 on an H100) take
+# 64x64 tiles with tile sums instead, in slices _MID_SUMS_DEPTH deep (at most _MID_SUMS_MOST of them): their error is
+# less than half cuBLAS's (768^3: 1.1e-7 against 2.9e-7 on 128x64 slices, cuBLAS 2.0e-7). These calls are bound by
+# the host (about 35 us per call on the measuring host, cuBLAS's too), so through fastmm.matmul the two plans ran
+# within a few percent (H100, x cuBLAS, interleaved, 128x64 slices -> 64x64 sums): 640x640x1024 0.80x -> 0.84-0.88x,
+# 768^3 1.01-1.02x -> 0.99x, 768x768x512 0.98-0.99x -> 0.98x; replayed alone (no dispatch) the sums ran faster
+# (640x640x768 1.03x -> 1.23x, 768x768x1536 0.81x -> 0.87x). Fewer tiles lost (384x384x2048, 36 tiles: 0.99x ->
+# 0.85-0.93x) or drew (512x512x2048 0.94x -> 0.93x); more lost on the GPU (896^3 0.97x -> 0.79x, 1536^3 1.02x ->
+# 0.77x replayed), as did slices of 64 where the sum of many slices costs more than they gain (768x768x1536 in 24:
+# 0.61x).
 _IDLE_SMS = 0.8
 _MID_MIN_DEPTH = 128
 _MID_MIN_MACS = 1 << 28
-_MID_SUMS_TILES = 1.25
+_MID_SUMS_TILES = (0.5, 1.25)
 _MID_SUMS_DEPTH = 128
 _MID_SUMS_MOST = 8
 
@@ -444,10 +447,11 @@ def _idle_sms(problem: Problem, device: Device) -> bool:
 
 
 def _mid_sums_splits(problem: Problem, device: Device) -> int:
-    """Slices of 64x64 tile-sum tiles for a small output (see above), or 1 where the output is larger or K has no even
-    split into slices at least _MID_SUMS_DEPTH deep."""
+    """Slices of 64x64 tile-sum tiles for a small output (see above), or 1 where the output is larger or smaller or K has
+    no even split into slices at least _MID_SUMS_DEPTH deep."""
     config = get_config(WT64)
-    if problem.tiles(config) > _MID_SUMS_TILES * device.sm_count:
+    low, high = _MID_SUMS_TILES
+    if not low * device.sm_count <= problem.tiles(config) <= high * device.sm_count:
         return 1
     return max(_even_splits(problem, config, min(_MID_SUMS_MOST, problem.k // _MID_SUMS_DEPTH), _MID_SUMS_DEPTH),
                default=1)
@@ -566,8 +570,9 @@ RULES: tuple[Rule, ...] = (
          lambda p, d: peel_edges(p, d) != (0, 0), _peeled_kernel, peel=peel_edges),
     Rule("split-k-mid", f"the tiled rule's tile would give fewer than {_IDLE_SMS:.0%} of the SMs a block: K split "
          "into whole 16-deep slices of 128x64 tiles, as many as put the least work on the busiest SM (of 64x64 tiles "
-         f"with tile sums, {_MID_SUMS_DEPTH} deep or more, at most {_MID_SUMS_MOST}, where those number at most "
-         f"{_MID_SUMS_TILES:g} per SM), then summed in a fixed order", _idle_sms, _mid_kernel, mid_splits),
+         f"with tile sums, {_MID_SUMS_DEPTH} deep or more, at most {_MID_SUMS_MOST}, where those number "
+         f"{_MID_SUMS_TILES[0]:g} to {_MID_SUMS_TILES[1]:g} per SM), then summed in a fixed order", _idle_sms,
+         _mid_kernel, mid_splits),
     Rule("tiled", "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
 )

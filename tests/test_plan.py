@@ -114,10 +114,11 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
-    (896, 896, 896, 4), (1536, 1536, 1536, 4), (1792, 1792, 1792, 2), (768, 3072, 768, 4),
-    # Small outputs (at most 1.25 64x64 tiles per SM): 64x64 tile sums, slices 128 deep or more, at most 8.
-    (768, 768, 768, -6), (512, 512, 2048, -8), (640, 640, 1024, -8), (768, 768, 512, -4), (512, 512, 1024, -8),
-    (768, 768, 1536, -8), (640, 640, 768, -6),
+    (896, 896, 896, 4), (1536, 1536, 1536, 4), (1792, 1792, 1792, 2), (768, 3072, 768, 4), (512, 512, 2048, 4),
+    (384, 384, 2048, 16),
+    # Small outputs (0.5 to 1.25 64x64 tiles per SM): 64x64 tile sums, slices 128 deep or more, at most 8.
+    (768, 768, 768, -6), (640, 640, 1024, -8), (768, 768, 512, -4), (768, 768, 1536, -8), (640, 640, 768, -6),
+    (576, 576, 1024, -8),
 ])
 def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits):
     c = choose(m, n, k)
