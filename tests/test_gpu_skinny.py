@@ -61,3 +61,24 @@ def test_batched_matrix_vector(rng, launches):
     want = cp.matmul(a.astype(cp.float64), v.astype(cp.float64))
     assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < 1e-5
     assert launches == ["skinny_n1"]  # one launch for the whole batch
+
+
+@pytest.mark.parametrize("kernel", ["skinny_n1", "skinny_n1_c2", "skinny_n1_c8"])
+@pytest.mark.parametrize("m,k,offset", [(97, 1, 1), (97, 2, 3), (97, 3, 2), (300, 5, 1), (300, 131, 1), (129, 4097, 0),
+                                        (2048, 4093, 2), (1000, 1001, 0), (64, 384, 3)], ids=str)
+def test_unaligned_rows_of_a_matrix_vector_product(kernel, m, k, offset, rng):
+    """Rows of A that start 1-3 floats past a 16-byte boundary (an odd row length, a view at an offset) are copied
+    through aligned windows: every misalignment in every warp, K shorter than one piece, ragged K, the vector aligned
+    or not; outputs NaN-poisoned, against float64, the same on every run."""
+    width = k + 4 if k % 2 == 0 else k + 5  # odd: consecutive rows start at every misalignment in turn
+    base = cp.asarray(rng.uniform(-1, 1, (m, width)).astype(np.float32))
+    a = base[:, offset:offset + k]
+    for v in (cp.asarray(rng.uniform(-1, 1, k).astype(np.float32)),
+              cp.asarray(rng.uniform(-1, 1, k + 1).astype(np.float32))[1:]):
+        want = a.astype(cp.float64) @ v.astype(cp.float64)
+        c = cp.full((m, 1), cp.nan, cp.float32)
+        fastmm.matmul(a, v[:, None], out=c, kernel=kernel)
+        err = float(cp.linalg.norm(c[:, 0] - want) / cp.linalg.norm(want))
+        assert err < 1e-5, err
+        again = fastmm.matmul(a, v[:, None], kernel=kernel)
+        assert bool((again == c).all())

@@ -50,3 +50,9 @@ __device__ __forceinline__ void fastmm_store4(float* crow, int n, int N, float4 
         if (n + 3 < N) crow[n + 3] = v.w;
     }
 }
+
+// Floats from the last 16-byte boundary to p (0..3): where a row's aligned copies start.
+__device__ __forceinline__ int fastmm_misalignment(const float* p)
+{
+    return static_cast<int>((reinterpret_cast<unsigned long long>(p) >> 2) & 3);
+}

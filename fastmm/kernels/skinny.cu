@@ -52,6 +52,16 @@
 // A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies
 // (16 bytes a step): then every thread reads back only what it copied, and the K loop needs no barrier at all.
 #define PRIVATE_B (A_T == 0 && NMAX == 1)
+// A matrix-vector product whose rows of A are not 16-byte aligned (VEC = 1) still copies A 16 bytes at a time, through
+// an aligned window per row: row r starts MIS_r = 0..3 floats past a 16-byte boundary, and lane l of step s copies
+// the aligned piece 32 s + l of the row, k = 4 (32 s + l) - MIS_r .. + 3 (the first piece's elements before k = 0 are
+// zero-filled). Each row then needs the vector at k = 4 (32 s + l) - MIS_r .. + 3: the lane's own 4 values (its private
+// copy, as for aligned rows) and the 4 before them, which the lane to its left holds (a shuffle; lane 0 keeps lane 31's
+// from the step before). K then spans up to 3 more values: one step more at most. (Copied 4 bytes at a time, these
+// rows ran at 0.66-0.85x cuBLAS: four times the copy instructions. A private copy of all 8 values of the vector per
+// thread read the vector twice, in 16-byte pieces 32 bytes apart: 2.2x the L2 sectors, and 0.33x.)
+#define WINDOW (PRIVATE_B && VEC == 1)
+#define KSTEPS(K) (((K) + (WINDOW ? 3 : 0) + STEP - 1) / STEP)
 // Matrix-vector products keep their running sums short, for accuracy: several partial sums per element (PARTS), and
 // every FOLD steps those are added into a second set and restarted (a blocked sum: each addition then rounds a sum
 // of at most FOLD steps' terms, or of K / (FOLD x STEP) blocks, instead of one of K / 128 or K / 8 terms). One
@@ -88,7 +98,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
     float* bs = slot + A_FLOATS;
 #if A_T == 0
     // The thread's own 4 rows x 4 k: what it reads back after the step's barrier. `a` points at the lane's first
-    // value of k in the warp's first row, `rows` counts the warp's rows inside A.
+    // value of k in the warp's first row (WINDOW: at the warp's first row), `rows` counts the warp's rows inside A.
     const int warp = tid / 32, lane = tid % 32;
     const int left = K - k0 - 4 * lane;  // values of k left in the row from the lane's first
 #pragma unroll
@@ -96,7 +106,22 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
         float* dst = as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane;
         const float* src = a + r * a_sm + k0;
         const bool inside = r < rows;
-        if (VEC == 4) {
+        if (WINDOW) {
+            // The row's aligned piece 32 s + lane, k from k_first = 4 (32 s + lane) - mis.
+            const int mis = fastmm_misalignment(a + r * a_sm);
+            const float* piece = a + r * a_sm - mis + k0 + 4 * lane;
+            const int k_first = k0 + 4 * lane - mis;
+            if (k_first >= 0) {
+                const int bytes = inside ? 4 * max(0, min(4, K - k_first)) : 0;
+                cp_async16(smem_addr(dst), bytes ? piece : a, bytes);
+            } else {  // the row's first piece: its first `mis` values lie before the row, zero them
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const bool in = inside && e >= mis && k_first + e < K;
+                    cp_async4(smem_addr(dst + e), in ? piece + e : a, in ? 4 : 0);
+                }
+            }
+        } else if (VEC == 4) {
             const int bytes = inside ? 4 * max(0, min(4, left)) : 0;
             cp_async16(smem_addr(dst), bytes ? src : a, bytes);
         } else {
@@ -128,7 +153,8 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
 #if PRIVATE_B
     {
         // The thread's own 4 values of the vector, beside its own 4 rows of A.
-        const int lane = tid % 32, left = K - k0 - 4 * lane;
+        const int lane = tid % 32;
+        const int left = K - k0 - 4 * lane;
         const float* src = b + (long long)n0 * b_sn + (long long)(k0 + 4 * lane) * b_sk;
         float* dst = bs + 4 * tid;
         if (b_sk == 1 && reinterpret_cast<unsigned long long>(b + (long long)n0 * b_sn) % 16 == 0) {
@@ -189,18 +215,34 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     // The grid's z axis holds CLUSTER blocks per batch item, one cluster; block `slice` of the cluster takes steps
     // [first, last) of K's.
     const int z = z0 + blockIdx.z / CLUSTER, slice = blockIdx.z % CLUSTER;
-    const int per = ((K + STEP - 1) / STEP + CLUSTER - 1) / CLUSTER;
-    const int first = slice * per, last = min((K + STEP - 1) / STEP, first + per);
+    const int per = (KSTEPS(K) + CLUSTER - 1) / CLUSTER;
+    const int first = slice * per, last = min(KSTEPS(K), first + per);
 #else
     const int z = z0 + blockIdx.z;
-    const int first = 0, last = (K + STEP - 1) / STEP;
+    const int first = 0, last = KSTEPS(K);
 #endif
     const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
     const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
     // A_T = 0: each thread copies (and reads back) 4 rows of its warp from the lane's 4 values of k.
     const int rows = A_T == 0 ? M - m0 - warp * ROWS_PER_WARP : 0;
-    const float* a_copy = A_T == 0 ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + 4 * lane : a;
+    const float* a_copy = A_T == 0 ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + (WINDOW ? 0 : 4 * lane) : a;
+#if WINDOW
+    // Each row's shift against its aligned pieces (the same for every lane of the warp).
+    int mis[ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) mis[r] = fastmm_misalignment(a_copy + r * a_sm);
+    // Lane 0's 4 values before its own: those of the block's first step come from global memory (zero before k = 0).
+    float4 carry;
+    {
+        const int kc = first * STEP - 4;
+        const float* bc = b + (long long)n0 * b_sn;
+        carry.x = kc >= 0 && kc < K ? bc[(long long)kc * b_sk] : 0.0f;
+        carry.y = kc + 1 >= 0 && kc + 1 < K ? bc[(long long)(kc + 1) * b_sk] : 0.0f;
+        carry.z = kc + 2 >= 0 && kc + 2 < K ? bc[(long long)(kc + 2) * b_sk] : 0.0f;
+        carry.w = kc + 3 >= 0 && kc + 3 < K ? bc[(long long)(kc + 3) * b_sk] : 0.0f;
+    }
+#endif
 
     // The ring's first STAGES - 1 steps; one cp.async group per step (empty past the last), so that "all but the
     // newest STAGES - 2 groups have landed" always means "this step's slot has".
@@ -247,11 +289,29 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
 #pragma unroll
         for (int r = 0; r < ROWS_PER_WARP; ++r)
             x[r] = *reinterpret_cast<const float4*>(as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane);
+#if WINDOW
+        const float4 hi = *reinterpret_cast<const float4*>(bs + 4 * tid);  // the lane's own 4 values
+        float4 lo = make_float4(__shfl_up_sync(0xffffffffu, hi.x, 1), __shfl_up_sync(0xffffffffu, hi.y, 1),
+                                __shfl_up_sync(0xffffffffu, hi.z, 1), __shfl_up_sync(0xffffffffu, hi.w, 1));
+        const float4 next = make_float4(__shfl_sync(0xffffffffu, hi.x, 31), __shfl_sync(0xffffffffu, hi.y, 31),
+                                        __shfl_sync(0xffffffffu, hi.z, 31), __shfl_sync(0xffffffffu, hi.w, 31));
+        if (lane == 0) lo = carry;
+        carry = next;
+#endif
 #pragma unroll
         for (int j = 0; j < NMAX; ++j) {
+#if !WINDOW
             const float4 y = *reinterpret_cast<const float4*>(PRIVATE_B ? bs + 4 * tid : bs + j * KPITCH + 4 * lane);
+#endif
 #pragma unroll
             for (int r = 0; r < ROWS_PER_WARP; ++r) {
+#if WINDOW
+                // The vector's values at the row's piece: k - 4 (32 s + lane) = -mis .. 3 - mis, window index 4 - mis ...
+                const float4 y = mis[r] == 0 ? hi
+                               : mis[r] == 1 ? make_float4(lo.w, hi.x, hi.y, hi.z)
+                               : mis[r] == 2 ? make_float4(lo.z, lo.w, hi.x, hi.y)
+                                             : make_float4(lo.y, lo.z, lo.w, hi.x);
+#endif
                 float* sum = acc + (r * NMAX + j) * PARTS;
                 if (PARTS == 4) {
                     sum[0] = fmaf(x[r].x, y.x, sum[0]);
