@@ -82,3 +82,22 @@ def test_unaligned_rows_of_a_matrix_vector_product(kernel, m, k, offset, rng):
         assert err < 1e-5, err
         again = fastmm.matmul(a, v[:, None], kernel=kernel)
         assert bool((again == c).all())
+
+
+@pytest.mark.parametrize("kernel", ["skinny_n1", "skinny_n1_c2", "skinny_n1_c8"])
+@pytest.mark.parametrize("k,n,offset", [(1, 97, 1), (5, 300, 1), (131, 300, 2), (4097, 129, 0), (1001, 1000, 0),
+                                        (3000, 2048, 3), (64, 33, 3)], ids=str)
+def test_unaligned_columns_of_a_vector_matrix_product(kernel, k, n, offset, rng):
+    """v . A with A's rows (the transposed product's columns) starting 1-3 floats past a 16-byte boundary: aligned
+    pieces per column, every shift, a ragged last block of columns, clusters; NaN-poisoned, against float64, the
+    same on every run."""
+    width = n + 4 if n % 2 == 0 else n + 5  # odd: consecutive rows of A start at every misalignment in turn
+    base = cp.asarray(rng.uniform(-1, 1, (k, width)).astype(np.float32))
+    a = base[:, offset:offset + n]
+    v = cp.asarray(rng.uniform(-1, 1, (1, k)).astype(np.float32))
+    want = v.astype(cp.float64) @ a.astype(cp.float64)
+    c = cp.full((1, n), cp.nan, cp.float32)
+    fastmm.matmul(v, a, out=c, kernel=kernel)
+    err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
+    assert err < 1e-5, err
+    assert bool((fastmm.matmul(v, a, kernel=kernel) == c).all())

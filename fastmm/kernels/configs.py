@@ -425,7 +425,8 @@ class Skinny(_Config):
         # j-contiguous rows of JPITCH, or for a matrix-vector product 4 values per thread), rounded to 16 bytes.
         jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
         b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch, 4 * 256 if self.nmax == 1 else 0)
-        return self.stages * 4 * (self.ROWS * self.STEP + -(-b // 4) * 4)
+        a = (self.ROWS + (4 if self.nmax == 1 else 0)) * self.STEP  # rows of 36 for v . A on unaligned columns
+        return self.stages * 4 * (a + -(-b // 4) * 4)
 
     def _tile_macros(self) -> dict[str, int]:
         return {"NMAX": self.nmax, "STAGES": self.stages, "THREADS": 256, "MIN_BLOCKS": self.min_blocks,

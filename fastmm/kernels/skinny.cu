@@ -48,7 +48,12 @@
 // loads: 8x4096x4096 ran at 0.48x cuBLAS), so they keep 16-byte alignment.
 #define KPITCH (STEP + 4)
 #define JPITCH (NMAX == 1 ? 1 : NMAX % 4 == 0 ? NMAX + 4 : NMAX + 1)
-#define A_FLOATS (ROWS_PER_BLOCK * STEP)
+// The transposed product's matrix-vector case (v . A: A_T = 1) with columns of A not 16-byte aligned: each k's 32 rows
+// are copied as 9 aligned 16-byte pieces from the column's last 16-byte boundary, into a row of APITCH = 36 floats of
+// which the rows start at the column's shift (see issue_step). 4-byte copies ran v . 4097^2 at 0.66x cuBLAS.
+#define WINDOW_T (A_T == 1 && NMAX == 1 && VEC == 1)
+#define APITCH (ROWS_PER_BLOCK + (WINDOW_T ? 4 : 0))
+#define A_FLOATS (APITCH * STEP)
 // A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies
 // (16 bytes a step): then every thread reads back only what it copied, and the K loop needs no barrier at all.
 #define PRIVATE_B (A_T == 0 && NMAX == 1)
@@ -130,6 +135,28 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
                 const bool in = inside && e < left;
                 cp_async4(smem_addr(dst + e), in ? src + e : a, in ? 4 : 0);
             }
+        }
+    }
+#elif WINDOW_T
+    // As[k][APITCH]: the column of k starts MIS_k floats past a 16-byte boundary; its aligned pieces p = 0..8 (rows
+    // m0 - MIS_k + 4p ..) land at As[k][4p], so that row m0 + r is at As[k][r + MIS_k]. Thread t copies piece t % 8 of
+    // k = t / 8 + 32 q, and threads t < STEP the ninth piece of k = t where the column is shifted. The first piece's
+    // values before the column's first row (m0 = 0) are read, from the same allocation, and never used.
+    {
+        const int p = tid % 8, kk0 = tid / 8;
+#pragma unroll
+        for (int q = 0; q < STEP / 32; ++q) {
+            const int kk = kk0 + 32 * q;
+            const float* col = a + (long long)(k0 + kk) * a_sk + m0;
+            const int mis = fastmm_misalignment(col);
+            const int bytes = k0 + kk < K ? 4 * max(0, min(4, M - (m0 - mis + 4 * p))) : 0;
+            cp_async16(smem_addr(as + kk * APITCH + 4 * p), bytes ? col - mis + 4 * p : a, bytes);
+        }
+        if (tid < STEP) {
+            const float* col = a + (long long)(k0 + tid) * a_sk + m0;
+            const int mis = fastmm_misalignment(col);
+            const int bytes = mis > 0 && k0 + tid < K ? 4 * max(0, min(4, M - (m0 - mis + 32))) : 0;
+            cp_async16(smem_addr(as + tid * APITCH + 32), bytes ? col - mis + 32 : a, bytes);
         }
     }
 #else
@@ -227,6 +254,9 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
     // A_T = 0: each thread copies (and reads back) 4 rows of its warp from the lane's 4 values of k.
     const int rows = A_T == 0 ? M - m0 - warp * ROWS_PER_WARP : 0;
     const float* a_copy = A_T == 0 ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + (WINDOW ? 0 : 4 * lane) : a;
+#if WINDOW_T
+    const int mis0 = fastmm_misalignment(a + m0), a_sk4 = static_cast<int>(a_sk & 3);
+#endif
 #if WINDOW
     // Each row's shift against its aligned pieces (the same for every lane of the warp).
     int mis[ROWS_PER_WARP];
@@ -327,7 +357,12 @@ fastmm_skinny(FASTMM_GEMM_PARAMS)
 #pragma unroll
         for (int u = 0; u < KPW; ++u) {
             const int kk = warp + u * WARPS;
+#if WINDOW_T
+            // The column's shift: that of the block's first column, moved by k x (its stride mod 4).
+            const float x = as[kk * APITCH + lane + ((mis0 + ((first + s) * STEP + kk) * a_sk4) & 3)];
+#else
             const float x = as[kk * ROWS_PER_BLOCK + lane];
+#endif
             const float* y = bs + kk * JPITCH;
             if (NMAX % 4 == 0) {
 #pragma unroll
