@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _errors, _plan
 from ._rules import _fmt, matmul_shapes
-from .kernels.configs import REPITCH, SLICE_SUM, Variant
+from .kernels.configs import REPITCH, SLICE_SUM, SPLIT, Split, Variant, WgTile
 
 __all__ = ["problem_for", "plan_matmul", "gemm", "empty", "owning", "may_overlap", "Recorder", "replay", "signature",
            "replays"]
@@ -271,6 +271,14 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             return _padded(*launch["keep"], c, problem, device_id, record)
         except _errors.OutOfMemoryError:  # no room for the copies: the plan without them
             choice = _plan.without_copies(problem, device)
+    if isinstance(choice.config, WgTile):
+        if launch["copied"] and record is not None:  # the operands' own copies change address per call
+            record.append(None)
+            record = None
+        try:
+            return _presplit(*launch["keep"], c, choice.config, device_id, record)
+        except _errors.OutOfMemoryError:  # no room for the split operands: the mma.sync tiles of the same precision
+            choice = _plan.choose(problem, device, choice.config.family.removesuffix("wg"))
     if choice.peel != (0, 0):
         return _peeled(a, b, c, choice.peel, record)
     if choice.splits > 1:
@@ -423,6 +431,71 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
         else:
             offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
             record.append(_PaddedReplay(tuple(copies), tuple(sub), offsets))
+
+
+class _PresplitReplay:
+    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A and B, the product.
+    Called with the addresses of A, B and C (plus fixed offsets: a piece of a larger product)."""
+
+    __slots__ = ("size", "split_a", "split_b", "b_at", "product", "offsets")
+
+    def __init__(self, size, split_a, split_b, b_at, product, offsets=(0, 0, 0)):
+        self.size, self.split_a, self.split_b, self.b_at, self.product = size, split_a, split_b, b_at, product
+        self.offsets = offsets
+
+    def __call__(self, pa: int, pb: int, pc: int):
+        ws = empty((self.size,))
+        base = ws.data.ptr
+        da, db, dc = self.offsets
+        self.split_a(pa + da, 0, base)
+        self.split_b(pb + db, 0, base + 4 * self.b_at)
+        self.product(base, base + 4 * self.b_at, pc + dc)
+
+
+def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
+    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (split.cu) as TF32 parts in rows of whole
+    K-tiles, k contiguous, zero-padded to whole block tiles, into one workspace, then the product on those.
+
+    Workspace: A's big parts (mp x kp), A's small parts (3xTF32), B^T's big and small parts (np x kp each), then
+    3xTF32's flags (one int per 32 x 32 tile of A, then of B^T). A batched product runs item by item."""
+    from . import _cuda
+
+    if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
+        if record is not None:
+            record.append(None)
+        for index in np.ndindex(*c.shape[:-2]):
+            _presplit(_batch_item(a, index), _batch_item(b, index), c[index], config, device_id, None)
+        return
+    a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
+    (m, k), n = a.shape, b.shape[1]
+    mp, np_, kp = (-(-x // t) * t for x, t in ((m, config.bm), (n, config.bn), (k, config.BK)))
+    parts = 2 if config.passes == 3 else 1
+    b_at = parts * mp * kp
+    flags_a = b_at + parts * np_ * kp  # 3xTF32's flags
+    flags_b = flags_a + mp // Split.TILE * (kp // Split.TILE)
+    size = flags_b + np_ // Split.TILE * (kp // Split.TILE) if parts == 2 else flags_a
+
+    def split(rows, padded, s_r, s_k, flags):  # one operand, rows of k, into its parts
+        return _cuda.Launch(SPLIT, Variant(), device_id, m=rows, n=padded, k=k, a_sm=s_r, a_sk=s_k, b_sk=0, b_sn=0,
+                            c_sm=kp, c_sn=1, batch=1, batch_inner=1,
+                            batch_strides=(0, 0, 0, 0, padded * kp if parts == 2 else 0, flags if parts == 2 else 0))
+
+    sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
+    product = _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=mp * kp, a_sk=0, b_sk=np_ * kp, b_sn=0,
+                           c_sm=c.strides[0] // 4 if m > 1 else 0, c_sn=1, batch=1, batch_inner=1,
+                           batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
+    run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a), split(n, np_, sb[1], sb[0], flags_b - b_at),
+                          b_at, product)
+    run(a.data.ptr, b.data.ptr, c.data.ptr)
+    if record is not None:
+        run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
+        record.append(run)
+
+
+def _batch_item(x, index: tuple[int, ...]):
+    """x's 2-D matrix for batch index `index` of the result, NumPy's broadcasting of x's own batch axes."""
+    own = index[len(index) - (x.ndim - 2):] if x.ndim > 2 else ()
+    return x[tuple(i if size > 1 else 0 for i, size in zip(own, x.shape[:-2]))]
 
 
 def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None) -> None:

@@ -13,8 +13,8 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, RegTile, Skinny, TensorTile, Variant, WarpTile, _Config,
-                              get_config, validate)
+from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, RegTile, Skinny, TensorTile, Variant, WarpTile, WgTile,
+                              _Config, get_config, validate)
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency", "CUBLAS_AHEAD",
@@ -661,6 +661,28 @@ PRECISIONS: dict[str, str] = {
 TF32X3_TILES = ("tf32x3_128x128x32_64x32_s3", "tf32x3_128x128x16_64x32_s3", "tf32x3_64x64x16_32x32_s4")
 TF32_TILES = ("tf32_128x256x16_64x64_s3", "tf32_64x64x16_32x32_s4")
 _TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
+# Hopper's warpgroup MMA on operands split beforehand (wgmma.cu, split.cu): single products large enough that the
+# split passes (a read and a write of each operand, twice for 3xTF32's two parts) are a small part of the time.
+# Measured on an H100 (TFLOP/s, same run): 3xTF32 on wgmma against mma.sync's best tile and the FP32 table: 512^3
+# 8.7 / 11.5 / 12.7, 768^3 20.3 / 18.9 / 25.1, 1000^3 34.9 / 33.6 / 34.5, 1536^3 46.5 / 34.1 / 39.0, 4096^3
+# 86.8 / 41.4 / 51.5; one TF32 pass on wgmma against mma.sync's best: 512^3 10.7 / 13.0, 768^3 26.5 / 23.4,
+# 4096^3 219 / 95. On Hopper, "high" below its threshold runs the FP32 table: as accurate, and faster there than
+# either tensor-core path (3xTF32 on mma.sync ran slower than FP32 FMAs on every shape class measured).
+TF32X3_WG = "tf32x3wg_128x128x32_s2"
+TF32_WG = "tf32wg_128x256x32_s3"
+_WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
+_WG_MIN_MACS = {"high": 1 << 30, "medium": 1 << 28}
+
+
+def _hopper(device: Device) -> bool:
+    return device.compute_capability == (9, 0)
+
+
+def _wgmma(problem: Problem, device: Device, precision: str) -> bool:
+    """A product the wgmma kernels take in a tensor-core precision: a single large one, on Hopper."""
+    return (_hopper(device) and problem.batch == 1
+            and problem.m * problem.n * problem.k >= _WG_MIN_MACS[precision])
+
 
 _precision_default = "highest"  # the process-wide setting (set_float32_matmul_precision)
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_precision", default=None)
@@ -755,7 +777,7 @@ def matmul_precision(precision: str) -> Iterator[None]:
     'medium'
     >>> print(fastmm.explain((4096, 4096), (4096, 4096), precision="high"))  # doctest: +ELLIPSIS
     4096x4096x4096 float32 ...
-      kernel  tf32x3_128x128x32_64x32_s3_nn_v4
+      kernel  tf32x3wg_128x128x32_s2
       mode    high: 3xTF32 on the tensor cores ...
     """
     token = _precision.set(_check_precision(precision))
@@ -767,6 +789,11 @@ def matmul_precision(precision: str) -> Iterator[None]:
 
 def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
     """(kernel, rule, reason) of a product in a tensor-core precision."""
+    if _wgmma(problem, device, precision):
+        return (_WG_TILES[precision], "tensor-wgmma",
+                f"precision {precision!r}, a single product of >= 2^{_WG_MIN_MACS[precision].bit_length() - 1} "
+                "multiply-adds on Hopper: warpgroup MMA (wgmma) on A and B split into TF32 parts by a pass over each, k "
+                "contiguous and padded to whole tiles")
     names = _TENSOR_TILES[precision]
     return (_fill_from(names)(problem, device), "tensor",
             f"precision {precision!r}: tensor-core tiles, the largest that gives half the SMs a block with little "
@@ -781,6 +808,8 @@ _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
     "warptile": _fill,
     "tf32x3": _fill_from(TF32X3_TILES),
     "tf32": _fill_from(TF32_TILES),
+    "tf32x3wg": lambda p, d: TF32X3_WG,
+    "tf32wg": lambda p, d: TF32_WG,
     "skinny": _skinny_for,
 }
 
@@ -898,7 +927,7 @@ def validated(config: _Config, device: Device, regs_per_thread: int | None = Non
     """`config`, after checking it against `device` (and its compiled register count, when known)."""
     validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
              max_smem_optin=device.max_smem_optin, max_regs_per_block=device.max_regs_per_block,
-             regs_per_thread=regs_per_thread)
+             regs_per_thread=regs_per_thread, compute_capability=device.compute_capability)
     return config
 
 
@@ -997,14 +1026,18 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
             if choice.rule in ("split-k", "few-columns"):  # memory-bound or split: the FP32 paths
                 choice = dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                              "uses FP32 FMAs here)")
+            elif precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):
+                choice = dataclasses.replace(choice, reason=choice.reason + " (in 'high' precision: FP32 FMAs, as "
+                                             "accurate as 3xTF32 and faster than it below "
+                                             f"2^{_WG_MIN_MACS['high'].bit_length() - 1} multiply-adds on Hopper)")
             elif choice.rule != "empty":
                 name, rule, reason = _tensor(problem, device, _check_precision(precision))
                 choice = Choice(get_config(name), problem.variant, rule, reason)
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None
-        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "few-columns", "ragged-edge",
-                                                                "aligned-copy"):
+        if tuned and choice.splits == 1 and choice.rule not in ("empty", "tensor", "tensor-wgmma", "few-columns",
+                                                                "ragged-edge", "aligned-copy"):
             entry = tuned_entries(device).get(tune_bucket(problem))
         if entry is not None and entry.get("kernel") in _BY_NAME:
             choice = Choice(get_config(entry["kernel"]), problem.variant, "tuned",
@@ -1029,4 +1062,5 @@ for _name in (NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64, WT256_LOOP, WT256_32
               WT128x64_LOOP, WT128x64, WT128x64_SUMS, WT64, *TF32X3_TILES, *TF32_TILES, *SKINNY):
     get_config(_name)
 assert all(isinstance(get_config(n), TensorTile) for n in TF32X3_TILES + TF32_TILES)
+assert all(isinstance(get_config(n), WgTile) for n in _WG_TILES.values())
 assert isinstance(get_config(RT128), RegTile) and isinstance(get_config(WT64), WarpTile)

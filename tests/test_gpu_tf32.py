@@ -14,6 +14,22 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
 
 MODES = ("highest", "high", "medium")
+# The wgmma kernels (Hopper), forced so that small shapes reach them too: (kernel, the precision it computes in).
+WGMMA = (("tf32x3wg_128x128x32_s2", "high"), ("tf32wg_128x256x32_s3", "medium"))
+
+
+def _hopper() -> bool:
+    return cp.cuda.Device().compute_capability == "90"
+
+
+def _run(a, b, mode):
+    """a @ b in a precision mode, or on a forced wgmma kernel (skipped where the GPU is not a Hopper)."""
+    for kernel, precision in WGMMA:
+        if mode == kernel:
+            if not _hopper():
+                pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+            return fastmm.matmul(a, b, kernel=kernel, precision=precision)
+    return fastmm.matmul(a, b, precision=mode)
 
 
 def _error(c, ref64) -> float:
@@ -49,14 +65,15 @@ CASES = [("normal", 1024, 1024, 1024), ("uniform", 1024, 1024, 1024), ("wide", 5
 
 
 @pytest.mark.parametrize("kind,m,n,k", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}" for c in CASES])
-def test_high_is_as_accurate_as_cublas_sgemm(kind, m, n, k, rng):
+@pytest.mark.parametrize("mode", ["high", WGMMA[0][0]])
+def test_high_is_as_accurate_as_cublas_sgemm(kind, m, n, k, mode, rng):
     a = _values(rng, kind, (m, k)).astype(np.float32)
     b = _values(rng, kind, (k, n)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     da, db = cp.asarray(a), cp.asarray(b)
     sgemm = _error(_cublas(da, db), ref)
-    high = _error(fastmm.matmul(da, db, precision="high"), ref)
-    print(f"{kind} {m}x{n}x{k}: high {high:.2e}, cuBLAS SGEMM {sgemm:.2e}")
+    high = _error(_run(da, db, mode), ref)
+    print(f"{kind} {m}x{n}x{k}: {mode} {high:.2e}, cuBLAS SGEMM {sgemm:.2e}")
     # 3xTF32 rounds each product to about 2^-22 (the small parts are TF32 too, and a_small * b_small is dropped)
     # where FP32 rounds to 2^-24: on sums of many comparable products FP32's accumulation dominates and "high" is
     # at or below SGEMM (the normal and uniform cases here), but where a few products dominate the sum
@@ -67,13 +84,14 @@ def test_high_is_as_accurate_as_cublas_sgemm(kind, m, n, k, rng):
 
 
 @pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (777, 555, 333)], ids=str)
-def test_medium_is_as_accurate_as_cublas_tf32(m, n, k, rng):
+@pytest.mark.parametrize("mode", ["medium", WGMMA[1][0]])
+def test_medium_is_as_accurate_as_cublas_tf32(m, n, k, mode, rng):
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     da, db = cp.asarray(a), cp.asarray(b)
     tf32 = _error(_cublas(da, db, tf32=True), ref)
-    medium = _error(fastmm.matmul(da, db, precision="medium"), ref)
+    medium = _error(_run(da, db, mode), ref)
     print(f"{m}x{n}x{k}: medium {medium:.2e}, cuBLAS TF32 {tf32:.2e}")
     assert 1e-5 < medium <= 1.5 * tf32, (medium, tf32)  # really one TF32 pass, and no worse than cuBLAS's
 
@@ -83,7 +101,7 @@ def _pattern(x):
     return np.isnan(x), np.isposinf(x), np.isneginf(x)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + tuple(k for k, _ in WGMMA))
 def test_non_finite_inputs_give_numpys_pattern(mode, rng):
     """Where NumPy's result is NaN or +-inf, ours is, and nowhere else. Every case is independent of the order of
     summation (single products that overflow, infinities, NaNs), so any two correct GEMMs agree on it."""
@@ -105,13 +123,14 @@ def test_non_finite_inputs_give_numpys_pattern(mode, rng):
     b[:, 50] = 1e-39
     with np.errstate(all="ignore"):
         want = a @ b
-    got = cp.asnumpy(fastmm.matmul(cp.asarray(a), cp.asarray(b), precision=mode))
+    got = cp.asnumpy(_run(cp.asarray(a), cp.asarray(b), mode))
     for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
         assert np.array_equal(w, g), f"{mode}: {what} differs at {np.argwhere(w != g)[:5].tolist()}"
 
 
 def test_every_way_of_setting_the_mode_reaches_the_kernels(rng, launches):
-    a = fastmm.asarray(rng.standard_normal((512, 512)).astype(np.float32))
+    # 1024^3: on Hopper, the size from which "high" runs 3xTF32 (below it the FP32 table is as accurate and faster).
+    a = fastmm.asarray(rng.standard_normal((1024, 1024)).astype(np.float32))
     a @ a
     fastmm.matmul(a, a, precision="high")
     with fastmm.matmul_precision("medium"):
@@ -122,11 +141,11 @@ def test_every_way_of_setting_the_mode_reaches_the_kernels(rng, launches):
     finally:
         fastmm.set_float32_matmul_precision("highest")
     a @ a
-    modes = [fastmm._plan.get_config(name).precision for name in launches]
+    modes = [fastmm._plan.get_config(name).precision for name in launches if name != "split"]
     assert modes == ["highest", "high", "medium", "high", "highest"], launches
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + tuple(k for k, _ in WGMMA))
 def test_rounding_to_tf32_never_changes_what_a_product_does(mode):
     """The cases where rounding an operand to TF32 could: inf times a value that rounds to 0 (below 2^-137, or a
     subnormal the tensor cores might flush), a NaN whose payload lies in the low 13 bits (truncation would make it
@@ -143,6 +162,45 @@ def test_rounding_to_tf32_never_changes_what_a_product_does(mode):
     b[:, 4:6] = 1e25
     with np.errstate(all="ignore"):
         want = a @ b
-    got = cp.asnumpy(fastmm.matmul(cp.asarray(a), cp.asarray(b), precision=mode))
+    got = cp.asnumpy(_run(cp.asarray(a), cp.asarray(b), mode))
     for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
         assert np.array_equal(w, g), f"{mode}: {what} differs at {np.argwhere(w != g)[:8].tolist()}"
+
+
+@pytest.mark.parametrize("where", ["a", "b", "both"])
+def test_wgmma_tiles_with_an_infinity_run_fp32_and_the_rest_stays_3xtf32(where, rng):
+    """3xTF32 on wgmma: a block tile whose rows of A or columns of B hold an infinity runs FP32 FMAs (the split
+    pass flags it); its finite results keep FP32-level accuracy, and every other tile is untouched."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    m, n, k = 520, 300, 700
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    b[100] = np.round(b[100])  # exact in TF32: inf against these would be NaN on 3xTF32's cross terms
+    if where in ("a", "both"):
+        a[300, 100] = np.inf    # block row 2 (rows 256-383) on the FMA path
+    if where in ("b", "both"):
+        b[5, 200] = -np.inf     # block column 1 (columns 128-255)
+    with np.errstate(all="ignore"):
+        want = a.astype(np.float64) @ b.astype(np.float64)
+    got = cp.asnumpy(fastmm.matmul(cp.asarray(a), cp.asarray(b), kernel=WGMMA[0][0], precision="high"))
+    for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
+        assert np.array_equal(w, g), f"{what} differs at {np.argwhere(w != g)[:5].tolist()}"
+    finite = np.isfinite(want)
+    err = np.abs(got[finite] - want[finite]) / np.abs(want[finite]).max()
+    assert err.max() < 2e-6, err.max()
+
+
+def test_wgmma_products_replay_on_new_operands_and_views(rng):
+    """A replayed 3xTF32 product (split passes and product recorded once) on fresh operands, and on views at an
+    offset (the split pass reads any strides; C written through its own)."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    with fastmm.matmul_precision("high"):
+        for trial in range(3):
+            a = fastmm.asarray(rng.standard_normal((1030, 1100)).astype(np.float32))
+            b = fastmm.asarray(rng.standard_normal((1100, 1030)).astype(np.float32))
+            c = a[1:, 3:] @ b[3:, :-1].T.T  # offsets: rows not 16-byte aligned
+            want = cp.asnumpy(a[1:, 3:]).astype(np.float64) @ cp.asnumpy(b[3:, :-1]).astype(np.float64)
+            assert _error(c, want) < 1e-6
+            assert "tf32x3wg" in fastmm.explain(a[1:, 3:], b[3:, :-1], precision="high")

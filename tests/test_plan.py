@@ -394,18 +394,39 @@ def test_precision_modes_follow_pytorchs_names():
 
 
 @pytest.mark.parametrize("m,n,k,high,medium", [
-    (4096, 4096, 4096, "tf32x3_128x128x32_64x32_s3", "tf32_128x256x16_64x64_s3"),
-    (2048, 1024, 2048, "tf32x3_128x128x32_64x32_s3", "tf32_64x64x16_32x32_s4"),
-    (256, 256, 256, "tf32x3_64x64x16_32x32_s4", "tf32_64x64x16_32x32_s4"),
+    (4096, 4096, 4096, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),  # large single products: wgmma
+    (2048, 1024, 2048, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),
+    (768, 768, 768, None, "tf32wg_128x256x32_s3"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
+    (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
 ])
 def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
     p = _plan.Problem(m, n, k)
-    assert _plan.choose(p).config.precision == "highest"
-    assert _plan.choose(p, precision="high").name == high
+    fp32 = _plan.choose(p)
+    assert fp32.config.precision == "highest"
+    expected_high = high or fp32.name  # below 3xTF32's threshold on Hopper: the FP32 table, as accurate and faster
+    assert _plan.choose(p, precision="high").name == expected_high
     assert _plan.choose(p, precision="medium").name == medium
     with fastmm.matmul_precision("high"):
-        assert _plan.choose(p).name == high  # the memo keeps modes apart
+        assert _plan.choose(p).name == expected_high  # the memo keeps modes apart
     assert _plan.choose(p).config.precision == "highest"
+    if high is None:
+        assert "in 'high' precision: FP32 FMAs" in _plan.choose(p, precision="high").reason
+
+
+def test_wgmma_kernels_run_on_hopper_single_products_only():
+    ampere = _plan.Device(name="A100", compute_capability=(8, 0), sm_count=108)
+    big, batched = _plan.Problem(4096, 4096, 4096), _plan.Problem(1024, 1024, 1024, batch=8)
+    # Elsewhere than Hopper, and for batches, the mma.sync tiles.
+    assert _plan.choose(big, ampere, precision="high").name == "tf32x3_128x128x32_64x32_s3"
+    assert _plan.choose(big, ampere, precision="medium").name == "tf32_128x256x16_64x64_s3"
+    assert _plan.choose(batched, precision="medium").config.family == "tf32"
+    with pytest.raises(ValueError, match=r"runs on compute capability 9.0 \(sm_90a\) only; this device is 8.0"):
+        _plan.choose(big, ampere, kernel="tf32x3wg_128x128x32_s2")
+    # The split pass launches read A and B^T through their strides: one binary for every layout.
+    for p in (big, _plan.Problem(4096, 4096, 4096, a_t=True, b_t=True, aligned=False)):
+        choice = _plan.choose(p, precision="high")
+        assert choice.rule == "tensor-wgmma" and choice.config.binary_name(choice.variant) == choice.name
+    assert {"tf32x3wg", "tf32wg", "tf32x3wg_128x128x32_s2"} <= set(fastmm.kernel_names())
 
 
 def test_modes_keep_the_fp32_paths_where_the_table_splits_k_or_has_nothing_to_do():
@@ -421,8 +442,8 @@ def test_modes_keep_the_fp32_paths_where_the_table_splits_k_or_has_nothing_to_do
 
 def test_explain_names_the_mode():
     text = fastmm.explain((4096, 4096), (4096, 4096), precision="high")
-    assert "kernel  tf32x3_128x128x32_64x32_s3_nn_v4" in text and "mode    high: 3xTF32" in text
-    assert "rule    tensor: precision 'high'" in text and "accelerate_cupy" not in text
+    assert "kernel  tf32x3wg_128x128x32_s2" in text and "mode    high: 3xTF32" in text
+    assert "rule    tensor-wgmma: precision 'high'" in text and "accelerate_cupy" not in text
     assert "mode    highest: FP32 FMAs" in fastmm.explain((4096, 4096), (4096, 4096))
     with pytest.raises(ValueError, match="valid values"):
         fastmm.explain((8, 8), (8, 8), precision="low")

@@ -105,6 +105,7 @@ def _options(arch: str) -> list[str]:
 
 def cache_path(config: _Config, variant: Variant = Variant(), arch: str = "sm_90") -> Path:
     """The cache entry of one binary: its name, architecture and a hash of everything that shapes it."""
+    arch += config.arch_suffix
     nvcc = find_nvcc()
     key = hashlib.sha256("\0".join([source_for(config, variant), *_options(arch), _nvcc_identity(nvcc)]).encode())
     return cache_dir() / f"{config.binary_name(variant)}-{arch}-{key.hexdigest()[:32]}.entry"
@@ -210,6 +211,7 @@ def compile_cubin(config: _Config, variant: Variant = Variant(), arch: str = "sm
     nvcc = find_nvcc()
     name = config.binary_name(variant)
     path = cache_path(config, variant, arch)
+    arch += config.arch_suffix  # sm_90 -> sm_90a for kernels that need Hopper's own instructions
     if use_cache and not refresh:
         entry = _read_entry(path)
         if entry is not None:

@@ -51,6 +51,18 @@ __device__ __forceinline__ void fastmm_store4(float* crow, int n, int N, float4 
     }
 }
 
+// Two consecutive elements of one row of C at column n (even): one 8-byte store when both lie inside C and C's
+// rows allow it (vec: 16-byte aligned rows, see fastmm_c_vec4), else up to two guarded scalar stores.
+__device__ __forceinline__ void fastmm_store2(float* crow, int n, int N, float x, float y, bool vec)
+{
+    if (vec && n + 1 < N) {
+        *reinterpret_cast<float2*>(crow + n) = make_float2(x, y);
+    } else {
+        if (n < N) crow[n] = x;
+        if (n + 1 < N) crow[n + 1] = y;
+    }
+}
+
 // Floats from the last 16-byte boundary to p (0..3): where a row's aligned copies start.
 __device__ __forceinline__ int fastmm_misalignment(const float* p)
 {

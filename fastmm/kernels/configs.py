@@ -22,8 +22,11 @@ __all__ = [
     "RegTile",
     "WarpTile",
     "TensorTile",
+    "WgTile",
     "Skinny",
     "SliceSum",
+    "Split",
+    "SPLIT",
     "SLICE_SUM",
     "Repitch",
     "REPITCH",
@@ -69,6 +72,10 @@ class _Config:
     dynamic_smem: ClassVar[bool] = False
     # Shared device code the source needs, placed between common.cuh and the family's file.
     headers: ClassVar[tuple[str, ...]] = ()
+    # Appended to the device's architecture when compiling ("a": sm_90a, whose instructions exist on that GPU alone),
+    # and the one compute capability such a kernel runs on (None: any that fastmm supports).
+    arch_suffix: ClassVar[str] = ""
+    compute_capability: ClassVar[tuple[int, int] | None] = None
 
     # Subclasses define: name, block, tile, smem_bytes, _tile_macros(), _check().
 
@@ -352,6 +359,7 @@ class TensorTile(_Pipelined, _Config):
     passes: int = 3
     min_blocks: int = 1  # blocks per SM the register budget is planned for (__launch_bounds__)
     source: ClassVar[str] = "tf32.cu"
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "pipeline.cuh", "tf32_round.cuh")
     PAD: ClassVar[int] = 8  # the mma fragments' reads hit banks 8t + g: conflict-free only with rows of 8 mod 32
 
     @property
@@ -383,6 +391,72 @@ class TensorTile(_Pipelined, _Config):
             errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
         if not errors:
             errors += self._slices_divide()
+        return errors
+
+
+@dataclasses.dataclass(frozen=True)
+class WgTile(_Config):
+    """Tensor cores through Hopper's warpgroup MMA (wgmma, sm_90a only) on operands split beforehand by `Split`
+    (fastmm/kernels/wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
+    BM / 64 warpgroups of 128 threads, each 64 rows of a BM x BN block tile; 32-deep K-tiles."""
+
+    bm: int = 128
+    bn: int = 128
+    stages: int = 3
+    passes: int = 3
+    # 3xTF32: K-tiles per partial sum (each waits for the tensor cores, then adds on the FP32 cores).
+    part_tiles: int = 1
+    source: ClassVar[str] = "wgmma.cu"
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
+    dynamic_smem: ClassVar[bool] = True
+    arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
+    compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
+
+    BK: ClassVar[int] = 32  # wgmma.cu's K-tile: one 128-byte swizzled row
+    ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
+
+    @property
+    def family(self) -> str:  # type: ignore[override]
+        return "tf32x3wg" if self.passes == 3 else "tf32wg"
+
+    @property
+    def function(self) -> str:
+        return "fastmm_wgmma"
+
+    @property
+    def precision(self) -> str:
+        return "high" if self.passes == 3 else "medium"
+
+    @property
+    def name(self) -> str:
+        return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
+                + (f"_p{self.part_tiles}" if self.part_tiles != 1 else ""))
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.bm * 2, 1, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        parts = 2 if self.passes == 3 else 1
+        return self.stages * parts * (self.bm + self.bn) * self.BK * 4 + self.ALIGN
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "PASSES": self.passes, "THREADS": self.threads,
+                "PART_TILES": self.part_tiles}
+
+    def _check(self) -> list[str]:
+        errors = []
+        if self.bm not in (64, 128) or self.bn not in (128, 256):
+            errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
+        if self.stages < 2 or (self.stages < 3 and (self.passes == 1 or self.part_tiles > 1)):
+            errors.append(f"stages must be at least 3, or 2 for 3xTF32 with a partial sum per K-tile (got {self.stages})")
+        if self.passes not in (1, 3):
+            errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
         return errors
 
 
@@ -520,6 +594,30 @@ class Repitch(_Auxiliary):
         return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Split(_Auxiliary):
+    """Not a product's kernel: the split pass of the wgmma kernels (fastmm/kernels/split.cu). One operand (R x K, any
+    strides) written as TF32 big and small parts in rows of whole K-tiles, k contiguous, zero-padded, and a flag per
+    32 x 32 tile: whether it holds an infinity. M = R, N = the padded rows, K = K, c_sm = the padded K."""
+
+    family: ClassVar[str] = "split"
+    source: ClassVar[str] = "split.cu"
+    headers: ClassVar[tuple[str, ...]] = ("tf32_round.cuh",)
+
+    TILE: ClassVar[int] = 32  # split.cu's square tile, one flag each
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.TILE, self.TILE)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.TILE * (self.TILE + 1) * 4
+
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
+        return (max(1, -(-k // self.TILE)), max(1, -(-n // self.TILE)), 1)
+
+
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[_Config, ...] = (
     Naive(32, 8),
@@ -547,6 +645,9 @@ CONFIGS: tuple[_Config, ...] = (
     TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2),  # small products
     TensorTile(128, 256, 16, 64, 64, 3, passes=1),
     TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
+    # ... through Hopper's warpgroup MMA on operands split beforehand (sm_90a): large single products.
+    WgTile(128, 128, 2, passes=3),
+    WgTile(128, 256, 3, passes=1),
     # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
     Skinny(1),
     Skinny(4),
@@ -560,8 +661,9 @@ FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
 
 SLICE_SUM = SliceSum()
 REPITCH = Repitch()
+SPLIT = Split()
 # Kernels that are not products (never planned, forced or benchmarked as one), compiled and checked like the rest.
-AUXILIARY: tuple[_Config, ...] = (SLICE_SUM, REPITCH)
+AUXILIARY: tuple[_Config, ...] = (SLICE_SUM, REPITCH, SPLIT)
 
 _BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -576,7 +678,7 @@ def get_config(name: str) -> _Config:
 
 def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1024,
              max_smem_optin: int = 227 * 1024, max_regs_per_block: int = 65536,
-             regs_per_thread: int | None = None) -> None:
+             regs_per_thread: int | None = None, compute_capability: tuple[int, int] | None = None) -> None:
     """Check a configuration against device limits; raise ValueError giving the numbers that failed.
 
     ``max_smem`` bounds static shared memory; a kernel with dynamic shared memory may opt in to
@@ -584,6 +686,10 @@ def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1
     function), when known.
     """
     errors = list(config._check())
+    if config.compute_capability and compute_capability and tuple(compute_capability) != config.compute_capability:
+        major, minor = config.compute_capability
+        errors.append(f"runs on compute capability {major}.{minor} (sm_{major}{minor}{config.arch_suffix}) only; this "
+                      f"device is {compute_capability[0]}.{compute_capability[1]}")
     if config.threads > max_threads:
         errors.append(f"needs {config.threads} threads per block; the device allows {max_threads}")
     limit = max_smem_optin if config.dynamic_smem else max_smem

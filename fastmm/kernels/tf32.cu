@@ -47,35 +47,6 @@ static_assert(BK % 8 == 0 && STAGES >= 2, "BK a multiple of the mma's k = 8; at 
 static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass or three");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
 
-// x rounded to TF32 when x is finite and below FLT_MAX's last TF32 step (see `plain`): to nearest, ties away from
-// zero (as cvt.rna.tf32.f32), in FP32 layout with the low 13 bits zero: add half a TF32 step, clear the low bits.
-__device__ __forceinline__ unsigned tf32_near(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
-
-// Whether tf32_near(x) is tf32_big(x) up to tiny values: false for inf, NaN (the compare is false) and values
-// that would round up to inf.
-__device__ __forceinline__ bool plain(float x) { return fabsf(x) < __int_as_float(0x7f7ff000); }
-
-// The big part of x: x rounded to TF32, except where rounding would change what an FP32 product does with it:
-// a finite x never becomes infinite (near FLT_MAX: truncated instead), a nonzero x never becomes 0 (below 2^-137:
-// the smallest TF32 value of its sign, 2^-136, so that inf * x stays inf and not NaN), and a NaN stays a NaN
-// (rounding would turn one whose payload lies only in the low 13 bits into inf).
-__device__ __forceinline__ unsigned tf32_big(float x)
-{
-    const unsigned u = __float_as_uint(x), e = u & 0x7fffffffu;
-    if (e >= 0x7f7ff000u) return e > 0x7f800000u ? 0x7fffe000u : u & 0xffffe000u;  // NaN; inf, near FLT_MAX
-    if (e != 0u && e < 0x1000u) return (u & 0x80000000u) | 0x2000u;                   // tiny
-    return tf32_near(x);
-}
-
-// 3xTF32's three values of x: big, big for the cross terms (0 for an infinite x), small (0 for an infinite x).
-__device__ __forceinline__ void split3(float x, unsigned& big, unsigned& cross, unsigned& small)
-{
-    big = tf32_big(x);
-    const bool inf = fabsf(x) == __int_as_float(0x7f800000);
-    small = inf ? 0u : tf32_near(x - __uint_as_float(big));  // (NaN for a NaN x: whatever it rounds to, big is NaN)
-    cross = inf ? 0u : big;
-}
-
 // d += a * b on one 16 x 8 x 8 tile.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2])
 {
@@ -170,18 +141,6 @@ __device__ __forceinline__ void k_step(float (&acc)[MT][NT][4], const float (&x)
 #endif
 }
 
-// Two consecutive elements of one row of C at column n (even): one 8-byte store when both lie inside C and C's
-// rows allow it (vec: 16-byte aligned rows, see fastmm_c_vec4), else up to two guarded scalar stores.
-__device__ __forceinline__ void store2(float* crow, int n, int N, float x, float y, bool vec)
-{
-    if (vec && n + 1 < N) {
-        *reinterpret_cast<float2*>(crow + n) = make_float2(x, y);
-    } else {
-        if (n < N) crow[n] = x;
-        if (n + 1 < N) crow[n + 1] = y;
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fastmm_tf32(FASTMM_GEMM_PARAMS)
 {
@@ -268,8 +227,8 @@ fastmm_tf32(FASTMM_GEMM_PARAMS)
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int n = bn + wn0 + j * 8 + 2 * t;
-            if (m < M) store2(c + (long long)m * c_sm, n, N, acc[i][j][0], acc[i][j][1], vec);
-            if (m + 8 < M) store2(c + (long long)(m + 8) * c_sm, n, N, acc[i][j][2], acc[i][j][3], vec);
+            if (m < M) fastmm_store2(c + (long long)m * c_sm, n, N, acc[i][j][0], acc[i][j][1], vec);
+            if (m + 8 < M) fastmm_store2(c + (long long)(m + 8) * c_sm, n, N, acc[i][j][2], acc[i][j][3], vec);
         }
     }
 }

@@ -1,0 +1,59 @@
+// Not a product's kernel: the split pass of the wgmma tensor-core kernels (wgmma.cu). One operand, R x K with element
+// (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), is written as rows of C's row length c_sm
+// (K rounded up to whole 32-deep K-tiles), k contiguous, over N rows (R rounded up to whole block tiles), zeros past
+// R and K: the layout the wgmma kernel copies without a bounds check. Each value x is written as its TF32 big part
+// (tf32_big: rounded to nearest, ties away, without ever turning a finite value infinite or a nonzero one zero) at C
+// and, for 3xTF32 (c_sb0 != 0), its small part tf32(x - big) at C + c_sb0 (0 for an infinite x).
+//
+// Each block also writes its tile's flag (ints at C + c_sb1, one per 32 x 32 tile in the grid's order; c_sb1 = 0:
+// none): 1 where the tile holds an infinity, else 0. 3xTF32's cross terms big * small would give inf * 0 = NaN against
+// a value that is exact in TF32, so the wgmma kernel runs the block tiles whose rows meet a flagged tile on FP32 FMAs
+// instead. Every flag is written every time: the workspace needs no zeroing.
+//
+// Bound by memory: a 32 x 32 tile goes through shared memory, read coalesced along whichever axis has unit stride and
+// written coalesced along k. Launched through the same runtime as the products (FASTMM_GEMM_PARAMS; B, b_*, the batch
+// offsets other than c_sb0 and c_sb1 unused): M = R, N = the padded rows, K = K, grid (c_sm / 32, N / 32).
+
+#define THREADS 256
+#define TILE 32
+static_assert(THREADS == TILE * TILE / 4, "one 16-byte piece of each output per thread");
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+fastmm_split(FASTMM_GEMM_PARAMS)
+{
+    __shared__ float tile[TILE][TILE + 1];  // [r][k]; rows of 33: conflict-free along both axes
+    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
+    const int r0 = blockIdx.y * TILE, k0 = blockIdx.x * TILE;
+    // Read along the unit stride: k for rows of A (or of B^T from a transposed B), r otherwise.
+    const bool along_k = a_sk == 1 || a_sm != 1;
+#pragma unroll
+    for (int i = 0; i < TILE; i += THREADS / TILE) {
+        const int r = r0 + (along_k ? ty + i : tx), k = k0 + (along_k ? tx : ty + i);
+        const float x = r < M && k < K ? A[(long long)r * a_sm + (long long)k * a_sk] : 0.0f;
+        tile[r - r0][k - k0] = x;
+    }
+    __syncthreads();
+    // Written 16 bytes at a time: thread i takes k = 4 (i % 8) ... + 3 of row i / 8 (banks r + 4 (i % 8) + j: distinct).
+    const int q = threadIdx.x % (TILE / 4), rw = threadIdx.x / (TILE / 4);
+    const int r = r0 + rw, k = k0 + 4 * q;
+    float4 big, small;
+    float* const bp = &big.x;
+    float* const sp = &small.x;
+    bool inf = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float x = tile[rw][4 * q + j];
+        const unsigned b = tf32_big(x);
+        const bool x_inf = fabsf(x) == __int_as_float(0x7f800000);
+        inf |= x_inf;
+        bp[j] = __uint_as_float(b);
+        sp[j] = x_inf ? 0.0f : __uint_as_float(tf32_near(x - __uint_as_float(b)));
+    }
+    float* out = C + (long long)r * c_sm + k;  // c_sm, c_sb0 and C itself are multiples of 4 floats
+    *reinterpret_cast<float4*>(out) = big;
+    if (c_sb0) *reinterpret_cast<float4*>(out + c_sb0) = small;
+    if (c_sb1) {
+        const int any = __syncthreads_or(inf);
+        if (threadIdx.x == 0) reinterpret_cast<int*>(C + c_sb1)[blockIdx.y * gridDim.x + blockIdx.x] = any;
+    }
+}
