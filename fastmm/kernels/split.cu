@@ -3,7 +3,8 @@
 // (K rounded up to whole 32-deep K-tiles), k contiguous, over N rows (R rounded up to whole block tiles), zeros past
 // R and K: the layout the wgmma kernel copies without a bounds check. Each value x is written as its TF32 big part
 // (tf32_big: rounded to nearest, ties away, without ever turning a finite value infinite or a nonzero one zero) at C
-// and, for 3xTF32 (c_sb0 != 0), its small part tf32(x - big) at C + c_sb0 (0 for an infinite x).
+// and, for 3xTF32 (c_sb0 != 0), its small part tf32(x - big) at C + c_sb0 (0 for an infinite x; see below for
+// values below 2^-137 and near FLT_MAX).
 //
 // Each block also writes its tile's flag (ints at C + c_sb1, one per 32 x 32 tile in the grid's order; c_sb1 = 0:
 // none): 1 where the tile holds an infinity, else 0. 3xTF32's cross terms big * small would give inf * 0 = NaN against
@@ -47,7 +48,16 @@ fastmm_split(FASTMM_GEMM_PARAMS)
         const bool x_inf = fabsf(x) == __int_as_float(0x7f800000);
         inf |= x_inf;
         bp[j] = __uint_as_float(b);
-        sp[j] = x_inf ? 0.0f : __uint_as_float(tf32_near(x - __uint_as_float(b)));
+        // The FP32 path of flagged tiles multiplies big + small, which must stay what x is to a product: nonzero for
+        // a nonzero x (a value below 2^-137 is its big part alone, the smallest TF32 value of its sign, as in
+        // tf32_big: a small part would cancel it) and finite for a finite x (near FLT_MAX the small part rounded
+        // up can carry big + small to inf: truncated instead).
+        const unsigned e = __float_as_uint(x) & 0x7fffffffu;
+        const float rest = x - __uint_as_float(b);
+        float lo = x_inf || (e != 0u && e < 0x1000u) ? 0.0f : __uint_as_float(tf32_near(rest));
+        if (fabsf(__uint_as_float(b) + lo) == __int_as_float(0x7f800000) && !x_inf)
+            lo = __uint_as_float(__float_as_uint(rest) & 0xffffe000u);
+        sp[j] = lo;
     }
     float* out = C + (long long)r * c_sm + k;  // c_sm, c_sb0 and C itself are multiples of 4 floats
     *reinterpret_cast<float4*>(out) = big;
