@@ -672,6 +672,10 @@ TF32X3_WG = "tf32x3wg_128x128x32_s2"
 TF32_WG = "tf32wg_128x256x32_s3"
 _WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
 _WG_MIN_MACS = {"high": 1 << 30, "medium": 1 << 28}
+# ... and an output at least this wide both ways: the split passes move 12 bytes per element of A and B against
+# 2 * M * N * K FLOPs, a share ~ 1/M + 1/N of the time (65536x128x128: "high" on wgmma 0.69x cuBLAS SGEMM where
+# the FP32 table runs 1.00x; 16384x16384x64: 1.49x against 1.25x).
+_WG_MIN_SIDE = {"high": 1024, "medium": 512}
 
 
 def _hopper(device: Device) -> bool:
@@ -680,7 +684,7 @@ def _hopper(device: Device) -> bool:
 
 def _wgmma(problem: Problem, device: Device, precision: str) -> bool:
     """A product the wgmma kernels take in a tensor-core precision: a single large one, on Hopper."""
-    return (_hopper(device) and problem.batch == 1
+    return (_hopper(device) and problem.batch == 1 and min(problem.m, problem.n) >= _WG_MIN_SIDE[precision]
             and problem.m * problem.n * problem.k >= _WG_MIN_MACS[precision])
 
 
@@ -792,7 +796,7 @@ def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str,
     if _wgmma(problem, device, precision):
         return (_WG_TILES[precision], "tensor-wgmma",
                 f"precision {precision!r}, a single product of >= 2^{_WG_MIN_MACS[precision].bit_length() - 1} "
-                "multiply-adds on Hopper: warpgroup MMA (wgmma) on A and B split into TF32 parts by a pass over each, k "
+                f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma) on A and B split into TF32 parts by a pass over each, k "
                 "contiguous and padded to whole tiles")
     names = _TENSOR_TILES[precision]
     return (_fill_from(names)(problem, device), "tensor",
@@ -1029,7 +1033,8 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
             elif precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):
                 choice = dataclasses.replace(choice, reason=choice.reason + " (in 'high' precision: FP32 FMAs, as "
                                              "accurate as 3xTF32 and faster than it below "
-                                             f"2^{_WG_MIN_MACS['high'].bit_length() - 1} multiply-adds on Hopper)")
+                                             f"2^{_WG_MIN_MACS['high'].bit_length() - 1} multiply-adds or an output "
+                                             f"side of {_WG_MIN_SIDE['high']} on Hopper)")
             elif choice.rule != "empty":
                 name, rule, reason = _tensor(problem, device, _check_precision(precision))
                 choice = Choice(get_config(name), problem.variant, rule, reason)

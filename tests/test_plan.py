@@ -398,6 +398,8 @@ def test_precision_modes_follow_pytorchs_names():
     (2048, 1024, 2048, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),
     (768, 768, 768, None, "tf32wg_128x256x32_s3"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
     (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
+    (65536, 128, 128, None, "tf32_64x64x16_32x32_s4"),  # 2^30, but the split passes would dominate a thin output
+    (16384, 16384, 64, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),  # a short K: wide both ways
 ])
 def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
     p = _plan.Problem(m, n, k)
