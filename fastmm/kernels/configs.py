@@ -345,8 +345,24 @@ class WarpTile(_Pipelined, _Config):
         return errors
 
 
+class _Passes:
+    """Tensor-core configurations: one TF32 pass ("medium") or three (3xTF32, "high"), named by the family
+    ``tf32`` / ``tf32x3`` plus the kernel's own suffix."""
+
+    passes: int
+    SUFFIX: ClassVar[str] = ""
+
+    @property
+    def family(self) -> str:  # two families, one source: the number of passes
+        return ("tf32x3" if self.passes == 3 else "tf32") + self.SUFFIX
+
+    @property
+    def precision(self) -> str:
+        return "high" if self.passes == 3 else "medium"
+
+
 @dataclasses.dataclass(frozen=True)
-class TensorTile(_Pipelined, _Config):
+class TensorTile(_Passes, _Pipelined, _Config):
     """Tensor cores: mma.sync m16n8k8 TF32 on the warp-tiled kernel's cp.async pipeline (fastmm/kernels/tf32.cu),
     in one pass (``tf32``, "medium" precision) or three (``tf32x3``: 3xTF32, FP32 accuracy, "high")."""
 
@@ -363,16 +379,8 @@ class TensorTile(_Pipelined, _Config):
     PAD: ClassVar[int] = 8  # the mma fragments' reads hit banks 8t + g: conflict-free only with rows of 8 mod 32
 
     @property
-    def family(self) -> str:  # type: ignore[override]  # two families, one source: the number of passes
-        return "tf32x3" if self.passes == 3 else "tf32"
-
-    @property
     def function(self) -> str:
         return "fastmm_tf32"
-
-    @property
-    def precision(self) -> str:
-        return "high" if self.passes == 3 else "medium"
 
     @property
     def name(self) -> str:
@@ -395,7 +403,7 @@ class TensorTile(_Pipelined, _Config):
 
 
 @dataclasses.dataclass(frozen=True)
-class WgTile(_Config):
+class WgTile(_Passes, _Config):
     """Tensor cores through Hopper's warpgroup MMA (wgmma, sm_90a only) on operands split beforehand by `Split`
     (fastmm/kernels/wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
     BM / 64 warpgroups of 128 threads, each 64 rows of a BM x BN block tile; 32-deep K-tiles."""
@@ -415,17 +423,11 @@ class WgTile(_Config):
     BK: ClassVar[int] = 32  # wgmma.cu's K-tile: one 128-byte swizzled row
     ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
 
-    @property
-    def family(self) -> str:  # type: ignore[override]
-        return "tf32x3wg" if self.passes == 3 else "tf32wg"
+    SUFFIX: ClassVar[str] = "wg"
 
     @property
     def function(self) -> str:
         return "fastmm_wgmma"
-
-    @property
-    def precision(self) -> str:
-        return "high" if self.passes == 3 else "medium"
 
     @property
     def name(self) -> str:

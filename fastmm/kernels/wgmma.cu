@@ -20,8 +20,9 @@
 //
 // 3xTF32 sums each K-tile's twelve products (4 k-steps x 3 terms) in a fresh partial sum that is added to the
 // accumulators on the FP32 cores, as tf32.cu does per k-step: the tensor cores' FP32 accumulation truncates, and
-// chained over all of K its bias grows with K. Two partial sums alternate, so that the tensor cores run K-tile kt
-// while the FP32 cores add K-tile kt - 1.
+// chained over all of K its bias grows with K. Each K-tile waits for its own products before the add (ptxas
+// serialises every wgmma of a kernel that reads an accumulator while a group may be in flight), so the stage it
+// read is free once the next barrier passes: two stages suffice.
 //
 // Tiles whose rows of A or columns of B hold an infinity (flags set by split.cu) run FP32 FMAs on big + small
 // instead: 3xTF32's cross terms would turn inf * (a value exact in TF32) into inf * 0 = NaN. Slow, and exact in its
@@ -193,7 +194,7 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
 
     // K-tile kt is read from stage kt % STAGES; K-tile kt + 1 is copied while the tensor cores run kt. Before the
     // copies of kt + 1 go into the stage that kt + 1 - STAGES was read from, the barrier has seen every warpgroup
-    // finish that K-tile's products (each waits for all but its newest group of products).
+    // finish that K-tile's products (3xTF32 waits for all of a K-tile's products, one pass for all but the newest).
     load(0, 0);
     if (!special) {
         const unsigned a_off = wg * 64 * ROW_BYTES;
