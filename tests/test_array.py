@@ -58,3 +58,75 @@ def test_np_dot_returns_a_positional_out_itself(monkeypatch):
     monkeypatch.setitem(_array._GEMM_FUNCTIONS, np.dot, lambda a, b, out=None: out)
     assert np.dot(a, b, out) is out and type(out) is cp.ndarray
     assert np.dot(a, b, out=out) is out
+
+
+@pytest.fixture
+def stand_in_device(monkeypatch):
+    """CuPy arrays over stand-in memory (no GPU): device 0 current, each allocation a new address from CuPy's
+    allocator hook, and fastmm's launches recorded as (kernel, a, b, c) instead of run."""
+    from cupy.cuda import memory
+
+    from fastmm import _cuda, _gemm, _plan
+
+    state = {"next": 1 << 40}
+
+    def memory_at(size):
+        ptr, state["next"] = state["next"], state["next"] + max(size, 1) + 512
+        return memory.MemoryPointer(memory.UnownedMemory(ptr, size, None, device_id=0), 0)
+
+    launched = []
+
+    class Launch:
+        def __init__(self, config, variant, device_id, **args):
+            self.name = config.name
+
+        def __call__(self, a, b, c):
+            launched.append((self.name, a, b, c))
+
+    previous = cp.cuda.get_allocator()
+    cp.cuda.set_allocator(memory_at)
+    monkeypatch.setattr(cp.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
+    monkeypatch.setattr(_cuda, "Launch", Launch)
+    monkeypatch.setattr(_gemm, "replays", {})
+    monkeypatch.setattr(_plan, "_memo", {})
+    try:
+        yield memory_at, launched
+    finally:
+        cp.cuda.set_allocator(previous)
+
+
+def test_small_products_replay_on_cupy_arrays(stand_in_device):
+    """A small product's path on CuPy's own array objects: np.matmul and @ give new fastmm arrays, later calls
+    replay the recorded launch on new pointers, and the dispatch layer's inline key is `_gemm.signature`'s."""
+    import numpy as np
+
+    import fastmm
+    from fastmm import _dispatch, _gemm
+
+    memory_at, launched = stand_in_device
+
+    def array(shape, memptr=None):
+        return fastmm.ndarray(shape, np.float32, memptr or memory_at(4 * int(np.prod(shape))))
+
+    fa, fb = array((64, 64)), array((64, 64))
+    results = [np.matmul(fa, fb), fa @ fb, np.matmul(fa, fb)]
+    plain = _dispatch.matmul(fa.view(cp.ndarray), fb.view(cp.ndarray))
+    assert [type(r) for r in results] == [fastmm.ndarray] * 3 and type(plain) is cp.ndarray
+    assert all(r.base is None and r.shape == (64, 64) and r.flags.c_contiguous for r in results)
+    assert len({r.data.ptr for r in results + [plain]}) == 4  # each result its own memory
+    assert [(a, b, c) for _, a, b, c in launched] == [(fa.data.ptr, fb.data.ptr, r.data.ptr) for r in results + [plain]]
+    assert len(_gemm.replays) == 1 and _gemm.signature(fa, fb, None, None, 0) in _gemm.replays
+
+    out = array((64, 64))
+    assert np.matmul(fa, fb, out=out) is out and np.matmul(fa, fb, out=out) is out
+    assert _gemm.signature(fa, fb, out, None, 0) in _gemm.replays and launched[-1][3] == out.data.ptr
+    assert _dispatch.matmul(fa, fb, kernel="smem") is not None
+    assert _gemm.signature(fa, fb, None, "smem", 0) in _gemm.replays and launched[-1][0].startswith("smem")
+    with fastmm.matmul_precision("medium"):
+        np.matmul(fa, fb)
+        assert _gemm.signature(fa, fb, None, None, 0) in _gemm.replays
+    # 4 bytes off 16-byte alignment: another signature (the kernels load aligned operands 16 bytes at a time).
+    shifted = array((64, 64), memory_at(4 * 64 * 64 + 16) + 4)
+    np.matmul(shifted, fb)
+    assert len(_gemm.replays) == 5 and _gemm.signature(shifted, fb, None, None, 0) in _gemm.replays
