@@ -71,36 +71,43 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     import fastmm.dask as fd
 
     rows = []
+
+    def add(row):  # each row printed as soon as it is measured: a run cut short keeps what it has
+        row["tflops"] = 2 * row["n"] ** 3 / row["seconds"] / 1e12
+        rows.append(row)
+        print(f"  {row['what']:62s} {row['seconds']:8.2f} s  {row['tflops']:7.1f} TFLOP/s", flush=True)
+
     # 1. In memory, one GPU.
     rng = cp.random.default_rng(0)
     a = rng.standard_normal((n_in, n_in), dtype=cp.float32)
     fa = fastmm.asarray(a)
     secs = _timed(lambda: (fa @ fa.T, cp.cuda.Device().synchronize()))
-    rows.append({"what": f"in memory, 1 GPU, {n_in}^3", "gpus": 1, "n": n_in, "seconds": secs})
+    add({"what": f"in memory, 1 GPU, {n_in}^3", "gpus": 1, "n": n_in, "seconds": secs})
     secs = _timed(lambda: (a @ a.T, cp.cuda.Device().synchronize()))
-    rows.append({"what": f"in memory, 1 GPU, {n_in}^3, cuBLAS", "gpus": 1, "n": n_in, "seconds": secs})
+    add({"what": f"in memory, 1 GPU, {n_in}^3, cuBLAS", "gpus": 1, "n": n_in, "seconds": secs})
     a = fa = None  # freed before the next part
     cp.get_default_memory_pool().free_all_blocks()
 
-    # 2. Out of core: host operands, a capped pool.
-    host = np.random.default_rng(1).standard_normal((n_ooc, n_ooc), dtype=np.float32)
-    out = np.empty((n_ooc, n_ooc), np.float32)
-    pool = cp.get_default_memory_pool()
-    need = 3 * 4 * n_ooc ** 2 / 2 ** 30
-    pool.set_limit(size=int(gpu_limit * 2 ** 30))
-    try:
-        x = fd.from_array(host, chunks=chunk)
-        # A few tasks at a time, so that a few chunks at a time are resident on the GPU.
-        secs = _timed(lambda: da.store(fd.to_host(x @ x.T), out, scheduler="threads", num_workers=OOC_WORKERS,
-                                       lock=False))
-    finally:
-        pool.set_limit(size=0)
-    rows_, cols = (np.sort(np.random.default_rng(s).choice(n_ooc, 64, replace=False)) for s in (2, 3))
-    ref = host[rows_].astype(np.float64) @ host[cols].astype(np.float64).T  # a 64 x 64 sample of the result
-    err = float(np.linalg.norm(out[np.ix_(rows_, cols)] - ref) / np.linalg.norm(ref))
-    rows.append({"what": f"out of core, 1 GPU ({gpu_limit:g} GiB pool; {need:.0f} GiB needed), {n_ooc}^3",
-                 "gpus": 1, "n": n_ooc, "seconds": secs, "rel_error": err})
-    host = out = None
+    # 2. Out of core: host operands, a capped pool (--dask-n-ooc 0: skipped).
+    if n_ooc > 0:
+        host = np.random.default_rng(1).standard_normal((n_ooc, n_ooc), dtype=np.float32)
+        out = np.empty((n_ooc, n_ooc), np.float32)
+        pool = cp.get_default_memory_pool()
+        need = 3 * 4 * n_ooc ** 2 / 2 ** 30
+        pool.set_limit(size=int(gpu_limit * 2 ** 30))
+        try:
+            x = fd.from_array(host, chunks=chunk)
+            # A few tasks at a time, so that a few chunks at a time are resident on the GPU.
+            secs = _timed(lambda: da.store(fd.to_host(x @ x.T), out, scheduler="threads", num_workers=OOC_WORKERS,
+                                           lock=False))
+        finally:
+            pool.set_limit(size=0)
+        rows_, cols = (np.sort(np.random.default_rng(s).choice(n_ooc, 64, replace=False)) for s in (2, 3))
+        ref = host[rows_].astype(np.float64) @ host[cols].astype(np.float64).T  # a 64 x 64 sample of the result
+        err = float(np.linalg.norm(out[np.ix_(rows_, cols)] - ref) / np.linalg.norm(ref))
+        add({"what": f"out of core, 1 GPU ({gpu_limit:g} GiB pool; {need:.0f} GiB needed), {n_ooc}^3",
+             "gpus": 1, "n": n_ooc, "seconds": secs, "rel_error": err})
+        host = out = None
 
     # 3. A local cluster: one GPU and up to max_gpus, fastmm chunks and CuPy chunks.
     from distributed import Client, wait
@@ -121,11 +128,9 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                         return y
 
                     secs = _timed(product)
-                    rows.append({"what": f"cluster, {gpus} GPU(s), {n}^3, {kind} chunks", "gpus": gpus, "n": n,
-                                 "kind": kind, "seconds": secs})
+                    add({"what": f"cluster, {gpus} GPU(s), {n}^3, {kind} chunks", "gpus": gpus, "n": n,
+                         "kind": kind, "seconds": secs})
                     client.cancel(x)
-    for r in rows:
-        r["tflops"] = 2 * r["n"] ** 3 / r["seconds"] / 1e12
     return rows
 
 
