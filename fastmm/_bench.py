@@ -405,8 +405,10 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-n-ooc", type=int, default=32768, help="--dask: the out-of-core product's size")
     p.add_argument("--dask-n", default="32768,49152", help="--dask: sizes on the local cluster (comma-separated)")
     p.add_argument("--dask-chunk", type=int, default=8192, help="--dask: chunk side (default: 8192)")
-    p.add_argument("--dask-gpu-limit", type=float, default=8.0,
-                   help="--dask: GiB of GPU memory the out-of-core product may use (CuPy's pool limit)")
+    # 10 GiB: below the 12 GiB that 32768^3's operands and result need together, above what four tasks hold at once
+    # (8 GiB ran out on an H200: a task's sum of four 8192^2 products on top of its operands' chunks).
+    p.add_argument("--dask-gpu-limit", type=float, default=10.0,
+                   help="--dask: GiB of GPU memory the out-of-core product may use (CuPy's pool limit; default 10)")
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
