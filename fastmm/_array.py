@@ -46,7 +46,6 @@ def _wrap(x):
     return x
 
 
-_cp_ndarray = _cp.ndarray  # the type a new CuPy result has (the products' inline `_fresh` compares with it)
 # CuPy's base array class, where CuPy has one: `_can_retype` tries a bare object of it.
 _base = getattr(getattr(getattr(_cp, "_core", None), "core", None), "_ndarray_base", None)
 
@@ -197,14 +196,9 @@ class ndarray(_cp.ndarray):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if ufunc is _NP_MATMUL and method == "__call__" and not kwargs:
-            # np.matmul(a, b), every small product's path: what the lines below do for it, in this frame, with
-            # `_fresh` inline. NumPy hands a binary ufunc's __call__ exactly its two inputs (outputs come as out=).
-            a, b = inputs
-            r = _GEMM_UFUNCS["matmul"](a, b)
-            if type(r) is _cp_ndarray and r is not a and r is not b and _RETYPE:
-                r.__class__ = ndarray
-                return r
-            return _fresh(r, a, b)
+            # np.matmul(a, b), every small product's path, tested first. NumPy hands a binary ufunc's __call__
+            # exactly its two inputs (outputs come as out=).
+            return _fresh(_GEMM_UFUNCS["matmul"](*inputs), *inputs)
         impl = _GEMM_UFUNCS.get(ufunc.__name__) if method == "__call__" else None
         if impl is not None:
             if not kwargs:
@@ -229,11 +223,7 @@ class ndarray(_cp.ndarray):
         # Another array of this type never gets the turn (`_defers_to`'s first rule), so `a @ b` skips the call.
         if type(other) is not type(self) and _defers_to(self, other):
             return NotImplemented
-        r = _dispatch.matmul(self, other)
-        if type(r) is _cp_ndarray and r is not self and r is not other and _RETYPE:  # `_fresh`, inline
-            r.__class__ = ndarray
-            return r
-        return _fresh(r, self, other)
+        return _fresh(_dispatch.matmul(self, other), self, other)
 
     def __rmatmul__(self, other):
         # The reflected operator is the last chance: NumPy never defers here (the ufunc raises instead).

@@ -23,7 +23,7 @@ from ._rules import _fmt, matmul_shapes
 from .kernels.configs import REPITCH, SLICE_SUM, SPLIT, Split, Variant, WgTile
 
 __all__ = ["problem_for", "plan_matmul", "gemm", "empty", "owning", "may_overlap", "Recorder", "replay", "signature",
-           "replays", "remember", "allocation_error"]
+           "replays", "remember"]
 
 _F32 = np.dtype(np.float32)
 
@@ -41,16 +41,13 @@ def _cupy():
 
 
 _maker = (None, None)  # (the CuPy module, its quickest way to make an array: new, or over existing memory)
-# (the CuPy module, its bare-object constructor and array type) where CuPy has a compiled initialiser, which a
-# replayed product calls in its own frame (`_dispatch.matmul`); (None, None, None) until `_make_maker` has run.
-_initialiser = (None, None, None)
 
 
 def _make_maker(cp):
     """CuPy's compiled array initialiser on a bare object where CuPy has one: what ``cupy.empty`` and CuPy's
     constructor end in, without their Python frames (``cupy.empty`` costs 1.7 times as much, on every small
     product); else ``cupy.empty`` and CuPy's constructor."""
-    global _maker, _initialiser
+    global _maker
     base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", None)
     if base is not None and hasattr(base, "_init"):
         new, array_type = base.__new__, cp.ndarray
@@ -59,11 +56,9 @@ def _make_maker(cp):
             x = new(array_type)
             x._init(shape, dtype, memptr, strides)
             return x
-        _initialiser = (cp, new, array_type)
     else:
         def make(shape, dtype, memptr=None, strides=None):
             return cp.empty(shape, dtype) if memptr is None else cp.ndarray(shape, dtype, memptr, strides)
-        _initialiser = (cp, None, None)
     _maker = (cp, make)
     return make
 
@@ -84,21 +79,16 @@ def empty(shape, dtype=_F32):
     cp = _cupy()
     try:
         return _make(cp)(shape, dtype)
-    except (cp.cuda.memory.OutOfMemoryError, cp.cuda.runtime.CUDARuntimeError) as e:
-        raise allocation_error(cp, e, shape, dtype) from None
-
-
-def allocation_error(cp, error: Exception, shape, dtype=_F32) -> Exception:
-    """The fastmm error for CuPy's `error` (out of memory, or a CUDA runtime error) allocating a `shape` array."""
-    if isinstance(error, cp.cuda.memory.OutOfMemoryError):
+    except cp.cuda.memory.OutOfMemoryError as e:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        return _errors.OutOfMemoryError(
+        raise _errors.OutOfMemoryError(
             f"out of GPU memory allocating a {_fmt(shape)} {np.dtype(dtype)} result ({nbytes / 2**20:.1f} MiB): "
-            f"{error}")
-    from . import _cuda  # a context broken by an earlier fault, say: a fastmm error
+            f"{e}") from None
+    except cp.cuda.runtime.CUDARuntimeError as e:  # a context broken by an earlier fault, say: a fastmm error
+        from . import _cuda
 
-    return _cuda.as_fastmm_error(error, cp.cuda.runtime.getDevice(),
-                                 f"allocating a {_fmt(shape)} {np.dtype(dtype)} result")
+        raise _cuda.as_fastmm_error(e, cp.cuda.runtime.getDevice(),
+                                    f"allocating a {_fmt(shape)} {np.dtype(dtype)} result") from None
 
 
 def _extent(x) -> tuple[int, int]:
@@ -608,9 +598,7 @@ _plan.on_reload(replays.clear)  # a new autotune entry can change what a signatu
 
 
 def signature(a, b, out, kernel, device_id):
-    """The replay key of ``matmul(a, b, out, kernel=kernel)`` on device `device_id`. `_dispatch.matmul` builds the
-    same tuple in its own frame (a small product's every call does): the two must stay in step
-    (tests/test_array.py checks it)."""
+    """The replay key of ``matmul(a, b, out, kernel=kernel)`` on device `device_id`."""
     return (a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, device_id, kernel,
             _plan.settings(), None if out is None else (out.strides, out.data.ptr & 15))
 
