@@ -468,11 +468,11 @@ class _PresplitReplay:
 
 
 def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
-    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (split.cu) as TF32 parts in rows of whole
-    K-tiles, k contiguous, zero-padded to whole block tiles, into one workspace, then the product on those.
+    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (split.cu) as TF32 parts in swizzled block
+    tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
 
-    Workspace: A's big parts (mp x kp), A's small parts (3xTF32), B^T's big and small parts (np x kp each), then
-    3xTF32's flags (one int per 32 x 32 tile of A, then of B^T). A batched product runs item by item."""
+    Workspace: A's parts (mp x kp each, 3xTF32 two), B^T's (np x kp each), then 3xTF32's flags (one int per 32 x 32
+    tile of A, then of B^T). A batched product runs item by item."""
     from . import _cuda
 
     if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
@@ -490,16 +490,18 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
     flags_b = flags_a + mp // Split.TILE * (kp // Split.TILE)
     size = flags_b + np_ // Split.TILE * (kp // Split.TILE) if parts == 2 else flags_a
 
-    def split(rows, padded, s_r, s_k, flags):  # one operand, rows of k, into its parts
-        return _cuda.Launch(SPLIT, Variant(), device_id, m=rows, n=padded, k=k, a_sm=s_r, a_sk=s_k, b_sk=0, b_sn=0,
+    def split(rows, padded, s_r, s_k, flags, tile):  # one operand into block tiles of `tile` rows (b_sk)
+        return _cuda.Launch(SPLIT, Variant(), device_id, m=rows, n=padded, k=k, a_sm=s_r, a_sk=s_k, b_sk=tile, b_sn=0,
                             c_sm=kp, c_sn=1, batch=1, batch_inner=1,
-                            batch_strides=(0, 0, 0, 0, padded * kp if parts == 2 else 0, flags if parts == 2 else 0))
+                            batch_strides=(0, 0, 0, 0, tile * config.BK if parts == 2 else 0,
+                                           flags if parts == 2 else 0))
 
     sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
     product = _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=mp * kp, a_sk=0, b_sk=np_ * kp, b_sn=0,
                            c_sm=c.strides[0] // 4 if m > 1 else 0, c_sn=1, batch=1, batch_inner=1,
                            batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
-    run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a), split(n, np_, sb[1], sb[0], flags_b - b_at),
+    run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a, config.bm),
+                          split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn),
                           b_at, product)
     run(a.data.ptr, b.data.ptr, c.data.ptr)
     if record is not None:

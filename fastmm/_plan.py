@@ -668,8 +668,8 @@ _TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
 # 86.8 / 41.4 / 51.5; one TF32 pass on wgmma against mma.sync's best: 512^3 10.7 / 13.0, 768^3 26.5 / 23.4,
 # 4096^3 219 / 95. On Hopper, "high" below its threshold runs the FP32 table: as accurate, and faster there than
 # either tensor-core path (3xTF32 on mma.sync ran slower than FP32 FMAs on every shape class measured).
-TF32X3_WG = "tf32x3wg_128x128x32_s2"
-TF32_WG = "tf32wg_128x256x32_s3"
+TF32X3_WG = "tf32x3wg_128x128x32_s3"
+TF32_WG = "tf32wg_128x256x32_s4"
 _WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
 _WG_MIN_MACS = {"high": 1 << 30, "medium": 1 << 28}
 # ... and an output at least this wide both ways: the split passes move 12 bytes per element of A and B against
@@ -781,7 +781,7 @@ def matmul_precision(precision: str) -> Iterator[None]:
     'medium'
     >>> print(fastmm.explain((4096, 4096), (4096, 4096), precision="high"))  # doctest: +ELLIPSIS
     4096x4096x4096 float32 ...
-      kernel  tf32x3wg_128x128x32_s2
+      kernel  tf32x3wg_128x128x32_s3
       mode    high: 3xTF32 on the tensor cores ...
     """
     token = _precision.set(_check_precision(precision))

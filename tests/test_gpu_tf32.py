@@ -15,7 +15,7 @@ cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
 
 MODES = ("highest", "high", "medium")
 # The wgmma kernels (Hopper), forced so that small shapes reach them too: (kernel, the precision it computes in).
-WGMMA = (("tf32x3wg_128x128x32_s2", "high"), ("tf32wg_128x256x32_s3", "medium"))
+WGMMA = (("tf32x3wg_128x128x32_s3", "high"), ("tf32wg_128x256x32_s4", "medium"))
 
 
 def _hopper() -> bool:

@@ -394,12 +394,12 @@ def test_precision_modes_follow_pytorchs_names():
 
 
 @pytest.mark.parametrize("m,n,k,high,medium", [
-    (4096, 4096, 4096, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),  # large single products: wgmma
-    (2048, 1024, 2048, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),
-    (768, 768, 768, None, "tf32wg_128x256x32_s3"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
+    (4096, 4096, 4096, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # large single products: wgmma
+    (2048, 1024, 2048, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),
+    (768, 768, 768, None, "tf32wg_128x256x32_s4"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
     (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
     (65536, 128, 128, None, "tf32_64x64x16_32x32_s4"),  # 2^30, but the split passes would dominate a thin output
-    (16384, 16384, 64, "tf32x3wg_128x128x32_s2", "tf32wg_128x256x32_s3"),  # a short K: wide both ways
+    (16384, 16384, 64, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # a short K: wide both ways
 ])
 def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
     p = _plan.Problem(m, n, k)
@@ -423,12 +423,12 @@ def test_wgmma_kernels_run_on_hopper_single_products_only():
     assert _plan.choose(big, ampere, precision="medium").name == "tf32_128x256x16_64x64_s3"
     assert _plan.choose(batched, precision="medium").config.family == "tf32"
     with pytest.raises(ValueError, match=r"runs on compute capability 9.0 \(sm_90a\) only; this device is 8.0"):
-        _plan.choose(big, ampere, kernel="tf32x3wg_128x128x32_s2")
+        _plan.choose(big, ampere, kernel="tf32x3wg_128x128x32_s3")
     # The split pass launches read A and B^T through their strides: one binary for every layout.
     for p in (big, _plan.Problem(4096, 4096, 4096, a_t=True, b_t=True, aligned=False)):
         choice = _plan.choose(p, precision="high")
         assert choice.rule == "tensor-wgmma" and choice.config.binary_name(choice.variant) == choice.name
-    assert {"tf32x3wg", "tf32wg", "tf32x3wg_128x128x32_s2"} <= set(fastmm.kernel_names())
+    assert {"tf32x3wg", "tf32wg", "tf32x3wg_128x128x32_s3"} <= set(fastmm.kernel_names())
 
 
 def test_modes_keep_the_fp32_paths_where_the_table_splits_k_or_has_nothing_to_do():
@@ -444,7 +444,7 @@ def test_modes_keep_the_fp32_paths_where_the_table_splits_k_or_has_nothing_to_do
 
 def test_explain_names_the_mode():
     text = fastmm.explain((4096, 4096), (4096, 4096), precision="high")
-    assert "kernel  tf32x3wg_128x128x32_s2" in text and "mode    high: 3xTF32" in text
+    assert "kernel  tf32x3wg_128x128x32_s3" in text and "mode    high: 3xTF32" in text
     assert "rule    tensor-wgmma: precision 'high'" in text and "accelerate_cupy" not in text
     assert "mode    highest: FP32 FMAs" in fastmm.explain((4096, 4096), (4096, 4096))
     with pytest.raises(ValueError, match="valid values"):

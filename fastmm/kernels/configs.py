@@ -406,16 +406,16 @@ class TensorTile(_Passes, _Pipelined, _Config):
 class WgTile(_Passes, _Config):
     """Tensor cores through Hopper's warpgroup MMA (wgmma, sm_90a only) on operands split beforehand by `Split`
     (fastmm/kernels/wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
-    BM / 64 warpgroups of 128 threads, each 64 rows of a BM x BN block tile; 32-deep K-tiles."""
+    Specialised warps: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows of a
+    BM x BN block tile; 32-deep K-tiles in `stages` stages."""
 
     bm: int = 128
     bn: int = 128
     stages: int = 3
     passes: int = 3
-    # 3xTF32: K-tiles per partial sum (each waits for the tensor cores, then adds on the FP32 cores).
-    part_tiles: int = 1
+    group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
     source: ClassVar[str] = "wgmma.cu"
-    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
     dynamic_smem: ClassVar[bool] = True
     arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
     compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
@@ -432,11 +432,11 @@ class WgTile(_Passes, _Config):
     @property
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
-                + (f"_p{self.part_tiles}" if self.part_tiles != 1 else ""))
+                + (f"_g{self.group}" if self.group != 8 else ""))
 
     @property
     def block(self) -> tuple[int, int, int]:
-        return (self.bm * 2, 1, 1)
+        return (self.bm * 2 + 128, 1, 1)  # BM / 64 multiplying warpgroups and one copying
 
     @property
     def tile(self) -> tuple[int, int]:
@@ -445,20 +445,22 @@ class WgTile(_Passes, _Config):
     @property
     def smem_bytes(self) -> int:
         parts = 2 if self.passes == 3 else 1
-        return self.stages * parts * (self.bm + self.bn) * self.BK * 4 + self.ALIGN
+        return self.stages * (parts * (self.bm + self.bn) * self.BK * 4 + 16) + self.ALIGN  # stages, barriers
 
     def _tile_macros(self) -> dict[str, int]:
         return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "PASSES": self.passes, "THREADS": self.threads,
-                "PART_TILES": self.part_tiles}
+                "GROUP": self.group}
 
     def _check(self) -> list[str]:
         errors = []
         if self.bm not in (64, 128) or self.bn not in (128, 256):
             errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
-        if self.stages < 2 or (self.stages < 3 and (self.passes == 1 or self.part_tiles > 1)):
-            errors.append(f"stages must be at least 3, or 2 for 3xTF32 with a partial sum per K-tile (got {self.stages})")
+        if self.stages < 2:
+            errors.append(f"stages must be at least 2 (got {self.stages})")
         if self.passes not in (1, 3):
             errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
+        if self.group < 1:
+            errors.append(f"group must be at least 1 (got {self.group})")
         return errors
 
 
@@ -648,8 +650,8 @@ CONFIGS: tuple[_Config, ...] = (
     TensorTile(128, 256, 16, 64, 64, 3, passes=1),
     TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
     # ... through Hopper's warpgroup MMA on operands split beforehand (sm_90a): large single products.
-    WgTile(128, 128, 2, passes=3),
-    WgTile(128, 256, 3, passes=1),
+    WgTile(128, 128, 3, passes=3),
+    WgTile(128, 256, 4, passes=1),
     # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
     Skinny(1),
     Skinny(4),

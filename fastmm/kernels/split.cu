@@ -1,10 +1,13 @@
 // Not a product's kernel: the split pass of the wgmma tensor-core kernels (wgmma.cu). One operand, R x K with element
-// (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), is written as rows of C's row length c_sm
-// (K rounded up to whole 32-deep K-tiles), k contiguous, over N rows (R rounded up to whole block tiles), zeros past
-// R and K: the layout the wgmma kernel copies without a bounds check. Each value x is written as its TF32 big part
-// (tf32_big: rounded to nearest, ties away, without ever turning a finite value infinite or a nonzero one zero) at C
-// and, for 3xTF32 (c_sb0 != 0), its small part tf32(x - big) at C + c_sb0 (0 for an infinite x; see below for
-// values below 2^-137 and near FLT_MAX).
+// (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), is written in the layout wgmma.cu copies with
+// one bulk copy per stage and reads without a bounds check: block tiles of T = b_sk rows (the kernel's BM for A, BN
+// for B^T) by K-tiles of 32, tile (rows r / T, K-tile k / 32) at ((r / T) * (c_sm / 32) + k / 32) * parts * T * 32,
+// each part T rows of 128 bytes in the 128-byte swizzle that wgmma's descriptors name (the 16-byte piece q of row rr
+// at piece q ^ (rr % 8)). c_sm is K rounded up to whole K-tiles and N the rows rounded up to whole block tiles: zeros
+// past R and K. Each value x is written as its TF32 big part (tf32_big: rounded to nearest, ties away, without ever
+// turning a finite value infinite or a nonzero one zero) and, for 3xTF32 (c_sb0 = T * 32, where the small parts start
+// from the big ones), its small part tf32(x - big) (0 for an infinite x; see below for values below 2^-137 and near
+// FLT_MAX).
 //
 // Each block also writes its tile's flag (ints at C + c_sb1, one per 32 x 32 tile in the grid's order; c_sb1 = 0:
 // none): 1 where the tile holds an infinity, else 0. 3xTF32's cross terms big * small would give inf * 0 = NaN against
@@ -12,8 +15,8 @@
 // instead. Every flag is written every time: the workspace needs no zeroing.
 //
 // Bound by memory: a 32 x 32 tile goes through shared memory, read coalesced along whichever axis has unit stride and
-// written coalesced along k. Launched through the same runtime as the products (FASTMM_GEMM_PARAMS; B, b_*, the batch
-// offsets other than c_sb0 and c_sb1 unused): M = R, N = the padded rows, K = K, grid (c_sm / 32, N / 32).
+// written coalesced along k. Launched through the same runtime as the products (FASTMM_GEMM_PARAMS; B, b_sn, the
+// batch offsets other than c_sb0 and c_sb1 unused): M = R, N = the padded rows, K = K, grid (c_sm / 32, N / 32).
 
 #define THREADS 256
 #define TILE 32
@@ -59,7 +62,10 @@ fastmm_split(FASTMM_GEMM_PARAMS)
             lo = __uint_as_float(__float_as_uint(rest) & 0xffffe000u);
         sp[j] = lo;
     }
-    float* out = C + (long long)r * c_sm + k;  // c_sm, c_sb0 and C itself are multiples of 4 floats
+    // One 16-byte piece of a swizzled row (C, c_sm and c_sb0 are multiples of 4 floats; b_sk of 8 rows).
+    const long long rows = b_sk, rb = r / rows, rr = r % rows;
+    float* const out =
+        C + ((rb * (c_sm / TILE) + blockIdx.x) * (c_sb0 ? 2 : 1) * rows + rr) * TILE + ((q ^ (rr & 7)) << 2);
     *reinterpret_cast<float4*>(out) = big;
     if (c_sb0) *reinterpret_cast<float4*>(out + c_sb0) = small;
     if (c_sb1) {
