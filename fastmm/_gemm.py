@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _errors, _plan
 from ._rules import _fmt, matmul_shapes
-from .kernels.configs import REPITCH, SLICE_SUM, SPLIT, Split, Variant, WgTile
+from .kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, Split, Variant, WgTile
 
 __all__ = ["problem_for", "plan_matmul", "gemm", "empty", "owning", "may_overlap", "Recorder", "replay", "signature",
            "replays", "remember"]
@@ -483,6 +483,13 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
         return
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
+    rows = config.bm * MAX_GRID_Y  # one launch's row tiles (a forced kernel; the plan stays below)
+    if m > rows:
+        if record is not None:
+            record.append(None)
+        for m0 in range(0, m, rows):
+            _presplit(a[m0:m0 + rows], b, c[m0:m0 + rows], config, device_id, None)
+        return
     mp, np_, kp = (-(-x // t) * t for x, t in ((m, config.bm), (n, config.bn), (k, config.BK)))
     parts = 2 if config.passes == 3 else 1
     b_at = parts * mp * kp
@@ -497,12 +504,11 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
                                            flags if parts == 2 else 0))
 
     sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
-    product = _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=mp * kp, a_sk=0, b_sk=np_ * kp, b_sn=0,
+    product = _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=0, a_sk=0, b_sk=0, b_sn=0,
                            c_sm=c.strides[0] // 4 if m > 1 else 0, c_sn=1, batch=1, batch_inner=1,
                            batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
     run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a, config.bm),
-                          split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn),
-                          b_at, product)
+                          split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn), b_at, product)
     run(a.data.ptr, b.data.ptr, c.data.ptr)
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))

@@ -13,8 +13,8 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, RegTile, Skinny, TensorTile, Variant, WarpTile, WgTile,
-                              _Config, get_config, validate)
+from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, MAX_GRID_Y, RegTile, Skinny, TensorTile, Variant, WarpTile,
+                              WgTile, _Config, get_config, validate)
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "wave_efficiency", "CUBLAS_AHEAD",
@@ -684,8 +684,11 @@ def _hopper(device: Device) -> bool:
 
 def _wgmma(problem: Problem, device: Device, precision: str) -> bool:
     """A product the wgmma kernels take in a tensor-core precision: a single large one, on Hopper."""
+    # At most 65535 row tiles: one launch (the split operands' tiles and flags are not laid out for the runtime's
+    # further launches over offset rows).
     return (_hopper(device) and problem.batch == 1 and min(problem.m, problem.n) >= _WG_MIN_SIDE[precision]
-            and problem.m * problem.n * problem.k >= _WG_MIN_MACS[precision])
+            and problem.m * problem.n * problem.k >= _WG_MIN_MACS[precision]
+            and problem.m <= get_config(_WG_TILES[precision]).tile[0] * MAX_GRID_Y)
 
 
 _precision_default = "highest"  # the process-wide setting (set_float32_matmul_precision)

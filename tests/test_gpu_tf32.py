@@ -191,6 +191,23 @@ def test_wgmma_tiles_with_an_infinity_run_fp32_and_the_rest_stays_3xtf32(where, 
     assert err.max() < 2e-6, err.max()
 
 
+def test_wgmma_products_taller_than_one_launch_run_in_row_blocks(rng, monkeypatch):
+    """A forced wgmma kernel on more rows than one launch's grid holds runs block of rows by block of rows (the
+    grid's limit lowered to 3 row tiles, so that a 1000-row product takes three pieces)."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    from fastmm import _gemm
+
+    monkeypatch.setattr(_gemm, "MAX_GRID_Y", 3)
+    a = rng.standard_normal((1000, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 700)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    for name, mode in WGMMA:
+        out = cp.full((1000, 700), np.nan, np.float32)
+        fastmm.matmul(cp.asarray(a), cp.asarray(b), out=out, kernel=name, precision=mode)
+        assert _error(out, want) < (1e-6 if mode == "high" else 1e-3), name
+
+
 def test_wgmma_products_replay_on_new_operands_and_views(rng):
     """A replayed 3xTF32 product (split passes and product recorded once) on fresh operands, and on views at an
     offset (the split pass reads any strides; C written through its own)."""

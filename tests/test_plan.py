@@ -400,6 +400,8 @@ def test_precision_modes_follow_pytorchs_names():
     (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
     (65536, 128, 128, None, "tf32_64x64x16_32x32_s4"),  # 2^30, but the split passes would dominate a thin output
     (16384, 16384, 64, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # a short K: wide both ways
+    # More than 65535 row tiles of 128 (one launch's grid): the split operands are laid out for one launch.
+    (128 * 65535 + 1, 1024, 1024, None, "tf32_128x256x16_64x64_s3"),
 ])
 def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
     p = _plan.Problem(m, n, k)
