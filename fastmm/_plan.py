@@ -668,14 +668,24 @@ _TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
 # 86.8 / 41.4 / 51.5; one TF32 pass on wgmma against mma.sync's best: 512^3 10.7 / 13.0, 768^3 26.5 / 23.4,
 # 4096^3 219 / 95. On Hopper, "high" below its threshold runs the FP32 table: as accurate, and faster there than
 # either tensor-core path (3xTF32 on mma.sync ran slower than FP32 FMAs on every shape class measured).
+# With specialised warps (rung 5b's second version), 3xTF32 on wgmma against the FP32 table ("high" either way), x
+# cuBLAS SGEMM in the same run: 768^3 0.86x / 1.03x (36 block tiles of 128x128: a quarter of the SMs), 1000^3
+# 1.29x / 1.05x (64 tiles), 1024^3 1.32x / 1.03x, 1536^3 1.55x / 1.02x: the threshold moved down to 8 x 8 tiles.
 TF32X3_WG = "tf32x3wg_128x128x32_s3"
 TF32_WG = "tf32wg_128x256x32_s4"
 _WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
-_WG_MIN_MACS = {"high": 1 << 30, "medium": 1 << 28}
+_WG_MIN_MACS = {"high": 960 ** 3, "medium": 1 << 28}
 # ... and an output at least this wide both ways: the split passes move 12 bytes per element of A and B against
 # 2 * M * N * K FLOPs, a share ~ 1/M + 1/N of the time (65536x128x128: "high" on wgmma 0.69x cuBLAS SGEMM where
 # the FP32 table runs 1.00x; 16384x16384x64: 1.49x against 1.25x).
-_WG_MIN_SIDE = {"high": 1024, "medium": 512}
+_WG_MIN_SIDE = {"high": 960, "medium": 512}
+
+
+def _macs(n: int) -> str:
+    """A threshold of multiply-adds as the docs write it: 2^k, or s^3."""
+    if n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    return f"{round(n ** (1 / 3))}^3"
 
 
 def _hopper(device: Device) -> bool:
@@ -798,7 +808,7 @@ def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str,
     """(kernel, rule, reason) of a product in a tensor-core precision."""
     if _wgmma(problem, device, precision):
         return (_WG_TILES[precision], "tensor-wgmma",
-                f"precision {precision!r}, a single product of >= 2^{_WG_MIN_MACS[precision].bit_length() - 1} "
+                f"precision {precision!r}, a single product of >= {_macs(_WG_MIN_MACS[precision])} "
                 f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma) on A and B split into TF32 parts by a pass over each, k "
                 "contiguous and padded to whole tiles")
     names = _TENSOR_TILES[precision]
@@ -1036,7 +1046,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
             elif precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):
                 choice = dataclasses.replace(choice, reason=choice.reason + " (in 'high' precision: FP32 FMAs, as "
                                              "accurate as 3xTF32 and faster than it below "
-                                             f"2^{_WG_MIN_MACS['high'].bit_length() - 1} multiply-adds or an output "
+                                             f"{_macs(_WG_MIN_MACS['high'])} multiply-adds or an output "
                                              f"side of {_WG_MIN_SIDE['high']} on Hopper)")
             elif choice.rule != "empty":
                 name, rule, reason = _tensor(problem, device, _check_precision(precision))

@@ -397,6 +397,8 @@ def test_precision_modes_follow_pytorchs_names():
     (4096, 4096, 4096, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # large single products: wgmma
     (2048, 1024, 2048, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),
     (768, 768, 768, None, "tf32wg_128x256x32_s4"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
+    (1000, 1000, 1000, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # 8 x 8 tiles: 3xTF32 on wgmma pays
+    (4096, 900, 4096, None, "tf32wg_128x256x32_s4"),  # ... not on an output side below 960
     (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
     (65536, 128, 128, None, "tf32_64x64x16_32x32_s4"),  # 2^30, but the split passes would dominate a thin output
     (16384, 16384, 64, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # a short K: wide both ways
