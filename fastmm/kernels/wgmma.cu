@@ -66,7 +66,7 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     const int g = lane / 4, t = lane % 4;
     // Blocks start in launch order, x fastest: taken as they come, a wave of blocks would be one or two rows of
     // block tiles that read all of B, which does not stay in L2 for large products. So launch order walks groups of
-    // GROUP rows of block tiles column by column: a wave covers about GROUP rows and waves / GROUP columns.
+    // GROUP rows of block tiles column by column: a wave of W blocks covers GROUP rows and W / GROUP columns.
     int by = blockIdx.y, bx = blockIdx.x;
     if (GROUP > 1) {
         const int lin = blockIdx.y * gridDim.x + blockIdx.x, first = lin / (GROUP * gridDim.x) * GROUP;
