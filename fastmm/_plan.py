@@ -809,8 +809,9 @@ def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str,
     if _wgmma(problem, device, precision):
         return (_WG_TILES[precision], "tensor-wgmma",
                 f"precision {precision!r}, a single product of >= {_macs(_WG_MIN_MACS[precision])} "
-                f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma) on A and B split into TF32 parts by a pass over each, k "
-                "contiguous and padded to whole tiles")
+                f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma) "
+                "on A and B split into TF32 parts by a pass over each, as swizzled block tiles that one warpgroup "
+                "copies in while two multiply")
     names = _TENSOR_TILES[precision]
     return (_fill_from(names)(problem, device), "tensor",
             f"precision {precision!r}: tensor-core tiles, the largest that gives half the SMs a block with little "
