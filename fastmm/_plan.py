@@ -215,6 +215,15 @@ _fill_regtile = _fill_from((RT128, RT128x64, RT64))
 _fill_small_warptile = _fill_from((WT128x64, WT64))
 
 
+# A transposed operand and a long K: the 16-deep loop that adds its partial sums to the accumulators every 512 of K
+# (split-K's slice kernel). One FP32 chain over all of K left fastmm's error above cuBLAS's for A^T.B, whose kernels
+# for transposed operands sum in shorter runs. H100, x cuBLAS in one run, rel. error against float64 (cuBLAS's):
+# A^T.B 4096^3 1.055x 1.15e-6 -> 1.001x 4.1e-7 (8.1e-7); 8192^3 1.003x 1.62e-6 -> 0.961x 4.1e-7 (9.4e-7);
+# 4096x4096x8192 1.011x 1.62e-6 -> 0.970x 4.1e-7 (1.15e-6); A.B^T 4096^3 1.016x -> 1.028x, 1.15e-6 -> 4.1e-7
+# (1.15e-6). At 2048^3 (A^T.B 1.009x -> 0.973x) the one chain is as accurate as cuBLAS (8.1e-7): the loop stays.
+_FLUSH_MIN_K = 4096
+
+
 def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
@@ -235,6 +244,8 @@ def _fill(problem: Problem, device: Device) -> str:
         if long_k and not problem.a_t and not problem.b_t and _whole_k_tiles(problem, WT256_LOOP):
             return WT256_LOOP
         if long_k and _whole_k_tiles(problem, WT256_LOOP16):  # a transposed operand, or K an odd multiple of 16
+            if (problem.a_t or problem.b_t) and problem.k >= _FLUSH_MIN_K:
+                return WT256_SLICES  # partial sums over runs of 512: cuBLAS's accuracy (see _FLUSH_MIN_K)
             return WT256_LOOP16
         if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t and problem.aligned:
             return WT256_32

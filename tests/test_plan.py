@@ -55,10 +55,13 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(2048, 2048, 2048).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
     # K not a multiple of the stage depth, or short: the unrolled tiles, 32 deep from two waves.
     assert choose(8192, 8192, 8184).name == "warptile_128x256x32_64x64_8x16_s4_spread"
-    # Long K with B transposed, or an odd multiple of 16: the 16-deep tile looping over whole K-tiles.
+    # Long K with an operand transposed, or an odd multiple of 16: the 16-deep tile looping over whole K-tiles;
+    # with an operand transposed from K = 4096, the same loop with partial sums over runs of 512 (cuBLAS's accuracy).
     for b_t in (False, True):
-        assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
-    assert choose(4096, 4096, 4096, b_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+        assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == _plan.WT256_SLICES
+    assert choose(4096, 4096, 4096, b_t=True).name == _plan.WT256_SLICES
+    assert choose(2048, 2048, 2048, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert choose(4096, 4096, 4080, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(8192, 8192, 8176).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(16384, 16384, 64).name == "warptile_128x256x32_64x64_8x16_s4_spread"
     assert choose(2048, 2048, 2040).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
@@ -86,7 +89,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"      # 3000 = 187.5 x 16
     assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"  # 8.7 waves: 97% busy
     # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages, at any size.
-    at = _plan.choose(_plan.Problem(8192, 8192, 8192, a_t=True))
+    at = _plan.choose(_plan.Problem(2048, 2048, 2048, a_t=True))
     assert at.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16" and at.variant.a_t
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1000), _plan.Device(sm_count=16))
