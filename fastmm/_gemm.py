@@ -483,12 +483,14 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
         return
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
-    rows = config.bm * MAX_GRID_Y  # one launch's row tiles (a forced kernel; the plan stays below)
-    if m > rows:
+    # The rows of A and of B^T that one launch of the split pass covers (a forced kernel; the plan stays below).
+    rows, cols = SPLIT.rows_per_launch(config.bm, MAX_GRID_Y), SPLIT.rows_per_launch(config.bn, MAX_GRID_Y)
+    if m > rows or n > cols:
         if record is not None:
             record.append(None)
         for m0 in range(0, m, rows):
-            _presplit(a[m0:m0 + rows], b, c[m0:m0 + rows], config, device_id, None)
+            for n0 in range(0, n, cols):
+                _presplit(a[m0:m0 + rows], b[:, n0:n0 + cols], c[m0:m0 + rows, n0:n0 + cols], config, device_id, None)
         return
     mp, np_, kp = (-(-x // t) * t for x, t in ((m, config.bm), (n, config.bn), (k, config.BK)))
     parts = 2 if config.passes == 3 else 1

@@ -13,7 +13,7 @@ import contextvars
 import dataclasses
 from typing import Callable, Iterator
 
-from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, MAX_GRID_Y, RegTile, Skinny, TensorTile, Variant, WarpTile,
+from .kernels.configs import (_BY_NAME, CONFIGS, FAMILIES, SPLIT, RegTile, Skinny, TensorTile, Variant, WarpTile,
                               WgTile, _Config, get_config, validate)
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RULES", "choose", "use_kernel", "forced_kernel", "kernel_names",
@@ -366,6 +366,13 @@ def few_rows(problem: Problem) -> bool:
     return problem.m <= _FEW and problem.n > _FEW
 
 
+def _few(problem: Problem, device: Device) -> bool:
+    """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
+    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles)."""
+    return ((_few_columns(problem) or few_rows(problem))
+            and get_config(_skinny_for(problem, device)).smem_bytes <= device.max_smem_optin)
+
+
 def _skinny_for(problem: Problem, device: Device) -> str:
     """The narrowest few-column configuration that holds the product's few columns (or rows) in one block."""
     few = problem.m if few_rows(problem) else problem.n
@@ -565,7 +572,7 @@ RULES: tuple[Rule, ...] = (
     Rule("few-columns", f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
-         "summed in a fixed order)", lambda p, d: _few_columns(p) or few_rows(p), _skinny_kernel, skinny_splits),
+         "summed in a fixed order)", _few, _skinny_kernel, skinny_splits),
     Rule("split-k", f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_SKINNY}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),
@@ -705,11 +712,12 @@ def _hopper(device: Device) -> bool:
 
 def _wgmma(problem: Problem, device: Device, precision: str) -> bool:
     """A product the wgmma kernels take in a tensor-core precision: a single large one, on Hopper."""
-    # At most 65535 row tiles: one launch (the split operands' tiles and flags are not laid out for the runtime's
-    # further launches over offset rows).
+    # Each operand split in one launch (about 2.1 million rows of A, and of B^T: the split pass's grid; see
+    # Split.rows_per_launch): a longer one would be multiplied in pieces, which the FP32 tiles need not do.
+    bm, bn = get_config(_WG_TILES[precision]).tile
     return (_hopper(device) and problem.batch == 1 and min(problem.m, problem.n) >= _WG_MIN_SIDE[precision]
             and problem.m * problem.n * problem.k >= _WG_MIN_MACS[precision]
-            and problem.m <= get_config(_WG_TILES[precision]).tile[0] * MAX_GRID_Y)
+            and problem.m <= SPLIT.rows_per_launch(bm) and problem.n <= SPLIT.rows_per_launch(bn))
 
 
 _precision_default = "highest"  # the process-wide setting (set_float32_matmul_precision)
@@ -1037,6 +1045,29 @@ def _by_rules(problem: Problem, device: Device, rules: tuple[Rule, ...]) -> Choi
     raise AssertionError("the last rule applies to every problem")
 
 
+# Where a GPU cannot give a block the table's configuration's shared memory (Hopper: 227 KiB; A100: 163 KiB; Ada:
+# 99 KiB), the same block tile with 16-deep stages (half the bytes) runs instead: the table's choices stay the
+# measured ones on Hopper, and no GPU that runs the warp tiles meets a configuration it cannot launch.
+_LIGHTER = {
+    WT256_LOOP: WT256_LOOP16,      # 196 KiB -> 98 KiB
+    WT256_32: WT256,               # 196 KiB -> 98 KiB
+    WT256_SLICES: WT256_LOOP16,    # 226 KiB (the partial sums' slots) -> 98 KiB: one running sum
+    TF32X3_TILES[0]: TF32X3_TILES[1],  # 102 KiB -> 51 KiB
+}
+
+
+def _lighter(choice: Choice, device: Device) -> Choice:
+    """`choice`, or the lighter configuration of the same tile where the device lacks the shared memory for it."""
+    config = choice.config
+    if config.smem_bytes <= device.max_smem_optin or config.name not in _LIGHTER:
+        return choice
+    lighter = get_config(_LIGHTER[config.name])
+    return dataclasses.replace(
+        choice, config=lighter,
+        reason=f"{choice.reason} (this GPU allows {device.max_smem_optin / 1024:.0f} KiB of shared memory per block, "
+               f"fewer than {config.name}'s {config.smem_bytes / 1024:.0f} KiB: {lighter.name})")
+
+
 def choose(problem: Problem, device: Device = Device(), kernel: str | None = None, *, tuned: bool = True,
            precision: str | None = None) -> Choice:
     """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else an autotuned entry
@@ -1063,6 +1094,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
             elif choice.rule != "empty":
                 name, rule, reason = _tensor(problem, device, _check_precision(precision))
                 choice = Choice(get_config(name), problem.variant, rule, reason)
+        choice = _lighter(choice, device)
         # A tuned entry for this problem class overrides the table, except where the table's answer is not a
         # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
         entry = None

@@ -191,14 +191,15 @@ def test_wgmma_tiles_with_an_infinity_run_fp32_and_the_rest_stays_3xtf32(where, 
     assert err.max() < 2e-6, err.max()
 
 
-def test_wgmma_products_taller_than_one_launch_run_in_row_blocks(rng, monkeypatch):
-    """A forced wgmma kernel on more rows than one launch's grid holds runs block of rows by block of rows (the
-    grid's limit lowered to 3 row tiles, so that a 1000-row product takes three pieces)."""
+def test_wgmma_products_longer_than_one_split_launch_run_in_pieces(rng, monkeypatch):
+    """A forced wgmma kernel on more rows of A, or of B^T, than one launch of the split pass covers runs piece by
+    piece (the grid's limit lowered to 12 blocks of 32 rows: a 1000 x 700 product takes pieces of 384 rows and of
+    384 columns for 3xTF32, 256 for one pass)."""
     if not _hopper():
         pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
     from fastmm import _gemm
 
-    monkeypatch.setattr(_gemm, "MAX_GRID_Y", 3)
+    monkeypatch.setattr(_gemm, "MAX_GRID_Y", 12)
     a = rng.standard_normal((1000, 300)).astype(np.float32)
     b = rng.standard_normal((300, 700)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64)

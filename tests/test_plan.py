@@ -88,7 +88,7 @@ def test_tiled_rule_fills_the_gpu():
         "warptile_128x256x16_64x64_8x16_s4_spread"), _plan.Device()) == pytest.approx(288 / 396)
     assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"      # 3000 = 187.5 x 16
     assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"  # 8.7 waves: 97% busy
-    # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages, at any size.
+    # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages (below K = 4096: one sum).
     at = _plan.choose(_plan.Problem(2048, 2048, 2048, a_t=True))
     assert at.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16" and at.variant.a_t
     # A GPU with fewer SMs fills up with larger tiles sooner.
@@ -210,8 +210,11 @@ def test_validation_gives_numbers():
         configs.validate(RegTile(64, 64, 8, 4, 4))
     with pytest.raises(ValueError, match=r"needs 16.0 KiB.*allows 8.0 KiB per block without opt-in"):
         _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_per_block=8 * 1024), "regtile")
-    with pytest.raises(ValueError, match=r"needs 196.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
+    # (The table's 196 KiB tile gives way to its 98 KiB form on a smaller GPU; below that, nothing to give.)
+    with pytest.raises(ValueError, match=r"needs 98.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
         _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024))
+    with pytest.raises(ValueError, match=r"needs 196.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
+        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024), _plan.WT256_LOOP)
 
 
 def test_warptile_configurations_are_checked():
@@ -405,8 +408,13 @@ def test_precision_modes_follow_pytorchs_names():
     (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
     (65536, 128, 128, None, "tf32_64x64x16_32x32_s4"),  # 2^30, but the split passes would dominate a thin output
     (16384, 16384, 64, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # a short K: wide both ways
-    # More than 65535 row tiles of 128 (one launch's grid): the split operands are laid out for one launch.
-    (128 * 65535 + 1, 1024, 1024, None, "tf32_128x256x16_64x64_s3"),
+    # Rows of A, or of B^T, past what one launch of the split pass covers (65535 blocks of 32 rows, in whole block
+    # tiles): the FP32 table and the mma.sync tiles, which need no split operands.
+    (2097024, 1024, 1024, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),
+    (2097024 + 1, 1024, 1024, None, "tf32_128x256x16_64x64_s3"),
+    (1024, 2096896, 1024, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),
+    (1024, 2096896 + 1, 1024, "tf32x3wg_128x128x32_s3", "tf32_128x256x16_64x64_s3"),  # B^T in 256-row tiles
+    (1024, 2097024 + 1, 1024, None, "tf32_128x256x16_64x64_s3"),
 ])
 def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
     p = _plan.Problem(m, n, k)
@@ -420,6 +428,34 @@ def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
     assert _plan.choose(p).config.precision == "highest"
     if high is None:
         assert "in 'high' precision: FP32 FMAs" in _plan.choose(p, precision="high").reason
+
+
+A100 = _plan.Device(name="A100", compute_capability=(8, 0), sm_count=108, max_smem_optin=163 * 1024)
+ADA = _plan.Device(name="L4", compute_capability=(8, 9), sm_count=58, max_smem_optin=99 * 1024)
+
+
+@pytest.mark.parametrize("device", [A100, ADA], ids=lambda d: d.name)
+def test_every_choice_fits_the_gpus_shared_memory(device):
+    """The table is measured on Hopper (227 KiB of shared memory per block); a GPU with less runs the same tile with
+    16-deep stages, and 5 to 16 columns on the tiles where the few-column block (104 KiB) does not fit."""
+    from fastmm._bench import SHAPES
+
+    problems = [_plan.Problem(s.m, s.n, s.k, batch=s.batch, a_t=s.a_t) for s in SHAPES]
+    problems += [_plan.Problem(m, n, k, a_t=a_t, b_t=b_t) for m, n, k in
+                 [(4096, 4096, 4096), (8192, 8192, 8184), (4097, 4097, 4097), (256, 256, 65536), (4096, 12, 4096),
+                  (12, 4096, 4096), (3001, 3001, 3001), (16384, 16384, 64)]
+                 for a_t, b_t in [(False, False), (True, False), (False, True), (True, True)]]
+    for p in problems:
+        for precision in ("highest", "high", "medium"):
+            choice = _plan.choose(p, device, precision=precision)  # validated: raises if the device cannot run it
+            assert choice.config.smem_bytes <= device.max_smem_optin, (p, precision, choice.name)
+    square = _plan.choose(_plan.Problem(4096, 4096, 4096), device)
+    assert square.name == _plan.WT256_LOOP16 and "fewer than warptile_128x256x32" in square.reason
+    assert _plan.choose(_plan.Problem(4096, 4096, 4096)).name == _plan.WT256_LOOP  # Hopper: the measured table
+    long_k = _plan.choose(_plan.Problem(4096, 4096, 4096, a_t=True), device)
+    assert long_k.name == _plan.WT256_LOOP16  # one running sum: the slots of the partial sums need 226 KiB
+    few = _plan.choose(_plan.Problem(4096, 12, 4096), device)
+    assert (few.rule == "few-columns") == (device is A100), few.name
 
 
 def test_wgmma_kernels_run_on_hopper_single_products_only():

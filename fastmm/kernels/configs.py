@@ -601,8 +601,9 @@ class Repitch(_Auxiliary):
 @dataclasses.dataclass(frozen=True)
 class Split(_Auxiliary):
     """Not a product's kernel: the split pass of the wgmma kernels (fastmm/kernels/split.cu). One operand (R x K, any
-    strides) written as TF32 big and small parts in rows of whole K-tiles, k contiguous, zero-padded, and a flag per
-    32 x 32 tile: whether it holds an infinity. M = R, N = the padded rows, K = K, c_sm = the padded K."""
+    strides) written as TF32 big and small parts in swizzled block tiles of b_sk rows by whole K-tiles, k contiguous,
+    zero-padded, and a flag per 32 x 32 tile: whether it holds an infinity. M = R, N = the padded rows, K = K,
+    c_sm = the padded K."""
 
     family: ClassVar[str] = "split"
     source: ClassVar[str] = "split.cu"
@@ -620,6 +621,12 @@ class Split(_Auxiliary):
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         return (max(1, -(-k // self.TILE)), max(1, -(-n // self.TILE)), 1)
+
+    def rows_per_launch(self, block_rows: int, max_grid_y: int = MAX_GRID_Y) -> int:
+        """The most rows of an operand, in whole block tiles of `block_rows`, that one launch splits: a block per 32
+        padded rows along y. Neither this pass nor the layout it writes is made for a second launch at an offset,
+        so a longer operand is split (and multiplied) in pieces of this many rows."""
+        return self.TILE * max_grid_y // block_rows * block_rows
 
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.

@@ -59,7 +59,9 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;
-    unsigned char* const smem = smem_raw + (base - raw);
+#if PASSES == 3
+    const unsigned char* const smem = smem_raw + (base - raw);  // a generic pointer: only the FP32 path reads the stages
+#endif
     const unsigned full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
 
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;

@@ -15,8 +15,6 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // D (64 x BN, this warpgroup's) = A * B + (scale_d ? D : 0), A and B K-major in swizzled shared memory.
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], unsigned long long a, unsigned long long b, int scale_d)
