@@ -60,7 +60,7 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;
 #if PASSES == 3
-    const unsigned char* const smem = smem_raw + (base - raw);  // a generic pointer: only the FP32 path reads the stages
+    const unsigned char* const smem = smem_raw + (base - raw);  // generic: only the FP32 path reads the stages
 #endif
     const unsigned full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
 
