@@ -787,8 +787,7 @@ def get_float32_matmul_precision() -> str:
     return _precision.get() or _precision_default
 
 
-@contextlib.contextmanager
-def matmul_precision(precision: str) -> Iterator[None]:
+class matmul_precision(contextlib.ContextDecorator):
     """Use `precision` for every float32 product inside the block (of this thread or asyncio task).
 
     Parameters
@@ -816,11 +815,23 @@ def matmul_precision(precision: str) -> Iterator[None]:
       kernel  tf32x3wg_128x128x32_s3
       mode    high: 3xTF32 on the tensor cores ...
     """
-    token = _precision.set(_check_precision(precision))
-    try:
-        yield
-    finally:
-        _precision.reset(token)
+
+    # A class rather than a generator-based context manager: fastmm's functions enter one per call of theirs that
+    # names ``precision=``, and a generator costs a microsecond or two of such a call.
+    def __init__(self, precision: str):
+        self.precision = precision
+        self._tokens = []  # a stack: the same block may be entered again inside itself
+
+    def __enter__(self) -> None:
+        self._tokens.append(_precision.set(_check_precision(self.precision)))
+
+    def __exit__(self, *exc) -> bool:
+        _precision.reset(self._tokens.pop())
+        return False
+
+    def _recreate_cm(self):
+        # As a decorator: a block of its own for each call, so that calls from several threads never share tokens.
+        return type(self)(self.precision)
 
 
 def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
