@@ -399,6 +399,36 @@ def test_precision_modes_follow_pytorchs_names():
     assert fastmm.get_float32_matmul_precision() == "highest"
 
 
+def test_precision_blocks_nest_reenter_and_decorate():
+    """matmul_precision is a block that nests, may be entered again inside itself, and decorates a function with a
+    block of its own per call (threads included), as a contextlib context manager does."""
+    import threading
+
+    block = fastmm.matmul_precision("high")
+    with block:
+        with fastmm.matmul_precision("medium"):
+            assert fastmm.get_float32_matmul_precision() == "medium"
+        with block:
+            assert fastmm.get_float32_matmul_precision() == "high"
+        assert fastmm.get_float32_matmul_precision() == "high"
+    assert fastmm.get_float32_matmul_precision() == "highest"
+
+    seen = []
+
+    @fastmm.matmul_precision("medium")
+    def deep(n):
+        seen.append(fastmm.get_float32_matmul_precision())
+        return deep(n - 1) if n else None
+
+    threads = [threading.Thread(target=deep, args=(20,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == ["medium"] * 8 * 21
+    assert fastmm.get_float32_matmul_precision() == "highest"
+
+
 @pytest.mark.parametrize("m,n,k,high,medium", [
     (4096, 4096, 4096, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),  # large single products: wgmma
     (2048, 1024, 2048, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4"),
