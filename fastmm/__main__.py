@@ -20,10 +20,24 @@ def _all_binaries():
     return [(c, v) for c in CONFIGS + AUXILIARY for v in (variants if c.layout_macros else [Variant()])]
 
 
+def _runs_on(config, arch: str) -> bool:
+    """Whether a GPU of architecture `arch` (sm_XY) runs `config`: the wgmma kernels need sm_90 itself, the cluster
+    kernels sm_90 or newer."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    cc = (int(digits[:-1]), int(digits[-1])) if digits.isdigit() and len(digits) >= 2 else None
+    if cc is None:
+        return True  # not a form we read: compile everything, and let nvcc say what it thinks of the name
+    oldest = config.min_compute_capability
+    return (config.compute_capability is None or config.compute_capability == cc) and (oldest is None or cc >= oldest)
+
+
 def cmd_compile(args) -> int:
     from .kernels import build
 
-    jobs = _all_binaries()
+    jobs = [(c, v) for c, v in _all_binaries() if _runs_on(c, args.arch)]
+    skipped = sorted({c.name for c, _ in _all_binaries()} - {c.name for c, _ in jobs})
+    if skipped:
+        print(f"not for {args.arch} (they need Hopper's own instructions or clusters): {', '.join(skipped)}")
     failed = spilled = 0
     print(f"{'binary':36s} {'arch':6s} {'regs':>5s} {'smem B':>7s} {'spill st/ld B':>14s} {'stack B':>8s}")
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

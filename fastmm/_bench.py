@@ -430,9 +430,17 @@ def main(args) -> int:
 
     if no_gpu("bench"):
         return 2
+    from . import _cuda, _plan
     from .kernels.configs import CONFIGS
 
-    kernels = args.kernels.split(",") if args.kernels else [c.name for c in CONFIGS]
+    if args.kernels:
+        kernels = args.kernels.split(",")
+    else:  # every configuration this GPU can run (the wgmma and cluster kernels need Hopper; some tiles, its memory)
+        device = _cuda.device(cp.cuda.Device().id)
+        kernels = [c.name for c in CONFIGS if not _plan.invalid(c, device)]
+        left_out = [c.name for c in CONFIGS if c.name not in kernels]
+        if left_out:
+            print(f"left out, as {device.name} cannot run them: {', '.join(left_out)}", file=sys.stderr)
     shapes = SHAPES
     if args.shapes:
         wanted = args.shapes.split(",")

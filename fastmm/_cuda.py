@@ -238,6 +238,9 @@ def loaded_function(config: _Config, variant: Variant, device_id: int):
         fn = _functions.get(key)
         if fn is not None:
             return fn
+        # A configuration this GPU cannot run (shared memory, architecture) is the plan's clear ValueError, before
+        # nvcc or the driver could fail on it with a message about the toolkit.
+        validated(config, dev)
         compiled = build.compile_cubin(config, variant, dev.arch)
         try:
             fn = _load(config, dev, device_id, compiled)

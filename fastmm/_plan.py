@@ -554,7 +554,7 @@ def _padded_kernel(problem: Problem, device: Device) -> str:
 
 def without_copies(problem: Problem, device: Device) -> Choice:
     """The table's plan for `problem` with no aligned copies: what runs where the copies do not fit in memory."""
-    return _by_rules(problem, device, _RULES_WITHOUT_COPIES)
+    return _lighter(_by_rules(problem, device, _RULES_WITHOUT_COPIES), device)
 
 
 def interior(problem: Problem, peel: tuple[int, int]) -> Problem:
@@ -971,6 +971,15 @@ def settings() -> tuple:
     return _forced.get(), _precision.get() or _precision_default, _yield.get()
 
 
+def invalid(config: _Config, device: Device) -> str | None:
+    """Why `device` cannot run `config` (`validated`'s message), or None where it can."""
+    try:
+        validated(config, device)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def validated(config: _Config, device: Device, regs_per_thread: int | None = None) -> _Config:
     """`config`, after checking it against `device` (and its compiled register count, when known)."""
     validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
@@ -1118,8 +1127,8 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
                             f"against {entry['heuristic_tflops']:.1f} for the table's {entry['heuristic']}")
     elif kernel in FAMILIES:
         config = get_config(_FAMILY_DEFAULT[kernel](problem, device))
-        choice = Choice(config, problem.variant_for(config), "forced",
-                        f"kernel family {kernel!r} was requested; tile chosen for the shape")
+        choice = _lighter(Choice(config, problem.variant_for(config), "forced",
+                                 f"kernel family {kernel!r} was requested; tile chosen for the shape"), device)
     else:
         config = get_config(kernel)
         choice = Choice(config, problem.variant_for(config), "forced", f"kernel {kernel!r} was requested")

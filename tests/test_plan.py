@@ -488,6 +488,34 @@ def test_every_choice_fits_the_gpus_shared_memory(device):
     assert (few.rule == "few-columns") == (device is A100), few.name
 
 
+@pytest.mark.parametrize("device", [A100, ADA], ids=lambda d: d.name)
+def test_forced_families_and_fallbacks_fit_the_gpu_too(device):
+    """A forced family is the table restricted to it, lighter configurations included; the plan without aligned
+    copies (what runs when they do not fit in memory) likewise; the cluster kernels need Hopper or newer."""
+    for p in (_plan.Problem(8192, 8192, 8192), _plan.Problem(8192, 8192, 8192, b_t=True),
+              _plan.Problem(8191, 8191, 8191, aligned=False, a_aligned=False, b_aligned=False)):
+        for family in ("warptile", "tf32x3", "tf32", "regtile", "smem"):
+            assert _plan.choose(p, device, family).config.smem_bytes <= device.max_smem_optin, (p, family)
+        assert _plan.without_copies(p, device).config.smem_bytes <= device.max_smem_optin
+        assert _plan.invalid(_plan.without_copies(p, device).config, device) is None
+    assert _plan.choose(_plan.Problem(8192, 8192, 8192), kernel="warptile").name == _plan.WT256_LOOP  # Hopper
+    with pytest.raises(ValueError, match=r"skinny_n1_c2: needs compute capability 9.0 or newer; this device is 8"):
+        _plan.choose(_plan.Problem(4096, 1, 65536), device, "skinny_n1_c2")
+    assert "needs compute capability 9.0 or newer" in _plan.invalid(configs.get_config("skinny_n16_c8"), device)
+    assert _plan.invalid(configs.get_config("skinny_n16_c8"), _plan.Device()) is None
+
+
+def test_compile_command_builds_what_the_architecture_runs():
+    from fastmm.__main__ import _all_binaries, _runs_on
+
+    wgmma, cluster, tile = (configs.get_config(n) for n in ("tf32wg_128x256x32_s4", "skinny_n1_c2", _plan.WT64))
+    assert [_runs_on(c, "sm_90") for c in (wgmma, cluster, tile)] == [True, True, True]
+    assert [_runs_on(c, "sm_80") for c in (wgmma, cluster, tile)] == [False, False, True]
+    assert [_runs_on(c, "sm_89") for c in (wgmma, cluster, tile)] == [False, False, True]
+    assert [_runs_on(c, "sm_100a") for c in (wgmma, cluster, tile)] == [False, True, True]
+    assert all(_runs_on(c, "sm_90") for c, _ in _all_binaries())
+
+
 def test_wgmma_kernels_run_on_hopper_single_products_only():
     ampere = _plan.Device(name="A100", compute_capability=(8, 0), sm_count=108)
     big, batched = _plan.Problem(4096, 4096, 4096), _plan.Problem(1024, 1024, 1024, batch=8)

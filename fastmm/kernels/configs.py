@@ -77,6 +77,11 @@ class _Config:
     arch_suffix: ClassVar[str] = ""
     compute_capability: ClassVar[tuple[int, int] | None] = None
 
+    @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        """The oldest GPU generation the kernel runs on, where it needs hardware newer than fastmm's floor."""
+        return None
+
     # Subclasses define: name, block, tile, smem_bytes, _tile_macros(), _check().
 
     @property
@@ -518,6 +523,10 @@ class Skinny(_Config):
         x, y, _ = super().grid(m, n, batch, k)
         return (x, y, max(1, min(batch, self.batch_per_launch)) * self.cluster)  # a cluster per batch item, along z
 
+    @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        return (9, 0) if self.cluster > 1 else None  # thread-block clusters: Hopper and later
+
     def _check(self) -> list[str]:
         if self.stages < 2 or self.nmax < 1 or not 1 <= self.cluster <= 8:
             return [f"stages must be at least 2, nmax at least 1, cluster 1 to 8 (got {self.stages}, {self.nmax}, "
@@ -701,6 +710,10 @@ def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1
         major, minor = config.compute_capability
         errors.append(f"runs on compute capability {major}.{minor} (sm_{major}{minor}{config.arch_suffix}) only; this "
                       f"device is {compute_capability[0]}.{compute_capability[1]}")
+    oldest = config.min_compute_capability
+    if oldest and compute_capability and tuple(compute_capability) < oldest:
+        errors.append(f"needs compute capability {oldest[0]}.{oldest[1]} or newer; this device is "
+                      f"{compute_capability[0]}.{compute_capability[1]}")
     if config.threads > max_threads:
         errors.append(f"needs {config.threads} threads per block; the device allows {max_threads}")
     limit = max_smem_optin if config.dynamic_smem else max_smem
