@@ -21,14 +21,13 @@ def _all_binaries():
 
 
 def _runs_on(config, arch: str) -> bool:
-    """Whether a GPU of architecture `arch` (sm_XY) runs `config`: the wgmma kernels need sm_90 itself, the cluster
-    kernels sm_90 or newer."""
+    """Whether a GPU of architecture `arch` (sm_XY) runs `config` (configs.arch_errors)."""
+    from .kernels.configs import arch_errors
+
     digits = arch.removeprefix("sm_").rstrip("af")
-    cc = (int(digits[:-1]), int(digits[-1])) if digits.isdigit() and len(digits) >= 2 else None
-    if cc is None:
+    if not (digits.isdigit() and len(digits) >= 2):
         return True  # not a form we read: compile everything, and let nvcc say what it thinks of the name
-    oldest = config.min_compute_capability
-    return (config.compute_capability is None or config.compute_capability == cc) and (oldest is None or cc >= oldest)
+    return not arch_errors(config, (int(digits[:-1]), int(digits[-1])))
 
 
 def cmd_compile(args) -> int:

@@ -696,6 +696,20 @@ def get_config(name: str) -> _Config:
         raise KeyError(f"unknown kernel configuration {name!r}; valid names: {', '.join(_BY_NAME)}") from None
 
 
+def arch_errors(config: _Config, compute_capability: tuple[int, int]) -> list[str]:
+    """Why a GPU of this compute capability cannot run `config` at all, whatever its limits: the wgmma kernels need
+    sm_90 itself, the cluster kernels sm_90 or newer."""
+    errors, cc = [], compute_capability
+    if config.compute_capability and cc != config.compute_capability:
+        major, minor = config.compute_capability
+        errors.append(f"runs on compute capability {major}.{minor} (sm_{major}{minor}{config.arch_suffix}) only; this "
+                      f"device is {cc[0]}.{cc[1]}")
+    oldest = config.min_compute_capability
+    if oldest and cc < oldest:
+        errors.append(f"needs compute capability {oldest[0]}.{oldest[1]} or newer; this device is {cc[0]}.{cc[1]}")
+    return errors
+
+
 def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1024,
              max_smem_optin: int = 227 * 1024, max_regs_per_block: int = 65536,
              regs_per_thread: int | None = None, compute_capability: tuple[int, int] | None = None) -> None:
@@ -706,14 +720,8 @@ def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1
     function), when known.
     """
     errors = list(config._check())
-    if config.compute_capability and compute_capability and tuple(compute_capability) != config.compute_capability:
-        major, minor = config.compute_capability
-        errors.append(f"runs on compute capability {major}.{minor} (sm_{major}{minor}{config.arch_suffix}) only; this "
-                      f"device is {compute_capability[0]}.{compute_capability[1]}")
-    oldest = config.min_compute_capability
-    if oldest and compute_capability and tuple(compute_capability) < oldest:
-        errors.append(f"needs compute capability {oldest[0]}.{oldest[1]} or newer; this device is "
-                      f"{compute_capability[0]}.{compute_capability[1]}")
+    if compute_capability:
+        errors += arch_errors(config, tuple(compute_capability))
     if config.threads > max_threads:
         errors.append(f"needs {config.threads} threads per block; the device allows {max_threads}")
     limit = max_smem_optin if config.dynamic_smem else max_smem
