@@ -176,7 +176,8 @@ def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
     a_aligned, b_aligned = (ptrs[i] % 16 == 0 and all(s % 4 == 0 for s in (strides[i], s0[i], s1[i],
                                                                             *(st[i] for _, st in outer)))
                             for i in (0, 1))
-    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned)
+    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned,
+                            _plan.summed_in_runs())
     # C's stride along n: 1 for every kernel but the few-column one, which also writes C^T (for few rows).
     c_sn = c.strides[-1] // 4 if n > 1 else 1
     args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
@@ -384,23 +385,44 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
             record.append(_SplitKReplay(tuple(sub), ws.shape, total, offsets))
 
 
-def _aligned_copy(x, device_id: int):
-    """x (2-D, unit stride along one axis) copied into a new buffer whose rows along that axis are padded to 16 bytes:
-    (the copy, as a view of x's shape and layout; the buffer's shape; the launch that copies, called with (x's
-    address, 0, the buffer's))."""
-    from . import _cuda
+class _Repitch:
+    """The launches that copy an operand into rows padded to 16 bytes (repitch.cu) and write the zero rows past its K
+    where K counts the copy's rows; called with (the operand's address, the copy's)."""
 
+    __slots__ = ("copy", "zeros", "zeros_at")
+
+    def __init__(self, device_id: int, rows: int, cols: int, pitch: int, width: int, depth: int):
+        from . import _cuda
+
+        def launch(m, k, a_sm):
+            return _cuda.Launch(REPITCH, Variant(), device_id, m=m, n=width, k=k, a_sm=a_sm, a_sk=1, b_sk=0, b_sn=0,
+                                c_sm=width, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
+
+        self.copy = launch(rows, cols, pitch)
+        self.zeros = launch(depth - rows, 0, 0) if depth > rows else None  # reads nothing: K = 0
+        self.zeros_at = 4 * rows * width
+
+    def __call__(self, src: int, dst: int) -> None:
+        self.copy(src, 0, dst)
+        if self.zeros is not None:
+            self.zeros(0, 0, dst + self.zeros_at)
+
+
+def _aligned_copy(x, device_id: int, k_axis: int, depth: int):
+    """x (2-D, unit stride along one axis; the product's K along axis `k_axis`) copied into a new buffer whose rows
+    along that axis are padded to 16 bytes, and K to `depth` with zeros: (the copy, as a view of x's layout, `depth`
+    long along k_axis; the buffer's shape; the `_Repitch` that copies, called with (x's address, the buffer's))."""
     rows, cols = x.shape
     along_rows = x.strides[1] != 4 and cols > 1  # unit stride along axis 0: copy x^T's rows
     if along_rows:
         rows, cols = cols, rows
     pitch = x.strides[along_rows] // 4 if rows > 1 else cols
-    width = -(-cols // 4) * 4
-    buf = empty((rows, width))
-    copy = _cuda.Launch(REPITCH, Variant(), device_id, m=rows, n=cols, k=0, a_sm=pitch, a_sk=1, b_sk=0, b_sn=0,
-                        c_sm=width, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
-    copy(x.data.ptr, 0, buf.data.ptr)
-    view = buf[:, :cols]
+    k_within = (k_axis == 1) != along_rows  # K runs along the copy's rows (else it counts them)
+    width = -(-(depth if k_within else cols) // 4) * 4
+    buf = empty((rows if k_within else depth, width))
+    copy = _Repitch(device_id, rows, cols, pitch, width, rows if k_within else depth)
+    copy(x.data.ptr, buf.data.ptr)
+    view = buf[:, :depth] if k_within else buf[:, :cols]
     return (view.T if along_rows else view), buf.shape, copy
 
 
@@ -419,27 +441,29 @@ class _PaddedReplay:
             if copy is not None:
                 buf = empty(shape)
                 keep.append(buf)
-                copy(ptrs[i], 0, buf.data.ptr)
+                copy(ptrs[i], buf.data.ptr)
                 ptrs[i] = buf.data.ptr
         _replay(self.steps, ptrs[0], ptrs[1], pc + self.offsets[2])
 
 
 def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
     """c = a @ b (a single product; a and b as the kernels read them) with A and B, where their rows are not 16-byte
-    aligned, copied into rows that are (the plan's aligned-copy rule), then planned and run like any product; C is
-    written in place."""
+    aligned, copied into rows that are (the plan's aligned-copy rule), K padded with zeros to whole K-tiles (both
+    copied where it is not), then planned and run like any product, K summed in runs; C is written in place."""
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))  # the plan pads single products only
+    depth = _plan.padded_k(problem.k)
     copies, operands = [], []
-    for x, ok in ((a, problem.a_aligned), (b, problem.b_aligned)):
-        if ok:
+    for x, ok, k_axis in ((a, problem.a_aligned, 1), (b, problem.b_aligned, 0)):
+        if ok and depth == problem.k:
             copies.append((None, None))
             operands.append(x)
         else:
-            view, shape, copy = _aligned_copy(x, device_id)
+            view, shape, copy = _aligned_copy(x, device_id, k_axis, depth)
             copies.append((shape, copy))
             operands.append(view)
     sub = Recorder(operands[0].data.ptr, operands[1].data.ptr, c.data.ptr) if record is not None else None
-    gemm(operands[0], operands[1], c, None, sub)
+    with _plan.on_copies():
+        gemm(operands[0], operands[1], c, None, sub)
     if record is not None:
         if None in sub:
             record.append(None)

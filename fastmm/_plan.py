@@ -36,6 +36,7 @@ class Problem:
     #                        the kernels' stores, which each block checks)
     a_aligned: bool = True  # ... in A alone (the few-column kernel reads only A in 16-byte pieces)
     b_aligned: bool = True  # ... in B alone (A of the transposed product, for few rows)
+    runs: bool = False  # sum K in runs of 512 where a kernel does (the product on aligned copies: see aligned_copies)
 
     @property
     def flops(self) -> int:
@@ -104,9 +105,13 @@ class Choice:
         layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
                   f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
         if self.pad:
-            copies = " and ".join(x for x, ok in (("A", problem.a_aligned), ("B", problem.b_aligned)) if not ok)
-            inner = choose(aligned_copies(problem), device, "auto")
-            return (inner.explain(aligned_copies(problem), device).replace(" (A ", f" (on aligned copies of {copies}; A ", 1)
+            padded = aligned_copies(problem)
+            copies = " and ".join(x for x, ok in (("A", problem.a_aligned), ("B", problem.b_aligned))
+                                  if not ok or padded.k != problem.k)
+            if padded.k != problem.k:
+                copies += f", K padded with zeros to {padded.k}"
+            inner = choose(padded, device, "auto")
+            return (inner.explain(padded, device).replace(" (A ", f" (on aligned copies of {copies}; A ", 1)
                     + f"\n  copy    {self.rule}: {self.reason}")
         split = f", split-K into {self.splits} slices" if self.splits > 1 else ""
         if getattr(self.config, "cluster", 1) > 1:
@@ -143,6 +148,7 @@ WT256_SLICES = "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
 WT256 = "warptile_128x256x16_64x64_8x16_s4_spread"
 WT128x64_LOOP = "warptile_128x64x16_32x64_8x8_s4_sub8"
 WT128x64, WT128x64_SUMS = "warptile_128x64x16_32x64_8x8_s4", "warptile_128x64x16_32x64_8x8_s4_tsum"
+WT128x64_RUNS = "warptile_128x64x16_32x64_8x8_s3_sub8_f512"
 WT64 = "warptile_64x64x16_32x32_8x4_s4_tsum"
 
 # A tile is worth taking when the problem gives at least half the SMs a block (a larger tile's reuse beats
@@ -241,6 +247,8 @@ def _fill(problem: Problem, device: Device) -> str:
               and _fits(problem, device, WT128x64))
     if _fits(problem, device, WT256) and not ragged:
         long_k = problem.k >= _LOOP_MIN_K
+        if long_k and problem.runs and _whole_k_tiles(problem, WT256_SLICES):
+            return WT256_SLICES  # on K-padded copies: cuBLAS's accuracy on ragged products (see aligned_copies)
         if long_k and not problem.a_t and not problem.b_t and _whole_k_tiles(problem, WT256_LOOP):
             return WT256_LOOP
         if long_k and _whole_k_tiles(problem, WT256_LOOP16):  # a transposed operand, or K an odd multiple of 16
@@ -254,6 +262,8 @@ def _fill(problem: Problem, device: Device) -> str:
     if name == WT128x64:
         if problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
             return WT128x64_SUMS
+        if problem.runs and problem.k >= _LOOP_MIN_K and _whole_k_tiles(problem, WT128x64_RUNS):
+            return WT128x64_RUNS
         loop = get_config(WT128x64_LOOP)
         # The loop pays where fetch stalls are not hidden behind other blocks: below one wave of blocks.
         one_wave = problem.tiles(loop) < loop.min_blocks * device.sm_count
@@ -526,26 +536,50 @@ def peel_edges(problem: Problem, device: Device) -> tuple[int, int]:
 # decide only the stores). Measured on an H100, x cuBLAS in the same process, on 4-byte copies -> with aligned copies:
 # 2999^3 0.89x -> 1.00x, 3001^3 0.89x -> 0.99x, 3001x3001x6001 0.85x -> 0.95x, 3073^3 (peeled) 0.94x -> 1.07x (all
 # on the 128x64 tile), A^T.B 4097^3 0.94x -> 1.01x (A copied transposing), 6001^3 0.93x -> 0.99x, 8193^3 0.97x ->
-# 1.00x. Where the 128x256 tile runs a product of fewer than 2^37 multiply-adds, its 4-byte copies kept up and the
-# copies lost: 4097^3 1.00x -> 0.97x, 2049^3 1.06x -> 1.04x, 2001^3 0.89x -> 0.88x, 5001x5001x2001 0.87x either way;
-# smaller products lost too (1793^3 0.89x -> 0.87x), so the rule starts at 2^34 (2580^3).
+# 1.00x. Smaller products lost (1793^3 0.89x -> 0.87x), so the rule starts at 2^34 (2580^3).
+# The copies also pad K with zeros to whole 16-deep K-tiles, so that the tiles run their loops there, in runs of 512
+# (partial sums): on these shapes cuBLAS sums more accurately than one running sum per element (4097^3: 6.6e-7
+# against 1.15e-6; 3001^3: 4.9e-7 against 9.8e-7), and only shorter sums bring the error to its level or below
+# (docs/kernels.md, "Accuracy, third round").
 _PAD_MIN_MACS = 1 << 34
-_PAD_WIDE_MIN_MACS = 1 << 37
+_PAD_K = 16
 
 
 def pads(problem: Problem, device: Device) -> bool:
     """A large single product whose A or B rows are not 16-byte aligned runs on aligned copies of them (see above)."""
     if problem.batch != 1 or problem.aligned or _skinny(problem):
         return False
-    macs = problem.m * problem.n * problem.k
-    if macs < _PAD_MIN_MACS:
-        return False
-    return macs >= _PAD_WIDE_MIN_MACS or problem.a_t or without_copies(problem, device).config.tile != (128, 256)
+    return problem.m * problem.n * problem.k >= _PAD_MIN_MACS
+
+
+def padded_k(k: int) -> int:
+    """K of the aligned copies: whole 16-deep K-tiles, zeros past the operands' own K."""
+    return -(-k // _PAD_K) * _PAD_K
 
 
 def aligned_copies(problem: Problem) -> Problem:
-    """The product on copies of A and B whose rows start 16-byte aligned."""
-    return dataclasses.replace(problem, aligned=True, a_aligned=True, b_aligned=True)
+    """The product on copies of A and B whose rows start 16-byte aligned, K padded with zeros to whole K-tiles and
+    summed in runs where the kernel allows."""
+    return dataclasses.replace(problem, k=padded_k(problem.k), aligned=True, a_aligned=True, b_aligned=True,
+                               runs=True)
+
+
+# Set while the dispatcher multiplies the aligned copies: the products it then describes sum K in runs.
+_on_copies: contextvars.ContextVar[bool] = contextvars.ContextVar("fastmm_on_copies", default=False)
+
+
+@contextlib.contextmanager
+def on_copies() -> Iterator[None]:
+    """Within: the products are the aligned copies' (see aligned_copies), and sum K in runs where a kernel does."""
+    token = _on_copies.set(True)
+    try:
+        yield
+    finally:
+        _on_copies.reset(token)
+
+
+def summed_in_runs() -> bool:
+    return _on_copies.get()
 
 
 def _padded_kernel(problem: Problem, device: Device) -> str:
@@ -578,9 +612,10 @@ RULES: tuple[Rule, ...] = (
          "order", _long_k, _split_for, split_count),
     Rule("aligned-copy", f"a product of >= 2^{_PAD_MIN_MACS.bit_length() - 1} multiply-adds whose A or B rows do not "
          "start 16-byte aligned (an odd leading dimension): those operands copied into rows padded to 16 bytes (one "
-         "pass over each, a few percent of the product) so that the tiles copy 16 bytes at a time, C written in place "
-         f"(except on the 128x256 tile with A k-contiguous below 2^{_PAD_WIDE_MIN_MACS.bit_length() - 1}, where the "
-         "4-byte copies keep up)", pads, _padded_kernel, pad=True),
+         "pass over each, a few percent of the product) so that the tiles copy 16 bytes at a time, C written in place; "
+         f"K padded with zeros to whole {_PAD_K}-deep K-tiles (both operands copied where it is not), so that the "
+         "tiles run their loops, K summed in runs of 512 (cuBLAS's accuracy on these shapes)", pads, _padded_kernel,
+         pad=True),
     Rule("ragged-edge", f"a product of >= 2^{_PEEL_MIN_MACS.bit_length() - 1} multiply-adds whose rows or columns run "
          f"1 to {_PEEL_MAX} past a multiple of 128: the interior on whole tiles (its own rule's kernel), the last rows "
          "and columns on the few-column kernel, instead of a row of mostly empty tiles and a mostly idle last wave "

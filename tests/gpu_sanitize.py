@@ -42,7 +42,7 @@ def main(kernels) -> int:
     runs = 0
     for name in kernels:
         if name == "padded":
-            fastmm._plan._PAD_MIN_MACS, fastmm._plan._PAD_WIDE_MIN_MACS = PADDED_MIN_MACS, PADDED_MIN_MACS
+            fastmm._plan._PAD_MIN_MACS = PADDED_MIN_MACS
             fastmm._plan._memo.clear()
             fastmm._gemm.replays.clear()
         for m, n, k in (AUTO_SHAPES if name in ("auto", "padded") else SHAPES):

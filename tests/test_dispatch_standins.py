@@ -570,8 +570,9 @@ def test_few_row_products_replay_with_their_operands_swapped(launched):
 
 def test_unaligned_operands_are_copied_aligned_then_multiplied(launched, monkeypatch):
     """The aligned-copy rule (lowered here to small products): A and B, whose rows are not 16-byte aligned, are each
-    copied by repitch into rows padded to 16 bytes, and the product runs on the copies with 16-byte loads; an A whose
-    rows are aligned is not copied. Where the copies do not fit in memory, the product runs on 4-byte copies."""
+    copied by repitch into rows padded to 16 bytes, K padded with zeros to whole 16-deep K-tiles, and the product
+    runs on the copies with 16-byte loads; an A whose rows are aligned is not copied where K needs no padding. Where
+    the copies do not fit in memory, the product runs on 4-byte copies."""
     from fastmm import _errors, _plan
 
     monkeypatch.setattr(_plan, "_PAD_MIN_MACS", 1 << 20)
@@ -579,16 +580,26 @@ def test_unaligned_operands_are_copied_aligned_then_multiplied(launched, monkeyp
     a = _fastmm(np.zeros((301, 303), np.float32))
     b = _fastmm(np.zeros((303, 305), np.float32))
     _dispatch.matmul(a, b)
-    (copy_a, _, args_a), (copy_b, _, args_b), (product, variant, _) = launched.args
-    assert (copy_a, copy_b) == ("repitch", "repitch") and variant.endswith("_v4")
-    assert (args_a["m"], args_a["n"], args_a["a_sm"], args_a["c_sm"]) == (301, 303, 303, 304)
-    assert (args_b["m"], args_b["n"], args_b["a_sm"], args_b["c_sm"]) == (303, 305, 305, 308)
+    (copy_a, _, args_a), (copy_b, _, args_b), (zeros_b, _, args_z), (product, variant, args) = launched.args
+    assert (copy_a, copy_b, zeros_b) == ("repitch",) * 3 and variant.endswith("_v4")
+    # A's rows (K) read 303 long, written 304 (the last a zero); B's 303 rows copied, then one row of zeros (K = 0
+    # read) written after them; the product on K = 304.
+    assert [args_a[x] for x in ("m", "n", "k", "a_sm", "c_sm")] == [301, 304, 303, 303, 304]
+    assert [args_b[x] for x in ("m", "n", "k", "a_sm", "c_sm")] == [303, 308, 305, 305, 308]
+    assert [args_z[x] for x in ("m", "n", "k", "c_sm")] == [1, 308, 0, 308]
+    assert (args["m"], args["n"], args["k"]) == (301, 305, 304)
     assert launched.ptrs[0][0] == a.data.ptr and launched.ptrs[1][0] == b.data.ptr
+    assert launched.ptrs[2][2] == launched.ptrs[1][2] + 4 * 303 * 308  # the zeros right after B's rows
 
     launched.clear(), launched.args.clear()
     aligned_a = _fastmm(np.zeros((301, 304), np.float32))
     _dispatch.matmul(aligned_a, _fastmm(np.zeros((304, 305), np.float32)))
     assert launched[0] == "repitch" and len(launched) == 2 and launched.args[0][2]["m"] == 304  # B alone
+
+    launched.clear(), launched.args.clear()
+    aligned_a = _fastmm(np.zeros((301, 300), np.float32))  # aligned rows, but K = 300 is padded: both copied
+    _dispatch.matmul(aligned_a, _fastmm(np.zeros((300, 305), np.float32)))
+    assert launched[:2] == ["repitch", "repitch"] and launched.args[0][2]["n"] == 304 and launched.args[-1][2]["k"] == 304
 
     launched.clear(), launched.args.clear()
     real_empty = _gemm.empty

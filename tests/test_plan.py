@@ -145,16 +145,20 @@ def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, 
     (4096, 4112, 4096, (0, 16)), (2049, 2049, 2049, (1, 1)),
 ])
 def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel):
-    aligned = False
-    c = choose(m, n, k, aligned=aligned)
-    if m * n * k >= 1 << 37:  # first copied to aligned rows (aligned-copy), where the product then peels
+    problem = _plan.Problem(m, n, k, aligned=False)
+    c = _plan.choose(problem, H100)
+    if m * n * k >= _plan._PAD_MIN_MACS:
+        # First copied to aligned rows, K padded to whole 16-deep K-tiles (aligned-copy); the copies' product peels,
+        # its interior on the 16-deep loop that sums K in runs of 512 (cuBLAS's accuracy on these shapes).
         assert (c.rule, c.pad) == ("aligned-copy", True)
-        aligned = True
-        c = choose(m, n, k, aligned=aligned)
+        problem = _plan.aligned_copies(problem)
+        assert (problem.k, problem.aligned, problem.runs) == (-(-k // 16) * 16, True, True)
+        c = _plan.choose(problem, H100)
+        assert c.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
     assert (c.rule, c.peel, c.splits) == ("ragged-edge", peel, 1)
-    interior = choose(m - peel[0], n - peel[1], k, aligned=aligned)
+    interior = _plan.choose(_plan.interior(problem, peel), H100)
     assert interior.rule == "tiled" and c.name == interior.name
-    if k % 16 and not aligned:  # scalar loads and no whole K-tiles: the 16-deep large tile, not the 32-deep one
+    if k % 16 and not problem.aligned:  # scalar loads and no whole K-tiles: the 16-deep large tile, not the 32-deep one
         assert interior.name == "warptile_128x256x16_64x64_8x16_s4_spread"
     text = fastmm.explain((m, k), (k, n))
     assert f"on the {m - peel[0]}x{n - peel[1]} interior; the last {peel[0]} rows and {peel[1]} columns" in text
@@ -313,8 +317,10 @@ def test_tuned_entries_override_the_table(tmp_path, monkeypatch):
         assert _plan.choose(problem, device, "regtile_128x64x8_8x8").rule == "forced"   # forcing still wins
         aligned = _plan.Problem(4096, 4096, 4096)                                        # another class: the table
         assert _plan.choose(aligned, device).rule == "tiled"
-        # A peeled product's plan is not one configuration: not overridden (its interior is planned on its own).
-        assert _plan.choose(_plan.Problem(4097, 4097, 4097, aligned=False), device).rule == "ragged-edge"
+        # A peeled product's plan is not one configuration: not overridden (its interior is planned on its own),
+        # and neither is a product on aligned copies.
+        assert _plan.choose(_plan.Problem(4097, 4097, 4096), device).rule == "ragged-edge"
+        assert _plan.choose(_plan.Problem(4097, 4097, 4097, aligned=False), device).rule == "aligned-copy"
         assert _plan.choose(aligned, device).rule == "tiled"
         long_k = _plan.Problem(128, 128, 65536)
         path.write_text(json.dumps({"entries": {_plan.tune_bucket(long_k): {
@@ -356,9 +362,9 @@ def test_tune_size_classes(size, cls):
     (4096, 24, 8192, True, "skinny"),               # 17-31 columns: split-K on 64x64 tiles
     (256, 256, 65536, True, None),                  # 128x256 tiles on the 16-deep loop: 0.99x
     (128, 128, 65536, True, None),                  # 128x64 tiles: 1.04x
-    (3001, 3001, 3001, False, None),                # on aligned copies: 0.99x
+    (3001, 3001, 3001, False, None),                # on aligned copies, K padded, summed in runs: 0.91-0.93x
     (2501, 2501, 2501, False, "unaligned"),         # below the aligned copies' 2^34: 0.81x
-    (4097, 4097, 4097, False, None),                # its ragged edge peeled off: 1.00x
+    (4097, 4097, 4097, False, None),                # on aligned copies, its ragged edge peeled off: 1.08x
     (4096, 4096, 4096, True, None),                 # level with cuBLAS or ahead: fastmm's
     (1024, 1024, 1024, True, None),
     (256, 256, 256, True, None),

@@ -591,7 +591,8 @@ class SliceSum(_Auxiliary):
 @dataclasses.dataclass(frozen=True)
 class Repitch(_Auxiliary):
     """Not a product's kernel: an operand copied into rows padded to 16 bytes (fastmm/kernels/repitch.cu), for the
-    plan's aligned copies. M x N the operand (its rows along the unit stride), a_sm its row stride, c_sm the copy's."""
+    plan's aligned copies. M x K the operand (its rows along the unit stride), a_sm its row stride; M x N the copy
+    (N >= K, zeros past K), c_sm its row stride."""
 
     family: ClassVar[str] = "repitch"
     source: ClassVar[str] = "repitch.cu"
@@ -655,6 +656,8 @@ CONFIGS: tuple[_Config, ...] = (
     WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True),  # ... the same where K is not a multiple of 16
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, sub_k=8),  # mid sizes (1024^3), n = 128, with the sub-tile loop
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # ... ragged sizes (1000^3, 4097^3)
+    # ... on K-padded copies, K in runs of 512 (3001^3): 3 stages, so that 3 blocks and their slots fit an SM
+    WarpTile(128, 64, 16, 32, 64, 8, 8, 3, 3, sub_k=8, flush=512),
     WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True),  # ... on less than a wave (768^3)
     WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True),   # small and skinny products, split-K slices
     # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
