@@ -45,12 +45,16 @@ def _rel_error(got, a, b) -> float:
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def _timed(model, a, b, repeats):
-    """Seconds per `a @ b` and the result, with NumPy's loop (model None) or through the hook with `model`."""
+def _timed(model, a, b, repeats, pinned=True):
+    """Seconds per `a @ b` and the result, with NumPy's loop (model None) or through the hook with `model`. With
+    `pinned`, the product is that of a script that made its arrays after `accelerate_numpy()`: operands copied
+    inside the block (from fastmm's page-locked pool), results from the pool too; without, the arrays are NumPy's."""
     if model is None:
         hook.restore_numpy()
         return _median_seconds(lambda: a @ b, repeats), a @ b
-    with hook.accelerate_numpy(model):
+    with hook.accelerate_numpy(model, pinned=pinned):
+        if pinned:
+            a, b = a.copy(), b.copy()
         return _median_seconds(lambda: a @ b, repeats), a @ b
 
 
@@ -107,25 +111,28 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
         # The GPU paths first: after a product, OpenBLAS's threads spin for a while (about 0.1 s) on every core,
         # and staging right after NumPy's product ran up to twice as slow (H100 host, 4096^3: 23.6 against 12.0 ms).
         t_hook, r_hook = _timed(model, a, b, reps)
+        t_staged, r_staged = _timed(model, a, b, reps, pinned=False)
         t_gpu, r_gpu = _timed(_FORCE, a, b, reps)
         t_np, r_np = _timed(None, a, b, reps)
         time.sleep(0.2)
-        rows.append({"shape": label, "gflop": flops / 1e9, "numpy_s": t_np, "hook_s": t_hook, "gpu_s": t_gpu,
-                     "offloaded": model.offloads(batch, m, k, n, batch, 1),
+        rows.append({"shape": label, "gflop": flops / 1e9, "numpy_s": t_np, "hook_s": t_hook,
+                     "staged_s": t_staged, "gpu_s": t_gpu, "offloaded": model.offloads(batch, m, k, n, batch, 1),
                      "err_numpy": _rel_error(r_np, a, b), "err_hook": _rel_error(r_hook, a, b),
-                     "err_gpu": _rel_error(r_gpu, a, b)})
+                     "err_gpu": max(_rel_error(r_gpu, a, b), _rel_error(r_staged, a, b))})
     hook.restore_numpy()
     return rows
 
 
 def print_bench(rows, model) -> None:
     print(f"NumPy {np.__version__} on {hook.blas_name()}; hook: {model.threshold_text()}")
-    print(f"{'shape':28s} {'GFLOP':>8s} {'numpy ms':>9s} {'hook ms':>9s} {'gpu ms':>9s} {'speed-up':>8s} "
-          f"{'path':>6s} {'err numpy':>9s} {'err hook':>9s}")
+    print("hook ms: arrays made after accelerate_numpy() (fastmm's page-locked pool); staged ms: arrays made before "
+          "(NumPy's memory, staged); gpu ms: every product offloaded (pool arrays)")
+    print(f"{'shape':28s} {'GFLOP':>8s} {'numpy ms':>9s} {'hook ms':>9s} {'staged ms':>9s} {'gpu ms':>9s} "
+          f"{'speed-up':>8s} {'path':>6s} {'err numpy':>9s} {'err hook':>9s}")
     for r in rows:
         print(f"{r['shape']:28s} {r['gflop']:8.2f} {r['numpy_s'] * 1e3:9.2f} {r['hook_s'] * 1e3:9.2f} "
-              f"{r['gpu_s'] * 1e3:9.2f} {r['numpy_s'] / r['hook_s']:7.2f}x {'gpu' if r['offloaded'] else 'numpy':>6s} "
-              f"{r['err_numpy']:9.1e} {r['err_hook']:9.1e}")
+              f"{r['staged_s'] * 1e3:9.2f} {r['gpu_s'] * 1e3:9.2f} {r['numpy_s'] / r['hook_s']:7.2f}x "
+              f"{'gpu' if r['offloaded'] else 'numpy':>6s} {r['err_numpy']:9.1e} {r['err_hook']:9.1e}")
 
 
 def main_autotune(args) -> int:

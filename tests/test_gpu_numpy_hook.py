@@ -159,3 +159,70 @@ def test_pipelined_staging_on_the_gpu(m, k, n, rng, monkeypatch):
             with stream:
                 _staged.matmul_host(a, b, c)
         _close(c, a, b)
+
+
+def test_arrays_made_under_the_hook_go_to_the_gpu_directly(rng, monkeypatch):
+    """Arrays NumPy makes while the hook is on come from fastmm's pool: page-locked on their first product, then
+    copied by the GPU directly, operands and result (no staging copy), reused when freed; an ordinary operand or
+    out= still goes through the staging threads, in the same product."""
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:  # NumPy 1.x
+        from numpy.core.multiarray import get_handler_name
+
+    staged = []
+    real_up, real_down = _staged._up, _staged._down
+    monkeypatch.setattr(_staged, "_up", lambda *args: staged.append("up") or real_up(*args))
+    monkeypatch.setattr(_staged, "_down", lambda *args: staged.append("down") or real_down(*args))
+    outside = rng.standard_normal((700, 900)).astype(np.float32)  # NumPy's own memory
+    with fastmm.accelerate_numpy(EVERYTHING):
+        for _ in range(3):
+            a = rng.standard_normal((1100, 700)).astype(np.float32)
+            b = rng.standard_normal((700, 900)).astype(np.float32)
+            c = a @ b
+            assert get_handler_name(a) == get_handler_name(c) == "fastmm_pinned"
+            _close(c, a, b)
+        assert staged == []
+        pool = fastmm.numpy_hook_status()["pool"]
+        assert pool["pinned_bytes"] >= a.nbytes + b.nbytes + c.nbytes and pool["reused"] > 0
+        _close(a @ outside, a, outside)
+        assert "up" in staged and "down" not in staged  # B staged; A and the result direct
+        staged.clear()
+        out = np.full((1100, 1800), np.nan, np.float32)[:, ::2]  # the pool's, but not contiguous: staged
+        np.matmul(a, b, out=out)
+        _close(out, a, b)
+        assert staged and set(staged) == {"down"}
+    # A 2048^3 product of pool arrays: four blocks of rows, each copied up, multiplied and copied down directly.
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((2048, 2048)).astype(np.float32)
+        b = rng.standard_normal((2048, 2048)).astype(np.float32)
+        for stream in (None, _cupy().cuda.Stream(non_blocking=True)):
+            staged.clear()
+            if stream is None:
+                c = a @ b
+            else:
+                with stream:
+                    c = a @ b
+            _close(c, a, b)
+            assert staged == []
+
+
+def test_page_locked_memory_of_another_allocator_is_copied_directly(rng, monkeypatch):
+    import cupyx
+
+    staged = []
+    real_up = _staged._up
+    monkeypatch.setattr(_staged, "_up", lambda *args: staged.append("up") or real_up(*args))
+    a, b = cupyx.empty_pinned((600, 500), np.float32), cupyx.empty_pinned((500, 400), np.float32)
+    a[...] = rng.standard_normal(a.shape)
+    b[...] = rng.standard_normal(b.shape)
+    with fastmm.accelerate_numpy(EVERYTHING, pinned=False):
+        c = a @ b
+    _close(c, a, b)
+    assert staged == []
+
+
+def _cupy():
+    import cupy
+
+    return cupy
