@@ -49,6 +49,10 @@ _BLOCK_ROWS = 128
 # of one block then overlap the kernel of another (H200 host, page-locked operands, 1/2/4/8 blocks: 2048^3 1.28 /
 # 1.03 / 0.98 / 1.04 ms, 4096^3 6.40 / 5.19 / 4.59 / 4.65 ms).
 _DIRECT_BLOCKS = 4
+# ... all of whose copies up are queued at once (nothing to wait for on the host), and whose kernels take two streams
+# in turn: a block's kernel (128 tiles of 128x64 at 2048^3, a third of the SMs' room) overlaps the next one's.
+_DIRECT_IN_FLIGHT = _DIRECT_BLOCKS + 1
+_DIRECT_LANES = 2
 # Pieces in flight at once: one uploading, one computing, one downloading (each holds its own GPU memory).
 _IN_FLIGHT = 3
 
@@ -330,67 +334,74 @@ def _operand(x, jobs, pool):
     return x.dev, x.futures
 
 
-def _compute_stream():
-    """This thread's non-blocking stream on the current device, on which the pieces' kernels run."""
+def _compute_stream(lane: int = 0):
+    """This thread's non-blocking stream number `lane` on the current device, on which the pieces' kernels run."""
     cp = _gemm._cupy()
     device = cp.cuda.runtime.getDevice()
     streams = getattr(_local, "compute", None)
     if streams is None:
         streams = _local.compute = {}
-    s = streams.get(device)
+    s = streams.get((device, lane))
     if s is None:
-        s = streams[device] = cp.cuda.Stream(non_blocking=True)
+        s = streams[(device, lane)] = cp.cuda.Stream(non_blocking=True)
     return s
 
 
-def _run(pieces, pool) -> None:
+def _run(pieces, pool, in_flight: int = _IN_FLIGHT, ahead: int = 1, lanes: int = 1) -> None:
     """``c[...] = a @ b`` for each piece (a, b, c) in turn, a and b host views or _Shared, c a host view.
 
-    Piece i + 1's operands are being copied up while piece i's kernel runs and piece i - 1's result goes down.
-    A _Shared operand is let go after the last of a run of consecutive pieces that read it.
+    Up to `ahead` later pieces' operands are being copied up while piece i's kernel runs and earlier results go
+    down; at most `in_flight` pieces hold GPU memory at once. The kernels take `lanes` streams in turn. A _Shared
+    operand is let go after the last of a run of consecutive pieces that read it.
     """
-    stream = _compute_stream()
+    pieces = list(pieces)
+    computes = [_compute_stream(lane) for lane in range(lanes)]
     jobs: list = []
     started = collections.deque()  # pieces whose operands are being copied up: (piece, (a, futures), (b, futures))
     finishing = collections.deque()  # pieces computed or computing: (futures of their downloads, arrays kept)
+    queued = 0  # pieces started so far
 
-    def start(piece):
-        started.append((piece, _operand(piece[0], jobs, pool), _operand(piece[1], jobs, pool)))
+    def top_up():
+        nonlocal queued
+        while queued < len(pieces) and len(started) < ahead and len(started) + len(finishing) < in_flight:
+            piece = pieces[queued]
+            started.append((piece, _operand(piece[0], jobs, pool), _operand(piece[1], jobs, pool)))
+            queued += 1
 
     try:
-        with stream:
-            it = iter(pieces)
-            first = next(it, None)
-            if first is not None:
-                start(first)
-            while started:
+        with computes[0]:  # the operands' memory is allocated on it (their uploads wait for its queued work)
+            top_up()
+            for i in range(len(pieces)):
                 piece, (da, fa), (db, fb) = started.popleft()
-                nxt = next(it, None)
-                if nxt is not None:
-                    start(nxt)
+                top_up()
+                nxt = pieces[i + 1] if i + 1 < len(pieces) else None
                 for x in piece[:2]:
                     if isinstance(x, _Shared) and (nxt is None or all(x is not y for y in nxt[:2])):
                         x.dev = x.futures = None  # (the arrays stay alive in `finishing` until done)
-                for f in (*fa, *fb):
-                    stream.wait_event(f.result())
-                c = piece[2]
-                dc = _gemm.empty(c.shape)
-                _dispatch.matmul(da, db, out=dc)
-                done = _event()
-                done.record(stream)
+                stream = computes[i % lanes]
+                with stream:
+                    for f in (*fa, *fb):
+                        stream.wait_event(f.result())
+                    c = piece[2]
+                    dc = _gemm.empty(c.shape)
+                    _dispatch.matmul(da, db, out=dc)
+                    done = _event()
+                    done.record(stream)
                 finishing.append((_download(c, dc, done, jobs, pool), (da, db, dc)))
-                while finishing and len(finishing) + len(started) >= _IN_FLIGHT:
+                while finishing and len(finishing) + len(started) >= in_flight:
                     for f in finishing.popleft()[0]:
                         _finish(f)
+                top_up()
             while finishing:
                 for f in finishing.popleft()[0]:
                     _finish(f)
     except BaseException:
         _settle(jobs)
-        try:
-            stream.synchronize()
-        except Exception:  # noqa: BLE001 - a broken context: the original error is the one to report
-            pass
+        for stream in computes:
+            try:
+                stream.synchronize()
+            except Exception:  # noqa: BLE001 - a broken context: the original error is the one to report
+                pass
         raise
 
 
@@ -420,8 +431,9 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
     b_shared = batch == 1 or b.strides[0] == 0
     room = min(budget, MAX_STAGING_BYTES * _IN_FLIGHT)  # bytes of the pieces in flight, device memory
     if batch == 1:  # a single product: B stays up, A and C go in blocks of rows
-        if k * n * _F4 <= room // 2 and (k * n + _IN_FLIGHT * min(m, _BLOCK_ROWS) * (k + n)) * _F4 <= room:
-            rows = _row_block(m, k, n, (room - k * n * _F4) // _IN_FLIGHT)
+        flight = _DIRECT_IN_FLIGHT if direct else _IN_FLIGHT
+        if k * n * _F4 <= room // 2 and (k * n + flight * min(m, _BLOCK_ROWS) * (k + n)) * _F4 <= room:
+            rows = _row_block(m, k, n, (room - k * n * _F4) // flight)
             if direct:
                 rows = min(rows, max(_BLOCK_ROWS, -(-m // (_DIRECT_BLOCKS * _BLOCK_ROWS)) * _BLOCK_ROWS))
             shared_b = _Shared(b[0])
@@ -468,4 +480,8 @@ def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None 
         return x.size // x.shape[0] if x.strides[0] == 0 else x.size
 
     direct = a.shape[0] == 1 and _direct(a[0]) and _direct(c[0])
-    _run(plan(a, b, c, budget, direct), _stagers((once(a) + once(b) + c.size) * _F4))
+    pool = _stagers((once(a) + once(b) + c.size) * _F4)
+    if direct:
+        _run(plan(a, b, c, budget, direct), pool, _DIRECT_IN_FLIGHT, _DIRECT_BLOCKS, _DIRECT_LANES)
+    else:
+        _run(plan(a, b, c, budget), pool)

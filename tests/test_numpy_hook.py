@@ -445,22 +445,32 @@ def test_staged_pieces_cover_the_product(lazy_gpu, batch, m, k, n, budget, a_sha
 @pytest.mark.parametrize("batch,m,k,n,budget", [(1, 50, 40, 30, 1 << 20), (9, 50, 40, 30, 100_000),
                                                 (1, 300, 40, 200, 120_000), (3, 300, 400, 20, 200_000),
                                                 (1, 4000, 3000, 2000, 48 << 20), (2, 4000, 3000, 2000, 48 << 20)])
-def test_the_pieces_cover_c_once_and_fit_the_budget_in_flight(batch, m, k, n, budget):
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_pieces_cover_c_once_and_fit_the_budget_in_flight(batch, m, k, n, budget, direct):
     a = np.zeros((batch, m, k), np.float32)
     b = np.zeros((batch, k, n), np.float32)
     c = np.zeros((batch, m, n), np.float32)
-    pieces = _staged.plan(a, b, c, budget)
+    pieces = _staged.plan(a, b, c, budget, direct)
     for pa, pb, pc in pieces:
         pc += 1  # a view of C: every element is written by exactly one piece
     assert (c == 1).all()
+    flight = _staged._DIRECT_IN_FLIGHT if direct and batch == 1 else _staged._IN_FLIGHT
 
     def nbytes(x):
         return 4 * (x.host if isinstance(x, _staged._Shared) else x).size
     for i in range(len(pieces)):  # the pieces in flight at once, and the shared operands they read
-        window = pieces[i:i + _staged._IN_FLIGHT]
+        window = pieces[i:i + flight]
         shared = {id(x): nbytes(x) for p in window for x in p[:2] if isinstance(x, _staged._Shared)}
         own = sum(nbytes(x) for p in window for x in p if not isinstance(x, _staged._Shared))
         assert own + sum(shared.values()) <= budget
+
+
+def test_page_locked_single_products_go_in_at_least_four_blocks_of_whole_tiles():
+    for m, rows in ((2048, 512), (4096, 1024), (8192, 1024), (1000, 256), (300, 128)):
+        a = np.zeros((1, m, m), np.float32)
+        pieces = _staged.plan(a, a, a, 80 << 30, direct=True)
+        assert {p[0].shape[0] for p in pieces[:-1]} == {rows} and len(pieces) == -(-m // rows)
+        assert len(_staged.plan(a, a, a, 80 << 30)) <= -(-m * m * 4 // _staged._BLOCK_BYTES)  # staged: 32 MiB blocks
 
 
 def test_staged_refuses_what_cannot_fit(lazy_gpu):
