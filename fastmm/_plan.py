@@ -657,8 +657,8 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           lambda p, c, d: c.config.name == WT128x64_SUMS),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles, where the operands are not "
           f"copied aligned (below 2^{_PAD_MIN_MACS.bit_length() - 1} multiply-adds): 4-byte copies (2501^3 0.81x "
-          "cuBLAS; from 2^34 on aligned copies, 3001^3 0.99x; with a ragged edge of at most 16 rows or columns peeled "
-          "off instead, 4097^3 1.00x)",
+          "cuBLAS; from 2^34 on aligned copies, K padded and summed in runs, 3001^3 0.93x, 4097^3 1.09x; below it, with "
+          "a ragged edge of at most 16 rows or columns peeled off instead, 2049^3 1.05x)",
           lambda p, c, d: c.variant.vec == 1 and p.blocks(c.config) >= d.sm_count
           and c.rule not in ("few-columns", "ragged-edge", "aligned-copy")),
 )
