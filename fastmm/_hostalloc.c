@@ -43,6 +43,10 @@ typedef int (*ctx_pop_fn)(void **ctx);                                  /* cuCtx
 
 #define MIN_BYTES ((size_t)1 << 20)
 #define PAGE ((size_t)4096)
+/* From 4 MiB, blocks are 2 MiB-aligned and asked for transparent huge pages, as NumPy's own allocator asks for its
+ * (without them, BLAS on the pool's arrays ran up to a third slower: 16x8192 @ 8192x8192 9.2 against 6.1 ms). */
+#define HUGE_FROM ((size_t)4 << 20)
+#define HUGE ((size_t)2 << 20)
 #define PORTABLE 1u /* CU_MEMHOSTREGISTER_PORTABLE: page-locked for every context, every GPU */
 
 enum { UNPINNED = 0, PINNING = 1, PINNED = 2, FAILED = 3 };
@@ -146,9 +150,32 @@ static size_t evict(block_t *out, size_t most)
     return n;
 }
 
+/* A fresh mapping of `cap` bytes (huge-page aligned and advised from HUGE_FROM), or NULL. */
+static void *map_block(size_t cap)
+{
+    if (cap < HUGE_FROM) {
+        void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    char *raw = mmap(NULL, cap + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *p = (char *)(((uintptr_t)raw + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    if (p + cap < raw + cap + HUGE)
+        munmap(p + cap, (size_t)(raw + cap + HUGE - (p + cap)));
+#ifdef MADV_HUGEPAGE
+    madvise(p, cap, MADV_HUGEPAGE); /* advice: where the system has none to give, ordinary pages */
+#endif
+    return p;
+}
+
 static void *take(size_t size, int zero)
 {
     size_t cap = (size + PAGE - 1) / PAGE * PAGE;
+    if (cap >= HUGE_FROM)
+        cap = (cap + HUGE - 1) / HUGE * HUGE;
     pthread_mutex_lock(&lock);
     /* The smallest pooled block that holds `size` and wastes at most a quarter of itself. */
     long best = -1;
@@ -169,8 +196,8 @@ static void *take(size_t size, int zero)
         return p;
     }
     pthread_mutex_unlock(&lock);
-    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    void *p = map_block(cap);
+    if (p == NULL)
         return NULL;
     block_t b = {p, cap, size, NULL, UNPINNED, 1, 0};
     pthread_mutex_lock(&lock);
