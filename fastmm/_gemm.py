@@ -391,7 +391,7 @@ class _Repitch:
 
     __slots__ = ("copy", "zeros", "zeros_at")
 
-    def __init__(self, device_id: int, rows: int, cols: int, pitch: int, width: int, depth: int):
+    def __init__(self, device_id: int, rows: int, cols: int, pitch: int, width: int, out_rows: int):
         from . import _cuda
 
         def launch(m, k, a_sm):
@@ -399,7 +399,7 @@ class _Repitch:
                                 c_sm=width, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
 
         self.copy = launch(rows, cols, pitch)
-        self.zeros = launch(depth - rows, 0, 0) if depth > rows else None  # reads nothing: K = 0
+        self.zeros = launch(out_rows - rows, 0, 0) if out_rows > rows else None  # reads nothing: K = 0
         self.zeros_at = 4 * rows * width
 
     def __call__(self, src: int, dst: int) -> None:
@@ -419,8 +419,9 @@ def _aligned_copy(x, device_id: int, k_axis: int, depth: int):
     pitch = x.strides[along_rows] // 4 if rows > 1 else cols
     k_within = (k_axis == 1) != along_rows  # K runs along the copy's rows (else it counts them)
     width = -(-(depth if k_within else cols) // 4) * 4
-    buf = empty((rows if k_within else depth, width))
-    copy = _Repitch(device_id, rows, cols, pitch, width, rows if k_within else depth)
+    out_rows = rows if k_within else depth
+    buf = empty((out_rows, width))
+    copy = _Repitch(device_id, rows, cols, pitch, width, out_rows)
     copy(x.data.ptr, buf.data.ptr)
     view = buf[:, :depth] if k_within else buf[:, :cols]
     return (view.T if along_rows else view), buf.shape, copy

@@ -105,7 +105,8 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
     rng = np.random.default_rng(seed)
     rows = []
     a, b = _operands(rng, 1, 1024, 1024, 1024)  # the process's first products: BLAS's threads, kernels, the pool
-    _timed(_FORCE, a, b, 1), _timed(None, a, b, 1)
+    _timed(_FORCE, a, b, 1)
+    _timed(None, a, b, 1)
     time.sleep(0.2)
     for label, batch, m, k, n in shapes:
         a, b = _operands(rng, batch, m, k, n)

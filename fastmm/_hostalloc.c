@@ -212,11 +212,17 @@ static void *take(size_t size, int zero)
     return p; /* a fresh mapping reads as zeros */
 }
 
-static void give_back(void *ptr)
+/* The block that starts at ptr back to the pool (the oldest pooled ones released past the limit); 0 where ptr
+ * starts none of this allocator's blocks. */
+static int give_back(void *ptr)
 {
     block_t victims[8];
     pthread_mutex_lock(&lock);
     long i = find(ptr);
+    if (i < 0 || blocks[i].base != (char *)ptr) {
+        pthread_mutex_unlock(&lock);
+        return 0;
+    }
     blocks[i].live = 0;
     blocks[i].freed = ++tick;
     pooled += blocks[i].cap;
@@ -224,16 +230,7 @@ static void give_back(void *ptr)
     pthread_mutex_unlock(&lock);
     for (size_t j = 0; j < n; ++j)
         release(victims[j]);
-}
-
-/* (no lock) whether ptr starts one of this allocator's blocks */
-static int ours(void *ptr)
-{
-    pthread_mutex_lock(&lock);
-    long i = find(ptr);
-    int yes = i >= 0 && blocks[i].base == (char *)ptr;
-    pthread_mutex_unlock(&lock);
-    return yes;
+    return 1;
 }
 
 static void *h_malloc(void *ctx, size_t size)
@@ -257,9 +254,7 @@ static void h_free(void *ctx, void *ptr, size_t size)
     if (ptr == NULL)
         return;
     /* NumPy passes the size it asked for: a small one is malloc's; a large one may still be (realloc'd there). */
-    if (size >= MIN_BYTES && ours(ptr))
-        give_back(ptr);
-    else
+    if (size < MIN_BYTES || !give_back(ptr))
         free(ptr);
 }
 

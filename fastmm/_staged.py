@@ -154,32 +154,27 @@ def _down(dst, src, after) -> None:
         np.copyto(dst, pin)
 
 
-def _up_direct(dst, src, allocated):
-    """``dst[...] = src`` for a page-locked, C-contiguous host view `src` (see _direct): one asynchronous GPU copy
-    on this thread's upload stream, once `allocated` is done. Returns the event after it."""
-    cp = _gemm._cupy()
-    device = dst.device.id
-    with cp.cuda.Device(device):
-        stream = _stager().stream(device, "up")
-        stream.wait_event(allocated)
-        dst.set(src, stream=stream)
+def _direct_copy(device: int, direction: str, after, copy):
+    """One asynchronous GPU copy between a page-locked, C-contiguous host view and a device array (see _direct):
+    `copy(stream)` queued on this thread's `direction` stream of `device` once the event `after` is done. Returns the
+    event after it (the host view is read or written once it is done)."""
+    with _gemm._cupy().cuda.Device(device):
+        stream = _stager().stream(device, direction)
+        stream.wait_event(after)
+        copy(stream)
         event = _event()
         event.record(stream)
         return event
+
+
+def _up_direct(dst, src, allocated):
+    """``dst[...] = src`` for a page-locked host view `src`, once `allocated` is done."""
+    return _direct_copy(dst.device.id, "up", allocated, lambda stream: dst.set(src, stream=stream))
 
 
 def _down_direct(dst, src, after):
-    """``dst[...] = src`` into a page-locked, C-contiguous host view `dst`, once `after` is done: one asynchronous
-    GPU copy on this thread's download stream. Returns the event after it: `dst` is written once it is done."""
-    cp = _gemm._cupy()
-    device = src.device.id
-    with cp.cuda.Device(device):
-        stream = _stager().stream(device, "down")
-        stream.wait_event(after)
-        src.get(out=dst, stream=stream, blocking=False)
-        event = _event()
-        event.record(stream)
-        return event
+    """``dst[...] = src`` into a page-locked host view `dst`, once `after` (the kernel writing `src`) is done."""
+    return _direct_copy(src.device.id, "down", after, lambda stream: src.get(out=dst, stream=stream, blocking=False))
 
 
 def _direct(host) -> bool:
