@@ -5,9 +5,12 @@
  * about as much as such a product. Products with enough work go to `offload` (a ctypes callback into fastmm's
  * Python, which takes the GIL itself): it returns 1 when it computed the product, and whatever it declines (0) runs
  * NumPy's own loop, unchanged. A KeyboardInterrupt during fastmm's part declines (2): NumPy's loop computes the whole
- * product, and only then is the interrupt raised again (PyErr_SetInterrupt, which needs no GIL), so that it reaches
- * the program after NumPy returns rather than inside the callback, where ctypes would swallow it.
- * No Python or NumPy headers: the loop's arguments are pointers and integers, so any C compiler builds this.
+ * product, and then the KeyboardInterrupt is set on the calling thread, so that np.matmul itself raises it (NumPy
+ * checks for a Python error after a gufunc's loops). Setting it here rather than inside the callback matters: ctypes
+ * would print and clear it there; and a simulated signal (PyErr_SetInterrupt) is handled at the main thread's next
+ * check, which may run inside a finalizer that the garbage collector calls, where the interrupt is printed and lost.
+ * No Python or NumPy headers: the loop's arguments are pointers and integers, and the few Python C-API functions it
+ * calls are handed over as pointers, so any C compiler builds this.
  *
  * NumPy calls a gufunc loop with args = {a, b, c}, dimensions = {batch, m, k, n} and steps = the three batch
  * strides followed by the core strides of a (m, k), b (k, n) and c (m, n), all in bytes.
@@ -18,7 +21,19 @@
 typedef ptrdiff_t npy_intp;
 typedef void (*loop_t)(char **args, npy_intp const *dimensions, npy_intp const *steps, void *data);
 typedef int (*offload_t)(char **args, npy_intp const *dimensions, npy_intp const *steps);
-typedef void (*interrupt_t)(void);
+typedef int (*gil_ensure_t)(void);
+typedef void (*gil_release_t)(int);
+typedef void *(*err_occurred_t)(void);
+typedef void (*err_set_t)(void *);
+
+/* The Python C-API functions the loop needs, and the KeyboardInterrupt type (set once, before the first offload). */
+struct python_api {
+    gil_ensure_t ensure;
+    gil_release_t release;
+    err_occurred_t occurred;
+    err_set_t set_none;
+    void *keyboard_interrupt;
+};
 enum { DECLINED = 0, DONE = 1, INTERRUPTED = 2 };
 
 /* NumPy's loop is learnt from the first install (the slot's previous content) and never cleared: a thread that
@@ -26,16 +41,35 @@ enum { DECLINED = 0, DONE = 1, INTERRUPTED = 2 };
 static loop_t numpy_loop;
 static offload_t offload; /* NULL while the hook is off */
 static double min_flops = 1e300;
-static interrupt_t interrupt; /* Python's PyErr_SetInterrupt */
+static struct python_api python;
 
 void fastmm_set_numpy_loop(loop_t loop)
 {
     __atomic_store_n(&numpy_loop, loop, __ATOMIC_RELEASE);
 }
 
-void fastmm_configure(offload_t callback, double flops, interrupt_t set_interrupt)
+void fastmm_set_python_api(gil_ensure_t ensure, gil_release_t release, err_occurred_t occurred, err_set_t set_none,
+                           void *keyboard_interrupt)
 {
-    __atomic_store_n(&interrupt, set_interrupt, __ATOMIC_RELEASE);
+    python.ensure = ensure;
+    python.release = release;
+    python.occurred = occurred;
+    python.set_none = set_none;
+    python.keyboard_interrupt = keyboard_interrupt;
+}
+
+/* Whether this thread already has a Python error pending: NumPy calls the loop once per outer iteration and goes on
+ * after an error, and Python code must not run (the callback) while an error is set. */
+static int error_pending(void)
+{
+    int state = python.ensure();
+    int pending = python.occurred() != NULL;
+    python.release(state);
+    return pending;
+}
+
+void fastmm_configure(offload_t callback, double flops)
+{
     __atomic_store(&min_flops, &flops, __ATOMIC_RELEASE);
     __atomic_store_n(&offload, callback, __ATOMIC_RELEASE);
 }
@@ -48,7 +82,7 @@ void fastmm_matmul_loop(char **args, npy_intp const *dimensions, npy_intp const 
     double flops = 2.0 * (double)dimensions[0] * (double)dimensions[1] * (double)dimensions[2] *
                    (double)dimensions[3];
     int outcome = DECLINED;
-    if (callback != NULL && flops >= threshold)
+    if (callback != NULL && flops >= threshold && !error_pending())
         outcome = callback(args, dimensions, steps);
     if (outcome == DONE)
         return;
@@ -57,6 +91,9 @@ void fastmm_matmul_loop(char **args, npy_intp const *dimensions, npy_intp const 
     while ((loop = __atomic_load_n(&numpy_loop, __ATOMIC_ACQUIRE)) == NULL)
         sched_yield();
     loop(args, dimensions, steps, data);
-    if (outcome == INTERRUPTED)
-        __atomic_load_n(&interrupt, __ATOMIC_ACQUIRE)();
+    if (outcome == INTERRUPTED) {
+        int state = python.ensure();
+        python.set_none(python.keyboard_interrupt);
+        python.release(state);
+    }
 }

@@ -42,8 +42,8 @@ _OFFLOAD = ctypes.CFUNCTYPE(ctypes.c_int, _ARGS, _INTS, _INTS)
 # PYFUNCTYPE: called with the GIL held, so no NumPy call runs its loop setup while the pointer is swapped.
 _REPLACE = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
                              ctypes.POINTER(ctypes.c_void_p))
-_REPLACE_INDEX = 30
-_DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (as in _hostloop.c)  # PyUFunc_ReplaceLoopBySignature's slot in NumPy's ufunc C-API table (numpy/__ufunc_api.h)
+_REPLACE_INDEX = 30  # PyUFunc_ReplaceLoopBySignature's slot in NumPy's ufunc C-API table (numpy/__ufunc_api.h)
+_DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (as in _hostloop.c)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -217,8 +217,14 @@ class _Shim:
         self.lib = _compile_c_loop()
         if self.lib is not None:
             self.kind = "C"
-            self.lib.fastmm_configure.argtypes = [ctypes.c_void_p, ctypes.c_double, ctypes.c_void_p]
+            self.lib.fastmm_configure.argtypes = [ctypes.c_void_p, ctypes.c_double]
             self.lib.fastmm_set_numpy_loop.argtypes = [ctypes.c_void_p]
+            self.lib.fastmm_set_python_api.argtypes = [ctypes.c_void_p] * 5
+            api = ctypes.pythonapi
+            self.lib.fastmm_set_python_api(
+                *(ctypes.cast(f, ctypes.c_void_p) for f in (api.PyGILState_Ensure, api.PyGILState_Release,
+                                                             api.PyErr_Occurred, api.PyErr_SetNone)),
+                ctypes.c_void_p.in_dll(api, "PyExc_KeyboardInterrupt"))
             self.address = ctypes.cast(self.lib.fastmm_matmul_loop, ctypes.c_void_p).value
         else:
             self.kind = "ctypes"
@@ -239,8 +245,7 @@ class _Shim:
         self.on, self.min_flops = on, min_flops
         if self.lib is not None:
             self.lib.fastmm_configure(ctypes.cast(self.offload, ctypes.c_void_p) if on else None,
-                                      min_flops if math.isfinite(min_flops) else 1e300,
-                                      ctypes.cast(ctypes.pythonapi.PyErr_SetInterrupt, ctypes.c_void_p))
+                                      min_flops if math.isfinite(min_flops) else 1e300)
 
     def _python_loop(self, args, dims, steps, data):
         if self._numpy is None:  # the first install's swap is still finishing (see the class docstring)
@@ -252,8 +257,8 @@ class _Shim:
         if outcome != _DONE:
             self._numpy(args, dims, steps, data)
         if outcome == _INTERRUPTED:
-            # Python code cannot raise it after returning, as the C loop does: the interrupt is raised here,
-            # where ctypes reports it as ignored. The result is whole either way.
+            # A ctypes callback cannot leave an exception for NumPy to raise, as the C loop does: the interrupt is
+            # simulated, and reaches the main thread at its next check for signals. The result is whole either way.
             _thread.interrupt_main()
 
 

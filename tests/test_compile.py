@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
 import sys
 
@@ -12,11 +12,25 @@ from fastmm.__main__ import _all_binaries
 from fastmm.kernels import build
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Every binary compiled once per test run, by `python -m fastmm compile` (in parallel, one nvcc per core) into a
+    cache of this run's own; the tests below read their binary from it, and check the command's report."""
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    env = {**os.environ, "FASTMM_CACHE_DIR": str(cache)}
+    run = subprocess.run([sys.executable, "-m", "fastmm", "compile", "--arch", "sm_90"], capture_output=True,
+                         text=True, env=env)
+    return cache, run
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("config,variant", _all_binaries(), ids=lambda x: getattr(x, "name", None) or x.suffix)
-def test_binary_compiles_without_spills(config, variant, tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
-    r = build.compile_cubin(config, variant, "sm_90")
+def test_binary_compiles_without_spills(config, variant, compiled, monkeypatch):
+    cache, _ = compiled
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(cache))
+    path = build.cache_path(config, variant, "sm_90")
+    r = build.compile_cubin(config, variant, "sm_90")  # compiled by the fixture, or here (with nvcc's log) if not
+    assert path.is_file(), f"{path} was not written"
     assert r.cubin[:4] == b"\x7fELF"
     assert r.registers > 0
     assert r.spill_stores == 0 and r.spill_loads == 0, r.log
@@ -34,7 +48,7 @@ def test_binary_compiles_without_spills(config, variant, tmp_path, monkeypatch):
         assert r.smem_bytes == config.smem_bytes, r.log
         assert r.smem_bytes <= 48 * 1024
     assert r.registers * config.threads * getattr(config, "min_blocks", 1) <= 65536
-    # A second compile of the same binary comes from the disk cache.
+    # The cache gives back what nvcc built, unchanged.
     again = build.compile_cubin(config, variant, "sm_90")
     assert again.cubin == r.cubin and again.registers == r.registers
 
@@ -59,10 +73,8 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch):
 
 
 @pytest.mark.nvcc
-def test_compile_command_reports_every_binary(tmp_path):
-    env = {"FASTMM_CACHE_DIR": str(tmp_path), "PATH": shutil.os.environ["PATH"]}
-    p = subprocess.run([sys.executable, "-m", "fastmm", "compile", "--arch", "sm_90"], capture_output=True, text=True,
-                       env=env)
+def test_compile_command_reports_every_binary(compiled):
+    _, p = compiled
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"{len(_all_binaries())} binaries: 0 failed to compile, 0 spill registers" in p.stdout
 
