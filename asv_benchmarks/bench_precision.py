@@ -19,7 +19,7 @@ class PrecisionModes(common.GemmBenchmark):
         if self.kernel == "cublas":
             self.cp.matmul(a, b, out=c)
         elif self.kernel == "cublas tf32":
-            from fastmm._bench import cublas_compute_tf32
+            from fastmm._tools.bench import cublas_compute_tf32
 
             with cublas_compute_tf32():
                 self.cp.matmul(a, b, out=c)

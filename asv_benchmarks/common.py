@@ -35,10 +35,6 @@ def require_gpu():
         available = False
     if not available:
         raise SkipNotImplemented("no CUDA GPU")
-    try:
-        import pycuda.driver  # noqa: F401
-    except ImportError:
-        raise SkipNotImplemented("PyCUDA is not installed") from None
     import fastmm
 
     return cupy, fastmm
@@ -61,7 +57,7 @@ def operands(cp, m, n, k, batch=1, a_t=False, seed=0):
 
 def median_seconds(cp, fn, n_sets):
     """Median per-call seconds of fn(i): fastmm's own CUDA-event timer (the one `python -m fastmm bench` uses)."""
-    from fastmm._bench import time_per_call
+    from fastmm._tools.timing import time_per_call
 
     return time_per_call(fn, n_sets, min_seconds=0.01)
 

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFaultError, KernelLoadError, LaunchError,
                       NvccNotFoundError, OutOfMemoryError, PerformanceWarning)
-from ._cupy_hook import accelerate_cupy, cupy_hook_status, restore_cupy
-from ._numpy_hook import HostModel, accelerate_numpy, numpy_hook_status, restore_numpy
+from ._hooks.cupy_hook import accelerate_cupy, cupy_hook_status, restore_cupy
+from ._hooks.numpy_hook import HostModel, accelerate_numpy, numpy_hook_status, restore_numpy
+from ._version import __version__ as __version__
 from ._plan import get_float32_matmul_precision, kernel_names, matmul_precision, set_float32_matmul_precision, use_kernel
 
-__version__ = "0.1.0"
 
 __all__ = [
     "ndarray", "asarray", "asnumpy",
@@ -116,7 +116,8 @@ def explain(a, b, kernel=None, precision=None) -> str:
     """
     import numpy as np
 
-    from . import _dispatch, _plan
+    from ._dispatch import products as _dispatch
+    from . import _plan
 
     if isinstance(a, tuple):
         a = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), a, (0,) * len(a))
@@ -127,7 +128,7 @@ def explain(a, b, kernel=None, precision=None) -> str:
         import cupy
 
         if cupy.cuda.is_available():
-            from . import _cuda
+            from ._runtime import cuda as _cuda
 
             device = _cuda.device(cupy.cuda.Device().id)
     except Exception:  # no CuPy or no GPU: plan for the assumed device
@@ -141,4 +142,4 @@ def explain(a, b, kernel=None, precision=None) -> str:
     ahead = _plan.cublas_ahead(problem, choice, device)
     if ahead is not None:
         notes.append(f"under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS ({ahead})")
-    return choice.explain(problem, device) + "".join(f"\n  note    {n}" for n in notes)
+    return _plan.describe(choice, problem, device) + "".join(f"\n  note    {n}" for n in notes)

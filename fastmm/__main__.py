@@ -90,7 +90,7 @@ def cmd_info(args) -> int:
     except RuntimeError as e:
         print(f"nvcc        not found ({e})")
     if cupy is not None and cupy.cuda.is_available():
-        from . import _cuda
+        from ._runtime import cuda as _cuda
 
         rt = cupy.cuda.runtime
         dev = _cuda.device(cupy.cuda.Device().id)
@@ -101,13 +101,13 @@ def cmd_info(args) -> int:
     else:
         print("gpu         none available")
     print("kernels     " + ", ".join(c.name for c in CONFIGS))
-    from ._numpy_hook import load_model, numpy_hook_status
+    from ._hooks.numpy_hook import load_model, numpy_hook_status
 
     status = numpy_hook_status()
     model = load_model()
     print(f"numpy hook  {'on' if status['active'] else 'off'} in this process; when on, it offloads "
           f"{model.threshold_text()}")
-    from ._cupy_hook import cupy_hook_status
+    from ._hooks.cupy_hook import cupy_hook_status
 
     status = cupy_hook_status()
     print(f"cupy hook   {'on' if status['active'] else 'off'} in this process; when on, float32 products of plain "
@@ -116,13 +116,13 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import _bench
+    from ._tools import bench as _bench
 
     return _bench.main(args)
 
 
 def cmd_autotune(args) -> int:
-    from . import _autotune
+    from ._tools import autotune as _autotune
 
     return _autotune.main(args)
 
@@ -145,11 +145,11 @@ def main(argv=None) -> int:
     e.add_argument("--precision", default=None, choices=["highest", "high", "medium"],
                    help="plan in this precision mode (default: the current one, 'highest')")
     b = sub.add_parser("bench", help="TFLOP/s of every kernel, auto and cuBLAS over a table of shapes")
-    from . import _bench
+    from ._tools import bench as _bench
 
     _bench.add_arguments(b)
     t = sub.add_parser("autotune", help="time every configuration for a list of shapes; auto uses the winners")
-    from . import _autotune
+    from ._tools import autotune as _autotune
 
     _autotune.add_arguments(t)
     args = p.parse_args(argv)

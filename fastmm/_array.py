@@ -23,7 +23,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the machine
     raise ImportError("fastmm arrays need CuPy: pip install 'fastmm[cuda13]' (or [cuda12])") from e
 
-from . import _dispatch
+from ._dispatch import products as _dispatch
+from ._runtime.arrays import cupy_base
 
 __all__ = ["ndarray", "asarray", "asnumpy"]
 
@@ -47,7 +48,7 @@ def _wrap(x):
 
 
 # CuPy's base array class, where CuPy has one: `_can_retype` tries a bare object of it.
-_base = getattr(getattr(getattr(_cp, "_core", None), "core", None), "_ndarray_base", None)
+_base = cupy_base(_cp)
 
 
 def _owning(x):

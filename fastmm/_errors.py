@@ -8,6 +8,7 @@ message ends with what to change.
 from __future__ import annotations
 
 import warnings
+from typing import Any, Sequence
 
 __all__ = ["CUDAError", "CUDAUnavailableError", "CompileError", "NvccNotFoundError", "KernelLoadError",
            "LaunchError", "DeviceFaultError", "OutOfMemoryError", "PerformanceWarning", "warn_once"]
@@ -61,3 +62,9 @@ def warn_once(key: str, message: str, stacklevel: int = 4) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, PerformanceWarning, stacklevel=stacklevel)
+
+
+def format_shape(shape: Sequence[Any]) -> str:
+    """NumPy's way of printing a shape in error messages: (2,3), (3,), ()."""
+    items = ",".join(str(s) for s in shape)
+    return f"({items},)" if len(shape) == 1 else f"({items})"

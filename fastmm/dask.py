@@ -27,7 +27,8 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     raise ImportError("fastmm.dask needs Dask: pip install 'fastmm[dask]' (dask[array], and distributed for a "
                       "cluster)") from e
 
-from . import _array, _dispatch, linalg
+from . import _array, linalg
+from ._dispatch import products as _dispatch
 
 __all__ = ["from_array", "meta", "to_host"]
 
@@ -66,7 +67,7 @@ def _null(shape, dtype):
 def _to_fastmm(block):
     # Host float32 chunks go up through fastmm's pinned staging (the link's full speed: an out-of-core product
     # uploads every chunk once per use), anything else as fastmm.asarray does.
-    from . import _staged
+    from ._hooks import staged as _staged
 
     if isinstance(block, np.ndarray) and block.dtype == np.float32 and block.ndim >= 1 and \
             0 < block.nbytes <= _staged.MAX_STAGING_BYTES:  # (pinned memory is the whole machine's: bounded)

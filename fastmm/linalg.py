@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 
-from . import _dispatch, _plan
+from ._dispatch import products as _dispatch
+from . import _plan
 from ._array import _fresh, _returned
 
 __all__ = ["matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"]

@@ -54,7 +54,7 @@ def rng():
 @pytest.fixture
 def launches(monkeypatch):
     """Count launches of fastmm's own kernels (to prove a call reached the GEMM path, not cuBLAS)."""
-    from fastmm import _cuda
+    from fastmm._runtime import cuda as _cuda
 
     calls = []
     real = _cuda.Launch.__call__

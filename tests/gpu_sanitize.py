@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 
 import fastmm
-from fastmm.kernels.configs import _BY_NAME, CONFIGS
+from fastmm.kernels.configs import BY_NAME, CONFIGS
 
 # (300, 600, 100) has tiles wholly inside A, B and C for every kernel (the warp-tiled kernels copy those without
 # bounds checks) next to ragged ones; with K a multiple of 32, (256, 512, 96) runs the sub-tile loop in every
@@ -42,9 +42,9 @@ def main(kernels) -> int:
     runs = 0
     for name in kernels:
         if name == "padded":
-            fastmm._plan._PAD_MIN_MACS = PADDED_MIN_MACS
-            fastmm._plan._memo.clear()
-            fastmm._gemm.replays.clear()
+            fastmm._plan.table._PAD_MIN_MACS = PADDED_MIN_MACS
+            fastmm._plan.tuned._memo.clear()
+            fastmm._runtime.gemm.replays.clear()
         for m, n, k in (AUTO_SHAPES if name in ("auto", "padded") else SHAPES):
             for a_t in (False, True):
                 for b_t in (False, True):
@@ -64,7 +64,7 @@ def main(kernels) -> int:
                         got = cp.asnumpy(out)
                         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
                         runs += 1
-                        medium = name in _BY_NAME and _BY_NAME[name].precision == "medium"
+                        medium = name in BY_NAME and BY_NAME[name].precision == "medium"
                         if not err < (3e-3 if medium else 1e-5):  # one TF32 pass: 10-bit mantissas
                             failures += 1
                             print(f"FAIL {name} {m}x{n}x{k} a_t={a_t} b_t={b_t} offset={offset}: {err}")

@@ -66,7 +66,9 @@ def stand_in_device(monkeypatch):
     allocator hook, and fastmm's launches recorded as (kernel, a, b, c) instead of run."""
     from cupy.cuda import memory
 
-    from fastmm import _cuda, _gemm, _plan
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
+    from fastmm._runtime import gemm as _gemm
 
     state = {"next": 1 << 40}
 
@@ -89,7 +91,7 @@ def stand_in_device(monkeypatch):
     monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
     monkeypatch.setattr(_cuda, "Launch", Launch)
     monkeypatch.setattr(_gemm, "replays", {})
-    monkeypatch.setattr(_plan, "_memo", {})
+    monkeypatch.setattr(_plan.tuned, "_memo", {})
     try:
         yield memory_at, launched
     finally:
@@ -102,7 +104,8 @@ def test_small_products_replay_on_cupy_arrays(stand_in_device):
     import numpy as np
 
     import fastmm
-    from fastmm import _dispatch, _gemm
+    from fastmm._dispatch import products as _dispatch
+    from fastmm._runtime import gemm as _gemm
 
     memory_at, launched = stand_in_device
 

@@ -75,3 +75,18 @@ def test_interleaved_ratio_cancels_a_drift_that_sequential_timing_reads_as_a_dif
     calls.clear()
     assert common.interleaved_ratio(product, same_product, 1, timer=drifting) == pytest.approx(1.0, abs=0.002)
     assert calls[:4] == [product, same_product, same_product, product]
+
+
+def test_gpu_benchmarks_need_cupy_and_a_gpu_only(monkeypatch):
+    """fastmm launches through CuPy's driver bindings: a GPU machine without PyCUDA runs every benchmark."""
+    cupy = pytest.importorskip("cupy", reason="CuPy imports without a GPU; install it to run this check")
+    sys.path.insert(0, str(ROOT))
+    try:
+        from asv_benchmarks import common
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.setattr(cupy.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "pycuda", None)  # importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    cp, fastmm = common.require_gpu()
+    assert cp is cupy and fastmm.__name__ == "fastmm"

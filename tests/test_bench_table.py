@@ -1,6 +1,6 @@
 """The bench's table, from a made-up report (no GPU): ratios against the same row's cuBLAS, gaps for skipped kernels."""
 
-from fastmm._bench import format_table
+from fastmm._tools.bench import format_table
 
 
 def test_table_reports_ratios_to_the_rows_cublas():

@@ -149,11 +149,12 @@ def test_concurrent_cold_starts_agree(cache):
     assert not list((cache / "kernels").glob("*.tmp"))
 
 
-# The runtime's recompile decision (fastmm/_cuda.py), with the compile and the driver load replaced: no GPU.
+# The runtime's recompile decision (fastmm/_runtime/cuda.py), with the compile and the driver load replaced: no GPU.
 
 @pytest.fixture
 def runtime(monkeypatch):
-    from fastmm import _cuda, _plan
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
 
     monkeypatch.setattr(_cuda, "_functions", {})
     monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
@@ -168,7 +169,7 @@ def runtime(monkeypatch):
 
 
 def _refusing(times):
-    from fastmm import _cuda
+    from fastmm._runtime import cuda as _cuda
 
     left = [times]
 

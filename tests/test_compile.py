@@ -85,7 +85,7 @@ def test_launch_arguments_match_the_kernels_parameter_list():
     import re
     from pathlib import Path
 
-    from fastmm import _cuda
+    from fastmm._runtime import cuda as _cuda
 
     text = (Path(build.__file__).parent / "common.cuh").read_text()
     params = re.search(r"#define FASTMM_GEMM_PARAMS(.*?)\n\n", text, re.S).group(1)

@@ -21,8 +21,9 @@ import pytest
 cupy = pytest.importorskip("cupy", reason="the CuPy hook rebinds CuPy's names: needs CuPy installed (no GPU needed)")
 
 import fastmm  # noqa: E402
-from fastmm import _cupy_hook as hook  # noqa: E402
-from fastmm import _dispatch, _plan  # noqa: E402
+from fastmm._hooks import cupy_hook as hook  # noqa: E402
+from fastmm import _plan
+from fastmm._dispatch import products as _dispatch  # noqa: E402
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 FUNCTIONS = ("matmul", "dot", "inner", "vdot", "tensordot", "einsum")

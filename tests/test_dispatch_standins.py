@@ -16,7 +16,9 @@ import types
 import numpy as np
 import pytest
 
-from fastmm import _dispatch, _gemm
+from fastmm._dispatch import products as _dispatch
+from fastmm._runtime import arrays as _arrays
+from fastmm._runtime import gemm as _gemm
 
 
 class FakeCupyArray(np.ndarray):
@@ -89,7 +91,7 @@ FakeCupyArray.dot = _cupy_dot
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    monkeypatch.setattr(_gemm, "_cp", _fake_cupy())
+    monkeypatch.setattr(_arrays, "_cp", _fake_cupy())
     # A recursion would take ~15,000 frames and seconds; a low limit turns it into a fast failure.
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(400)
@@ -221,11 +223,11 @@ def test_out_is_written_and_returned(fake_cupy, rng):
 def test_plain_view_shares_memory_and_base():
     x = _fastmm(np.arange(6.0).reshape(2, 3))
     cp = _fake_cupy()
-    _gemm._cp, saved = cp, _gemm._cp
+    _arrays._cp, saved = cp, _arrays._cp
     try:
         p = _dispatch.plain(x)
     finally:
-        _gemm._cp = saved
+        _arrays._cp = saved
     assert type(p) is FakeCupyArray and p.base is x
     p[0, 0] = 42
     assert x[0, 0] == 42
@@ -351,7 +353,7 @@ def test_einsum_sublist_form_matches_numpy(fake_cupy, ins, rng):
                                 {"dtype": "i4"}])
 @pytest.mark.filterwarnings("ignore::numpy.exceptions.ComplexWarning")  # NumPy's own, for the unsafe cast
 def test_dtype_resolution_matches_numpy(a, b, kw):
-    from fastmm._rules import ufunc_dtypes
+    from fastmm._dispatch.numpy_rules import ufunc_dtypes
 
     x, y = np.ones((2, 2), a), np.ones((2, 2), b)
     want = _outcome(lambda: np.matmul(x, y, **kw).dtype)
@@ -378,13 +380,13 @@ def test_operand_on_another_device_follows_cupys_rule(fake_cupy, monkeypatch, ca
     """CuPy's rule (its elementwise kernels'): peer access enabled with a warning, CuPy's ValueError where the
     devices cannot be peers, and a fastmm error (never a raw one) where enabling fails."""
     import fastmm
-    from fastmm import _cuda
+    from fastmm._runtime import cuda as _cuda
 
     def enable(peer):
         if enable_error:
             raise _RuntimeError(enable_error)
 
-    rt = _gemm._cp.cuda.runtime
+    rt = _arrays._cp.cuda.runtime
     rt.CUDARuntimeError = _RuntimeError
     rt.deviceCanAccessPeer = lambda device, peer: can
     rt._deviceEnsurePeerAccess = enable
@@ -430,7 +432,8 @@ class _Names(list):
 @pytest.fixture
 def launched(fake_cupy, monkeypatch):
     """The runtime replaced by a stand-in that records the name of each kernel launched (an assumed H100)."""
-    from fastmm import _cuda, _plan
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
 
     names = _Names()
 
@@ -460,13 +463,13 @@ def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(la
     a, b = _fastmm(np.zeros((768, 256), np.float32)), _fastmm(np.zeros((256, 768), np.float32))
     _dispatch.matmul(a, b)
     _dispatch.matmul(a, b)  # a replay
-    assert launched == [_plan.WT128x64_SUMS] * 2
+    assert launched == [_plan.tiles.WT128x64_SUMS] * 2
     with _plan.yield_to_cublas():
         with pytest.raises(_plan.CublasAhead, match="partial wave"):
             _dispatch.matmul(a, b)
         small = _fastmm(np.zeros((64, 64), np.float32))
         _dispatch.matmul(small, small)  # not a class where cuBLAS is ahead: fastmm's kernel
-    assert launched == [_plan.WT128x64_SUMS] * 2 + [_plan.WT64]
+    assert launched == [_plan.tiles.WT128x64_SUMS] * 2 + [_plan.tiles.WT64]
     assert not _plan.yielding_to_cublas()
 
 
@@ -478,7 +481,7 @@ def test_precision_modes_choose_kernels_and_never_share_replays(launched):
         with _plan.matmul_precision(mode):
             _dispatch.matmul(a, a)
     products = [n for n in launched if n != "split"]  # the wgmma kernels' split passes, two per product
-    assert [_plan.get_config(n).precision for n in products] == ["highest", "high", "medium", "high", "highest"]
+    assert [_plan.tiles.get_config(n).precision for n in products] == ["highest", "high", "medium", "high", "highest"]
     assert len(launched) - len(products) == 6 and products[1].startswith("tf32x3wg_")
 
 
@@ -528,10 +531,10 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     """On a GPU without thread-block clusters (before Hopper), slices of K are a batch summed by the slice sum."""
     from fastmm import _plan
 
-    monkeypatch.setattr(_plan, "_clusters", lambda device: False)
-    monkeypatch.setattr(_plan, "_memo", {})  # plans made with clusters must not answer (nor outlive the test)
+    monkeypatch.setattr(_plan.table, "_clusters", lambda device: False)
+    monkeypatch.setattr(_plan.tuned, "_memo", {})  # plans made with clusters must not answer (nor outlive the test)
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
-    monkeypatch.setattr(_gemm._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
+    monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
     a = _fastmm(np.zeros((2816, 4096), np.float32))  # 88 blocks of 32 rows: 3 slices are one wave of 264
     v = _fastmm(np.zeros(4096, np.float32))
@@ -575,8 +578,8 @@ def test_unaligned_operands_are_copied_aligned_then_multiplied(launched, monkeyp
     the copies do not fit in memory, the product runs on 4-byte copies."""
     from fastmm import _errors, _plan
 
-    monkeypatch.setattr(_plan, "_PAD_MIN_MACS", 1 << 20)
-    monkeypatch.setattr(_plan, "_memo", {})
+    monkeypatch.setattr(_plan.table, "_PAD_MIN_MACS", 1 << 20)
+    monkeypatch.setattr(_plan.tuned, "_memo", {})
     a = _fastmm(np.zeros((301, 303), np.float32))
     b = _fastmm(np.zeros((303, 305), np.float32))
     _dispatch.matmul(a, b)

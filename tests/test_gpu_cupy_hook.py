@@ -133,7 +133,7 @@ def test_few_column_shapes_run_on_fastmm_under_the_hook(shape, rng, launches):
 
 
 def test_a_fastmm_failure_falls_back_to_cupy_once_warned(monkeypatch, rng):
-    from fastmm import _gemm
+    from fastmm._runtime import gemm as _gemm
 
     def fail(*args, **kwargs):
         raise fastmm.LaunchError("stand-in: the driver refused the launch")
@@ -210,7 +210,7 @@ def test_scikit_learn_array_api_products_run_on_fastmm():
     pytest.importorskip("array_api_compat", reason="array_api_compat is not installed")
     code = textwrap.dedent("""
         import json, cupy as cp, sklearn, fastmm
-        from fastmm import _cuda
+        from fastmm._runtime import cuda as _cuda
         from sklearn.metrics.pairwise import cosine_similarity, linear_kernel, rbf_kernel
         n = []
         real = _cuda.Launch.__call__

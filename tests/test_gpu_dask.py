@@ -79,7 +79,7 @@ def test_two_gpus_with_a_local_cluster(rng):
     pytest.importorskip("distributed", reason="distributed is not installed: pip install 'fastmm[dask]'")
     from dask.distributed import Client
 
-    from fastmm._dask_bench import _cluster
+    from fastmm._tools.dask_bench import _cluster
 
     a = rng.standard_normal((4096, 2048)).astype(np.float32)
     with _cluster(2) as cluster, Client(cluster) as client:

@@ -31,9 +31,9 @@ TOLS = {"highest": TOL, "high": TOL, "medium": 3e-3}
 
 
 def tol(kernel: str) -> float:
-    from fastmm.kernels.configs import _BY_NAME
+    from fastmm.kernels.configs import BY_NAME
 
-    config = _BY_NAME.get(kernel)
+    config = BY_NAME.get(kernel)
     return TOLS[config.precision] if config is not None else TOL
 
 
@@ -172,7 +172,8 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
 def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     """Long-K products with few output tiles take the split-K path: right, and bitwise the same every run."""
     import fastmm
-    from fastmm import _cuda, _plan
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
 
     a = host_operand(rng, m, k, layout[0] == "t")
     b = host_operand(rng, k, n, layout[1] == "t")
@@ -202,7 +203,8 @@ def test_split_products_sum_into_any_out(m, n, k, where, rng):
     rows of a wider array, a start that is not 16-byte aligned, a Fortran-ordered out; nothing outside the view is
     touched, and replays give the same bits."""
     import fastmm
-    from fastmm import _cuda, _plan
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
 
     a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((m, k), (k, n)))
     da, db = device(a), device(b)
@@ -259,7 +261,7 @@ def test_partial_sums_in_runs_of_k(m, n, k, layout, rng):
     a = host_operand(rng, m, k, layout[0] == "t")
     b = host_operand(rng, k, n, layout[1] == "t")
     out = cp.full((m, n), cp.nan, cp.float32)
-    fastmm.matmul(fastmm.asarray(device(a)), fastmm.asarray(device(b)), out=out, kernel=_plan.WT256_SLICES)
+    fastmm.matmul(fastmm.asarray(device(a)), fastmm.asarray(device(b)), out=out, kernel=_plan.tiles.WT256_SLICES)
     assert rel_error(out, a.astype(np.float64) @ b.astype(np.float64)) < TOL
 
 
@@ -273,8 +275,8 @@ def test_partial_sums_lower_the_error_of_a_long_k(rng):
     b = rng.uniform(-1, 1, (16384, 256)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     fa, fb = fastmm.asarray(a), fastmm.asarray(b)
-    runs = rel_error(fastmm.matmul(fa, fb, kernel=_plan.WT256_SLICES), ref)
-    one = rel_error(fastmm.matmul(fa, fb, kernel=_plan.WT256_LOOP16), ref)
+    runs = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT256_SLICES), ref)
+    one = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT256_LOOP16), ref)
     assert runs < 0.5 * one, (runs, one)
 
 
@@ -318,8 +320,11 @@ def test_unaligned_operands_are_copied_aligned_correctly(m, n, k, layout, rng):
 
 def test_autotune_writes_the_cache_and_auto_uses_it(tmp_path, monkeypatch, rng):
     import fastmm
-    from fastmm import _autotune, _cuda, _dispatch, _plan
-    from fastmm._bench import Shape
+    from fastmm import _plan
+    from fastmm._tools import autotune as _autotune
+    from fastmm._runtime import cuda as _cuda
+    from fastmm._dispatch import products as _dispatch
+    from fastmm._tools.bench import Shape
 
     monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
     _plan.reload_tuned()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import fastmm
-from fastmm import _numpy_hook as hook
-from fastmm import _staged
+from fastmm._hooks import numpy_hook as hook
+from fastmm._hooks import staged as _staged
 
 pytestmark = pytest.mark.gpu
 
@@ -109,7 +109,7 @@ def test_pieces_on_the_gpu(batch, m, k, n, budget, rng):
 
 
 def test_a_gpu_failure_falls_back_to_numpy(monkeypatch, rng):
-    from fastmm import _dispatch
+    from fastmm._dispatch import products as _dispatch
 
     def fail(*args, **kwargs):
         raise fastmm.LaunchError("stand-in: the driver refused the launch")
@@ -127,7 +127,7 @@ def test_a_gpu_failure_falls_back_to_numpy(monkeypatch, rng):
 def test_a_process_using_the_hook_from_threads_exits_cleanly():
     code = textwrap.dedent("""
         import threading, numpy as np, fastmm
-        from fastmm import _numpy_hook as hook
+        from fastmm._hooks import numpy_hook as hook
         fastmm.accelerate_numpy(hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0))
         a = np.ones((256, 256), np.float32)
         res = []

@@ -1,4 +1,4 @@
-"""Fault suite for the GPU runtime (fastmm/_cuda.py): threads, streams, devices, the kernel cache, faults.
+"""Fault suite for the GPU runtime (fastmm/_runtime/cuda.py): threads, streams, devices, the kernel cache, faults.
 
 Every scenario runs in a child process, because what is under test includes how that process ends: its
 exit status must be 0 and its stderr empty (a runtime that mishandles contexts or modules aborts at exit or
@@ -379,7 +379,7 @@ def test_out_of_memory_then_a_normal_product():
 
 def test_failed_launch_raises_and_the_next_product_works():
     p = run_child('''
-    from fastmm import _cuda
+    from fastmm._runtime import cuda as _cuda
 
     rng = np.random.default_rng(8)
     a, b = host(rng, 200, 100), host(rng, 100, 150)
@@ -420,7 +420,7 @@ def test_sticky_fault_is_a_device_fault_error():
     # say so with its own error, and the process must still exit normally, with nothing from fastmm
     # on stderr.
     p = run_child('''
-    from fastmm import _cuda
+    from fastmm._runtime import cuda as _cuda
     from fastmm.kernels.configs import Naive, Variant
 
     rng = np.random.default_rng(9)

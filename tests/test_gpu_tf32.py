@@ -38,7 +38,7 @@ def _error(c, ref64) -> float:
 
 
 def _cublas(a, b, tf32=False):
-    from fastmm._bench import cublas_compute_tf32
+    from fastmm._tools.bench import cublas_compute_tf32
 
     if not tf32:
         return cp.matmul(a, b)
@@ -141,7 +141,7 @@ def test_every_way_of_setting_the_mode_reaches_the_kernels(rng, launches):
     finally:
         fastmm.set_float32_matmul_precision("highest")
     a @ a
-    modes = [fastmm._plan.get_config(name).precision for name in launches if name != "split"]
+    modes = [fastmm._plan.tiles.get_config(name).precision for name in launches if name != "split"]
     assert modes == ["highest", "high", "medium", "high", "highest"], launches
 
 
@@ -197,7 +197,7 @@ def test_wgmma_products_longer_than_one_split_launch_run_in_pieces(rng, monkeypa
     384 columns for 3xTF32, 256 for one pass)."""
     if not _hopper():
         pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
-    from fastmm import _gemm
+    from fastmm._runtime import gemm as _gemm
 
     monkeypatch.setattr(_gemm, "MAX_GRID_Y", 12)
     a = rng.standard_normal((1000, 300)).astype(np.float32)

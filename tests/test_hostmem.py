@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fastmm
-from fastmm import _hostmem
+from fastmm._hooks import hostmem as _hostmem
 
 try:
     from numpy._core.multiarray import get_handler_name
@@ -116,7 +116,7 @@ def _child(code: str) -> subprocess.CompletedProcess:
 
 STAND_IN_DRIVER = """
     import ctypes, gc, os, numpy as np
-    from fastmm import _hostmem
+    from fastmm._hooks import hostmem as _hostmem
     calls = []
     REG = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
     ONE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)

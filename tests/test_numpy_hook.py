@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import fastmm
-from fastmm import _numpy_hook as hook
-from fastmm import _staged
+from fastmm._hooks import numpy_hook as hook
+from fastmm._hooks import staged as _staged
 
 EVERYTHING = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)  # predicts the GPU faster for any product
 NOTHING = hook.HostModel(host=1e18, link=1.0, gpu=1.0, overhead=1.0)
@@ -199,7 +199,7 @@ def test_an_interrupt_keeps_the_result_whole_and_reaches_the_program(gpu, monkey
         fastmm.accelerate_numpy(NOTHING)
         fastmm.restore_numpy()
     if hook._state.shim.kind != "C":
-        pytest.skip("this machine cannot build fastmm/_hostloop.c, and the ctypes loop simulates the interrupt "
+        pytest.skip("this machine cannot build fastmm/_hooks/hostloop.c, and the ctypes loop simulates the interrupt "
                     "instead (tested in test_the_ctypes_loop_passes_an_interrupt_on)")
     monkeypatch.setattr(hook._state, "product", _interrupted)
     a = rng.standard_normal((70, 70)).astype(np.float32)
@@ -295,7 +295,7 @@ def test_without_a_c_compiler_the_ctypes_loop_does_the_same(monkeypatch, rng):
     """A fresh process (the C loop, once built, is kept for the process's life) with no compiler on PATH."""
     code = textwrap.dedent("""
         import os, warnings, numpy as np, fastmm
-        from fastmm import _numpy_hook as hook
+        from fastmm._hooks import numpy_hook as hook
         calls = []
         def fake(a, b, c):
             calls.append(a.shape)
@@ -324,7 +324,7 @@ def test_without_a_c_compiler_the_ctypes_loop_does_the_same(monkeypatch, rng):
 def test_a_process_with_the_hook_on_exits_cleanly():
     code = textwrap.dedent("""
         import threading, numpy as np, fastmm
-        from fastmm import _numpy_hook as hook
+        from fastmm._hooks import numpy_hook as hook
         import warnings
         def down(a, b, c):
             raise RuntimeError("stand-in: the GPU is down")
@@ -459,7 +459,7 @@ def lazy_gpu(monkeypatch, request):
     """The stand-in GPU, with the copies on the staging threads, or (small products) in the calling thread."""
     gpu = _LazyGPU()
     monkeypatch.setattr(_staged, "_INLINE_BYTES", 0 if request.param == "threads" else 1 << 40)
-    monkeypatch.setattr(_staged._gemm, "_cp", gpu.cupy)
+    monkeypatch.setattr(_staged._arrays, "_cp", gpu.cupy)
     monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=gpu.matmul))
     monkeypatch.setattr(_staged, "_local", threading.local())
     monkeypatch.setattr(_staged, "_pool", None)  # staging threads whose thread-local state is the stand-in's

@@ -58,8 +58,8 @@ def test_tiled_rule_fills_the_gpu():
     # Long K with an operand transposed, or an odd multiple of 16: the 16-deep tile looping over whole K-tiles;
     # with an operand transposed from K = 4096, the same loop with partial sums over runs of 512 (cuBLAS's accuracy).
     for b_t in (False, True):
-        assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == _plan.WT256_SLICES
-    assert choose(4096, 4096, 4096, b_t=True).name == _plan.WT256_SLICES
+        assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == _plan.tiles.WT256_SLICES
+    assert choose(4096, 4096, 4096, b_t=True).name == _plan.tiles.WT256_SLICES
     assert choose(2048, 2048, 2048, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(4096, 4096, 4080, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(8192, 8192, 8176).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
@@ -70,12 +70,12 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(2048, 2048, 2032).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 50 tiles of 128x256: too few
     # 72 tiles: over half the SMs, with per-tile sums below 3/4 of a wave (then split-K over K takes the product)
-    assert _plan._fill(_plan.Problem(768, 768, 4096), H100) == "warptile_128x64x16_32x64_8x8_s4_tsum"
+    assert _plan.tiles._fill(_plan.Problem(768, 768, 4096), H100) == "warptile_128x64x16_32x64_8x8_s4_tsum"
     assert choose(768, 768, 4096).rule == "split-k-mid"
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5% (the ragged-edge rule
     # takes such products first, see below).
-    assert _plan._fill(_plan.Problem(4097, 4097, 4097), H100) == "warptile_128x64x16_32x64_8x8_s4"
+    assert _plan.tiles._fill(_plan.Problem(4097, 4097, 4097), H100) == "warptile_128x64x16_32x64_8x8_s4"
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
     assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
@@ -84,7 +84,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"      # K not a multiple of 16
     # A ragged last wave: 3000^3 is 2.2 waves of 128x256 tiles (27% of the SMs' time idle), 2.85 of 128x64.
-    assert _plan.wave_efficiency(_plan.Problem(3000, 3000, 3000), _plan.get_config(
+    assert _plan.wave_efficiency(_plan.Problem(3000, 3000, 3000), _plan.tiles.get_config(
         "warptile_128x256x16_64x64_8x16_s4_spread"), _plan.Device()) == pytest.approx(288 / 396)
     assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"      # 3000 = 187.5 x 16
     assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"  # 8.7 waves: 97% busy
@@ -147,7 +147,7 @@ def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, 
 def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel):
     problem = _plan.Problem(m, n, k, aligned=False)
     c = _plan.choose(problem, H100)
-    if m * n * k >= _plan._PAD_MIN_MACS:
+    if m * n * k >= _plan.table._PAD_MIN_MACS:
         # First copied to aligned rows, K padded to whole 16-deep K-tiles (aligned-copy); the copies' product peels,
         # its interior on the 16-deep loop that sums K in runs of 512 (cuBLAS's accuracy on these shapes).
         assert (c.rule, c.pad) == ("aligned-copy", True)
@@ -218,7 +218,7 @@ def test_validation_gives_numbers():
     with pytest.raises(ValueError, match=r"needs 98.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
         _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024))
     with pytest.raises(ValueError, match=r"needs 196.0 KiB.*allows 64.0 KiB per block \(with opt-in\)"):
-        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024), _plan.WT256_LOOP)
+        _plan.choose(_plan.Problem(4096, 4096, 4096), _plan.Device(max_smem_optin=64 * 1024), _plan.tiles.WT256_LOOP)
 
 
 def test_warptile_configurations_are_checked():
@@ -350,7 +350,7 @@ def test_explain_never_converts_device_arrays_to_host():
 @pytest.mark.parametrize("size,cls", [(1, 1), (3, 3), (5, 6), (700, 768), (768, 768), (769, 1024), (1000, 1024),
                                       (4096, 4096), (4097, 6144), (6145, 8192)])
 def test_tune_size_classes(size, cls):
-    assert _plan._size_class(size) == cls
+    assert _plan.tuned._size_class(size) == cls
 
 
 @pytest.mark.parametrize("m,n,k,aligned,ahead", [
@@ -474,7 +474,7 @@ ADA = _plan.Device(name="L4", compute_capability=(8, 9), sm_count=58, max_smem_o
 def test_every_choice_fits_the_gpus_shared_memory(device):
     """The table is measured on Hopper (227 KiB of shared memory per block); a GPU with less runs the same tile with
     16-deep stages, and 5 to 16 columns on the tiles where the few-column block (104 KiB) does not fit."""
-    from fastmm._bench import SHAPES
+    from fastmm._tools.bench import SHAPES
 
     problems = [_plan.Problem(s.m, s.n, s.k, batch=s.batch, a_t=s.a_t) for s in SHAPES]
     problems += [_plan.Problem(m, n, k, a_t=a_t, b_t=b_t) for m, n, k in
@@ -486,10 +486,10 @@ def test_every_choice_fits_the_gpus_shared_memory(device):
             choice = _plan.choose(p, device, precision=precision)  # validated: raises if the device cannot run it
             assert choice.config.smem_bytes <= device.max_smem_optin, (p, precision, choice.name)
     square = _plan.choose(_plan.Problem(4096, 4096, 4096), device)
-    assert square.name == _plan.WT256_LOOP16 and "fewer than warptile_128x256x32" in square.reason
-    assert _plan.choose(_plan.Problem(4096, 4096, 4096)).name == _plan.WT256_LOOP  # Hopper: the measured table
+    assert square.name == _plan.tiles.WT256_LOOP16 and "fewer than warptile_128x256x32" in square.reason
+    assert _plan.choose(_plan.Problem(4096, 4096, 4096)).name == _plan.tiles.WT256_LOOP  # Hopper: the measured table
     long_k = _plan.choose(_plan.Problem(4096, 4096, 4096, a_t=True), device)
-    assert long_k.name == _plan.WT256_LOOP16  # one running sum: the slots of the partial sums need 226 KiB
+    assert long_k.name == _plan.tiles.WT256_LOOP16  # one running sum: the slots of the partial sums need 226 KiB
     few = _plan.choose(_plan.Problem(4096, 12, 4096), device)
     assert (few.rule == "few-columns") == (device is A100), few.name
 
@@ -504,7 +504,7 @@ def test_forced_families_and_fallbacks_fit_the_gpu_too(device):
             assert _plan.choose(p, device, family).config.smem_bytes <= device.max_smem_optin, (p, family)
         assert _plan.without_copies(p, device).config.smem_bytes <= device.max_smem_optin
         assert _plan.invalid(_plan.without_copies(p, device).config, device) is None
-    assert _plan.choose(_plan.Problem(8192, 8192, 8192), kernel="warptile").name == _plan.WT256_LOOP  # Hopper
+    assert _plan.choose(_plan.Problem(8192, 8192, 8192), kernel="warptile").name == _plan.tiles.WT256_LOOP  # Hopper
     with pytest.raises(ValueError, match=r"skinny_n1_c2: needs compute capability 9.0 or newer; this device is 8"):
         _plan.choose(_plan.Problem(4096, 1, 65536), device, "skinny_n1_c2")
     assert "needs compute capability 9.0 or newer" in _plan.invalid(configs.get_config("skinny_n16_c8"), device)
@@ -514,7 +514,7 @@ def test_forced_families_and_fallbacks_fit_the_gpu_too(device):
 def test_compile_command_builds_what_the_architecture_runs():
     from fastmm.__main__ import _all_binaries, _runs_on
 
-    wgmma, cluster, tile = (configs.get_config(n) for n in ("tf32wg_128x256x32_s4", "skinny_n1_c2", _plan.WT64))
+    wgmma, cluster, tile = (configs.get_config(n) for n in ("tf32wg_128x256x32_s4", "skinny_n1_c2", _plan.tiles.WT64))
     assert [_runs_on(c, "sm_90") for c in (wgmma, cluster, tile)] == [True, True, True]
     assert [_runs_on(c, "sm_80") for c in (wgmma, cluster, tile)] == [False, False, True]
     assert [_runs_on(c, "sm_89") for c in (wgmma, cluster, tile)] == [False, False, True]

@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from fastmm import _gemm, _rules
+from fastmm._runtime import arrays as _arrays
+from fastmm._dispatch import numpy_rules as _rules
 
 
 def numpy_outcome(fn, ashape, bshape):
@@ -124,10 +125,10 @@ def test_batch_dims_collapse_and_broadcast():
     c = A((4, 6, 3, 5), (6 * 15 * 4, 15 * 4, 5 * 4, 4))
     a = A((4, 6, 3, 2), (6 * 6 * 4, 6 * 4, 2 * 4, 4))      # contiguous batch: collapses to one axis
     b = A((2, 5), (20, 4))                                    # broadcast: stride 0
-    dims = _gemm._batch_dims(c.shape[:-2], a, b, c)
+    dims = _arrays._batch_dims(c.shape[:-2], a, b, c)
     assert dims == [(24, [6, 0, 15])]
     a2 = A((4, 1, 3, 2), (6 * 4, 0, 2 * 4, 4))                # broadcast in the inner batch axis only
-    dims = _gemm._batch_dims(c.shape[:-2], a2, b, c)
+    dims = _arrays._batch_dims(c.shape[:-2], a2, b, c)
     assert dims == [(4, [6, 0, 90]), (6, [0, 0, 15])]
 
 
@@ -136,9 +137,9 @@ def test_core_layout_rules():
         def __init__(self, shape, strides):
             self.shape, self.strides = shape, strides
 
-    assert _gemm._core_layout(A((3, 5), (20, 4))) == (False, 5)     # row-major
-    assert _gemm._core_layout(A((3, 5), (4, 12))) == (True, 3)      # a transposed view
-    assert _gemm._core_layout(A((3, 5), (-20, 4))) == (False, -5)   # reversed rows need no copy
-    assert _gemm._core_layout(A((1, 5), (999, 4))) == (False, 0)    # a single row has no row stride
-    assert _gemm._core_layout(A((3, 5), (40, 8))) is None           # a[::2, ::2]: copied
-    assert _gemm._core_layout(A((3, 5), (10, 2))) is None           # not float32-strided
+    assert _arrays._core_layout(A((3, 5), (20, 4))) == (False, 5)     # row-major
+    assert _arrays._core_layout(A((3, 5), (4, 12))) == (True, 3)      # a transposed view
+    assert _arrays._core_layout(A((3, 5), (-20, 4))) == (False, -5)   # reversed rows need no copy
+    assert _arrays._core_layout(A((1, 5), (999, 4))) == (False, 0)    # a single row has no row stride
+    assert _arrays._core_layout(A((3, 5), (40, 8))) is None           # a[::2, ::2]: copied
+    assert _arrays._core_layout(A((3, 5), (10, 2))) is None           # not float32-strided

@@ -1,6 +1,6 @@
 """Turn a configuration into CUDA source and a cubin with nvcc: the one compile path.
 
-Used by the runtime (fastmm/_cuda.py, which loads the cubin through the CUDA driver) and by ``python -m fastmm compile``
+Used by the runtime (fastmm/_runtime/cuda.py, which loads the cubin through the CUDA driver) and by ``python -m fastmm compile``
 (which only reads ptxas' resource report). Neither needs a GPU to compile: only nvcc.
 
 Compiled cubins are cached on disk, keyed on the full source text (macros included), the nvcc options,
@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from .._errors import CompileError, NvccNotFoundError, warn_once
-from .configs import Variant, _Config
+from .configs import Variant, KernelConfig
 
 __all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "find_nvcc", "cache_dir",
            "cache_path", "is_cubin"]
@@ -56,7 +56,7 @@ def _read_source(filename: str) -> str:
     return resources.files(__package__).joinpath(filename).read_text()
 
 
-def source_for(config: _Config, variant: Variant) -> str:
+def source_for(config: KernelConfig, variant: Variant) -> str:
     """Full source of one binary: -D style macros as #defines, the shared headers, the family's file."""
     defines = "".join(f"#define {k} {v}\n" for k, v in config.macros(variant).items())
     return defines + "\n".join(_read_source(f) for f in ("common.cuh", *config.headers, config.source))
@@ -103,7 +103,7 @@ def _options(arch: str) -> list[str]:
     return [*NVCC_OPTIONS, f"-arch={arch}", "-Xptxas", "-v"]
 
 
-def cache_path(config: _Config, variant: Variant = Variant(), arch: str = "sm_90") -> Path:
+def cache_path(config: KernelConfig, variant: Variant = Variant(), arch: str = "sm_90") -> Path:
     """The cache entry of one binary: its name, architecture and a hash of everything that shapes it."""
     arch += config.arch_suffix
     nvcc = find_nvcc()
@@ -195,7 +195,7 @@ def _write_entry(path: Path, log: str, cubin: bytes) -> None:
                   "FASTMM_CACHE_DIR at a writable directory", stacklevel=5)
 
 
-def compile_cubin(config: _Config, variant: Variant = Variant(), arch: str = "sm_90",
+def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str = "sm_90",
                   *, use_cache: bool = True, refresh: bool = False) -> Compiled:
     """Compile one binary with ``nvcc -cubin -Xptxas -v``; return the cubin and ptxas' resource figures.
 

@@ -5,7 +5,7 @@
 // with element strides (not bytes) for each axis, so transposed and sliced views need no copy.
 // A batch index is split into two broadcastable batch axes, z = z0 * batch_inner + z1, each with its own
 // stride per operand (0 for a broadcast axis): NumPy batch shapes collapse to at most two such axes in
-// nearly every real case (fastmm/_dispatch.py loops over any further ones).
+// nearly every real case (fastmm/_dispatch/products.py loops over any further ones).
 //
 // One block computes one tile of one batch item: blockIdx.x walks tiles along n, blockIdx.y along m and
 // blockIdx.z batch items from z0. Where a problem needs more than the hardware's 65535 blocks along y or z,

@@ -16,7 +16,13 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from .base import MAX_GRID_Y, MAX_GRID_Z, Variant, KernelConfig
+from .passes import AUXILIARY, REPITCH, SLICE_SUM, SPLIT, Repitch, SliceSum, Split
+
 __all__ = [
+    "KernelConfig",
+    "MAX_GRID_Y",
+    "MAX_GRID_Z",
     "Naive",
     "Smem",
     "RegTile",
@@ -38,98 +44,8 @@ __all__ = [
     "validate",
 ]
 
-# Hardware limits that hold for every GPU fastmm supports (compute capability >= 7.0).
-MAX_GRID_Y = 65535
-MAX_GRID_Z = 65535
-
-
 @dataclasses.dataclass(frozen=True)
-class Variant:
-    """Per-call layout of a product, as the kernels see it.
-
-    a_t: A has unit stride along m (a transposed view) instead of along k.
-    b_t: B has unit stride along k (a transposed view) instead of along n.
-    vec: 4 when every row start is 16-byte aligned, so 128-bit loads and stores are legal; else 1.
-    """
-
-    a_t: bool = False
-    b_t: bool = False
-    vec: int = 4
-
-    @property
-    def suffix(self) -> str:
-        return f"{'t' if self.a_t else 'n'}{'t' if self.b_t else 'n'}_v{self.vec}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    family: ClassVar[str]
-    source: ClassVar[str]
-    # Whether the kernel reads its layout from macros (one binary per Variant) or from the strides at
-    # run time (one binary for every layout).
-    layout_macros: ClassVar[bool] = False
-    # Whether the kernel's shared memory is dynamic (sized at launch, may exceed 48 KiB after opt-in).
-    dynamic_smem: ClassVar[bool] = False
-    # Shared device code the source needs, placed between common.cuh and the family's file.
-    headers: ClassVar[tuple[str, ...]] = ()
-    # Appended to the device's architecture when compiling ("a": sm_90a, whose instructions exist on that GPU alone),
-    # and the one compute capability such a kernel runs on (None: any that fastmm supports).
-    arch_suffix: ClassVar[str] = ""
-    compute_capability: ClassVar[tuple[int, int] | None] = None
-
-    @property
-    def min_compute_capability(self) -> tuple[int, int] | None:
-        """The oldest GPU generation the kernel runs on, where it needs hardware newer than fastmm's floor."""
-        return None
-
-    # Subclasses define: name, block, tile, smem_bytes, _tile_macros(), _check().
-
-    @property
-    def threads(self) -> int:
-        return self.block[0] * self.block[1] * self.block[2]
-
-    @property
-    def function(self) -> str:
-        """The kernel's entry point in its source."""
-        return f"fastmm_{self.family}"
-
-    @property
-    def precision(self) -> str:
-        """What its products compute in, by `fastmm.set_float32_matmul_precision`'s names."""
-        return "highest"
-
-    def macros(self, variant: Variant) -> dict[str, int]:
-        return dict(self._tile_macros(), **(self._layout_macros(variant) if self.layout_macros else {}))
-
-    @staticmethod
-    def _layout_macros(variant: Variant) -> dict[str, int]:
-        return {"A_T": int(variant.a_t), "B_T": int(variant.b_t), "VEC": variant.vec}
-
-    def binary_name(self, variant: Variant) -> str:
-        """Name of one compiled binary: the config, plus the layout when the layout is compiled in."""
-        return f"{self.name}_{variant.suffix}" if self.layout_macros else self.name
-
-    def shared_for(self, k: int) -> int:
-        """Bytes of shared memory a launch over a K of `k` needs (at most smem_bytes)."""
-        return self.smem_bytes
-
-    @property
-    def batch_per_launch(self) -> int:
-        """Batch items one launch covers (the runtime launches again from z0 for the rest)."""
-        return MAX_GRID_Z
-
-    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
-        """Launch grid; y and z are clamped to the hardware limits (the kernels loop over the rest)."""
-        bm, bn = self.tile
-        return (
-            max(1, -(-n // bn)),
-            max(1, min(-(-m // bm), MAX_GRID_Y)),
-            max(1, min(batch, MAX_GRID_Z)),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Naive(_Config):
+class Naive(KernelConfig):
     """One thread per element of C."""
 
     block_x: int = 32
@@ -161,7 +77,7 @@ class Naive(_Config):
 
 
 @dataclasses.dataclass(frozen=True)
-class Smem(_Config):
+class Smem(KernelConfig):
     """Shared-memory tiling over K with TILE x TILE tiles, one thread per element of C."""
 
     tile_size: int = 32
@@ -192,7 +108,7 @@ class Smem(_Config):
 
 
 @dataclasses.dataclass(frozen=True)
-class RegTile(_Config):
+class RegTile(KernelConfig):
     """Register tiling: a BM x BN x BK block tile, a TM x TN thread tile, two shared-memory stages."""
 
     bm: int = 128
@@ -273,7 +189,7 @@ class _Pipelined:
 
 
 @dataclasses.dataclass(frozen=True)
-class WarpTile(_Pipelined, _Config):
+class WarpTile(_Pipelined, KernelConfig):
     """Warp tiling: a BM x BN x BK block tile cut into WM x WN warp tiles of TM x TN thread tiles, fed by a
     STAGES-deep cp.async pipeline (fastmm/kernels/warptile.cu)."""
 
@@ -367,7 +283,7 @@ class _Passes:
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorTile(_Passes, _Pipelined, _Config):
+class TensorTile(_Passes, _Pipelined, KernelConfig):
     """Tensor cores: mma.sync m16n8k8 TF32 on the warp-tiled kernel's cp.async pipeline (fastmm/kernels/tf32.cu),
     in one pass (``tf32``, "medium" precision) or three (``tf32x3``: 3xTF32, FP32 accuracy, "high")."""
 
@@ -408,7 +324,7 @@ class TensorTile(_Passes, _Pipelined, _Config):
 
 
 @dataclasses.dataclass(frozen=True)
-class WgTile(_Passes, _Config):
+class WgTile(_Passes, KernelConfig):
     """Tensor cores through Hopper's warpgroup MMA (wgmma, sm_90a only) on operands split beforehand by `Split`
     (fastmm/kernels/wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
     Specialised warps: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows of a
@@ -429,6 +345,11 @@ class WgTile(_Passes, _Config):
     ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
 
     SUFFIX: ClassVar[str] = "wg"
+
+    @property
+    def fallback(self) -> str:
+        """The family that multiplies in the same precision without the split operands' memory (mma.sync tiles)."""
+        return "tf32x3" if self.passes == 3 else "tf32"
 
     @property
     def function(self) -> str:
@@ -470,7 +391,7 @@ class WgTile(_Passes, _Config):
 
 
 @dataclasses.dataclass(frozen=True)
-class Skinny(_Config):
+class Skinny(KernelConfig):
     """Few columns (N <= nmax): bound by memory, each element of A read once, A's and B's 128-deep steps copied into
     a ring of `stages` shared-memory slots ahead of the FMAs, a fixed-order reduction (fastmm/kernels/skinny.cu).
     Few rows run it transposed."""
@@ -534,147 +455,43 @@ class Skinny(_Config):
         return []
 
 
-class _Auxiliary(_Config):
-    """A kernel that is not a product's (never planned, forced or benchmarked as one), launched through the same
-    runtime as the products: one binary for every layout, THREADS threads in a row, named by its family."""
-
-    THREADS: ClassVar[int] = 256
-
-    @property
-    def name(self) -> str:
-        return self.family
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.THREADS, 1, 1)
-
-    def _tile_macros(self) -> dict[str, int]:
-        return {}
-
-    def _check(self) -> list[str]:
-        return []
-
-
-@dataclasses.dataclass(frozen=True)
-class SliceSum(_Auxiliary):
-    """Not a product's kernel: split-K's ordered sum of the slices' partial products into C
-    (fastmm/kernels/slicesum.cu), launched through the same runtime as the products (M x N the result, K the number
-    of slices). A block adds 4 consecutive elements per group of threads, over every slice: with many slices its
-    threads split into groups that each add every G-th slice (`slice_groups`)."""
-
-    family: ClassVar[str] = "slicesum"
-    source: ClassVar[str] = "slicesum.cu"
-
-    @staticmethod
-    def slice_groups(slices: int) -> int:
-        """slicesum.cu's slice_groups: 1 up to 15 slices, then doubling with the slices, at most 32."""
-        g = 1
-        while g < 32 and 16 * g <= slices:
-            g *= 2
-        return g
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        # One row per grid row for the runtime's split of more than 65535 rows into launches; the grid itself is
-        # flat (below).
-        return (1, 4 * self.THREADS)
-
-    @property
-    def smem_bytes(self) -> int:
-        return 16 * self.THREADS
-
-    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
-        per_block = 4 * (self.THREADS // self.slice_groups(k))
-        return (max(1, -(-m * n // per_block)), 1, 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Repitch(_Auxiliary):
-    """Not a product's kernel: an operand copied into rows padded to 16 bytes (fastmm/kernels/repitch.cu), for the
-    plan's aligned copies. M x K the operand (its rows along the unit stride), a_sm its row stride; M x N the copy
-    (N >= K, zeros past K), c_sm its row stride."""
-
-    family: ClassVar[str] = "repitch"
-    source: ClassVar[str] = "repitch.cu"
-
-    ROWS: ClassVar[int] = 4  # rows per thread (repitch.cu's ROWS)
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.ROWS, 4 * self.THREADS)
-
-    @property
-    def smem_bytes(self) -> int:
-        return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Split(_Auxiliary):
-    """Not a product's kernel: the split pass of the wgmma kernels (fastmm/kernels/split.cu). One operand (R x K, any
-    strides) written as TF32 big and small parts in swizzled block tiles of b_sk rows by whole K-tiles, k contiguous,
-    zero-padded, and a flag per 32 x 32 tile: whether it holds an infinity. M = R, N = the padded rows, K = K,
-    c_sm = the padded K."""
-
-    family: ClassVar[str] = "split"
-    source: ClassVar[str] = "split.cu"
-    headers: ClassVar[tuple[str, ...]] = ("tf32_round.cuh",)
-
-    TILE: ClassVar[int] = 32  # split.cu's square tile, one flag each
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.TILE, self.TILE)
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.TILE * (self.TILE + 1) * 4
-
-    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
-        return (max(1, -(-k // self.TILE)), max(1, -(-n // self.TILE)), 1)
-
-    def rows_per_launch(self, block_rows: int, max_grid_y: int = MAX_GRID_Y) -> int:
-        """The most rows of an operand, in whole block tiles of `block_rows`, that one launch splits: a block per 32
-        padded rows along y. Neither this pass nor the layout it writes is made for a second launch at an offset,
-        so a longer operand is split (and multiplied) in pieces of this many rows."""
-        return self.TILE * max_grid_y // block_rows * block_rows
-
+# The configurations the plan names (fastmm/_plan/tiles.py), built once here; CONFIGS below lists them all.
+NAIVE = Naive(32, 8)
+SMEM16, SMEM32 = Smem(16), Smem(32)
+RT128 = RegTile(128, 128, 8, 8, 8, 2)    # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
+RT128x64 = RegTile(128, 64, 8, 8, 8, 3)  # 128 threads: twice the tiles of the above, for mid-size problems
+RT64 = RegTile(64, 64, 8, 8, 8, 6)       # 64 threads: four times the tiles, for problems that leave SMs idle
+# Warp tiles: (block tile, BK, warp tile, thread tile, stages, blocks per SM). 256 threads of 8x16 for
+# large products (one block per SM, up to 255 registers), 8x8 and 8x4 thread tiles for the rest.
+WT256_LOOP = WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True, sub_k=8)  # large products, long K: sub-tile loop
+WT256_32 = WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True)  # large products: 32-deep stages, fewer barriers
+WT256_LOOP16 = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16)  # a wave, short K, A^T.B: K-tile loop
+WT256_SLICES = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16, flush=512)  # split-K slices: runs of 512
+WT256 = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True)  # ... the same where K is not a multiple of 16
+WT128x64_LOOP = WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, sub_k=8)  # mid sizes (1024^3), n = 128, the sub-tile loop
+WT128x64 = WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3)  # ... ragged sizes (1000^3, 4097^3)
+# ... on K-padded copies, K in runs of 512 (3001^3): 3 stages, so that 3 blocks and their slots fit an SM
+WT128x64_RUNS = WarpTile(128, 64, 16, 32, 64, 8, 8, 3, 3, sub_k=8, flush=512)
+WT128x64_SUMS = WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True)  # ... on less than a wave (768^3)
+WT64 = WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True)  # small and skinny products, split-K slices
+# Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
+# 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
+# the kernel past 255 registers and it spilled.
+TF32X3_TILES = (TensorTile(128, 128, 32, 64, 32, 3, passes=3),  # large products: 32-deep stages, half the barriers
+                TensorTile(128, 128, 16, 64, 32, 3, passes=3),  # mid sizes
+                TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2))  # small products
+TF32_TILES = (TensorTile(128, 256, 16, 64, 64, 3, passes=1), TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2))
+# ... through Hopper's warpgroup MMA on operands split beforehand (sm_90a): large single products.
+TF32X3_WG = WgTile(128, 128, 3, passes=3)
+TF32_WG = WgTile(128, 256, 4, passes=1)
+# Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
+SKINNY = (Skinny(1), Skinny(4), Skinny(16))
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
-CONFIGS: tuple[_Config, ...] = (
-    Naive(32, 8),
-    Smem(16),
-    Smem(32),
-    RegTile(128, 128, 8, 8, 8, 2),  # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
-    RegTile(128, 64, 8, 8, 8, 3),   # 128 threads: twice the tiles of the above, for mid-size problems
-    RegTile(64, 64, 8, 8, 8, 6),    # 64 threads: four times the tiles, for problems that leave SMs idle
-    # Warp tiles: (block tile, BK, warp tile, thread tile, stages, blocks per SM). 256 threads of 8x16 for
-    # large products (one block per SM, up to 255 registers), 8x8 and 8x4 thread tiles for the rest.
-    WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True, sub_k=8),  # large products, long K: the sub-tile loop
-    WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True),  # large products: 32-deep stages, fewer barriers
-    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16),  # about a wave, short K, A^T.B: a loop of K-tiles
-    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16, flush=512),  # ... split-K's slices: K in runs of 512
-    WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True),  # ... the same where K is not a multiple of 16
-    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, sub_k=8),  # mid sizes (1024^3), n = 128, with the sub-tile loop
-    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3),    # ... ragged sizes (1000^3, 4097^3)
-    # ... on K-padded copies, K in runs of 512 (3001^3): 3 stages, so that 3 blocks and their slots fit an SM
-    WarpTile(128, 64, 16, 32, 64, 8, 8, 3, 3, sub_k=8, flush=512),
-    WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True),  # ... on less than a wave (768^3)
-    WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True),   # small and skinny products, split-K slices
-    # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
-    # 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
-    # the kernel past 255 registers and it spilled.
-    TensorTile(128, 128, 32, 64, 32, 3, passes=3),  # large products: 32-deep stages, half the barriers
-    TensorTile(128, 128, 16, 64, 32, 3, passes=3),  # mid sizes
-    TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2),  # small products
-    TensorTile(128, 256, 16, 64, 64, 3, passes=1),
-    TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2),
-    # ... through Hopper's warpgroup MMA on operands split beforehand (sm_90a): large single products.
-    WgTile(128, 128, 3, passes=3),
-    WgTile(128, 256, 4, passes=1),
-    # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
-    Skinny(1),
-    Skinny(4),
-    Skinny(16),
+CONFIGS: tuple[KernelConfig, ...] = (
+    NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64,
+    WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256, WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
+    *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *SKINNY,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
     *(Skinny(nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
@@ -682,24 +499,19 @@ CONFIGS: tuple[_Config, ...] = (
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
 
-SLICE_SUM = SliceSum()
-REPITCH = Repitch()
-SPLIT = Split()
-# Kernels that are not products (never planned, forced or benchmarked as one), compiled and checked like the rest.
-AUXILIARY: tuple[_Config, ...] = (SLICE_SUM, REPITCH, SPLIT)
 
-_BY_NAME = {c.name: c for c in CONFIGS}
+BY_NAME = {c.name: c for c in CONFIGS}
 
 
-def get_config(name: str) -> _Config:
+def get_config(name: str) -> KernelConfig:
     """Look a configuration up by its derived name; the KeyError lists the valid names."""
     try:
-        return _BY_NAME[name]
+        return BY_NAME[name]
     except KeyError:
-        raise KeyError(f"unknown kernel configuration {name!r}; valid names: {', '.join(_BY_NAME)}") from None
+        raise KeyError(f"unknown kernel configuration {name!r}; valid names: {', '.join(BY_NAME)}") from None
 
 
-def arch_errors(config: _Config, compute_capability: tuple[int, int]) -> list[str]:
+def arch_errors(config: KernelConfig, compute_capability: tuple[int, int]) -> list[str]:
     """Why a GPU of this compute capability cannot run `config` at all, whatever its limits: the wgmma kernels need
     sm_90 itself, the cluster kernels sm_90 or newer."""
     errors, cc = [], compute_capability
@@ -713,7 +525,7 @@ def arch_errors(config: _Config, compute_capability: tuple[int, int]) -> list[st
     return errors
 
 
-def validate(config: _Config, *, max_threads: int = 1024, max_smem: int = 48 * 1024,
+def validate(config: KernelConfig, *, max_threads: int = 1024, max_smem: int = 48 * 1024,
              max_smem_optin: int = 227 * 1024, max_regs_per_block: int = 65536,
              regs_per_thread: int | None = None, compute_capability: tuple[int, int] | None = None) -> None:
     """Check a configuration against device limits; raise ValueError giving the numbers that failed.

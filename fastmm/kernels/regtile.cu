@@ -17,7 +17,7 @@
 // contiguous 128-bit reads. Global loads go 4 elements at a time along each operand's unit-stride axis:
 //   A_T = 0: A has unit stride along k (row-major A),    A_T = 1: unit stride along m (A is a transposed view)
 //   B_T = 0: B has unit stride along n (row-major B),    B_T = 1: unit stride along k (B is a transposed view)
-// VEC = 4 uses float4 loads of A and B, which needs their rows 16-byte aligned (fastmm/_gemm.py checks base
+// VEC = 4 uses float4 loads of A and B, which needs their rows 16-byte aligned (fastmm/_runtime/gemm.py checks base
 // pointers, leading dimensions and batch strides); VEC = 1 reads the same 4 elements one by one. C's rows are
 // checked by each block for its float4 stores (fastmm_c_vec4).
 //

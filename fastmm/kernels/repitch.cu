@@ -1,6 +1,6 @@
 // Not a product's kernel: an operand copied into rows padded to 16 bytes, for a product whose A or B rows do not
 // start 16-byte aligned (an odd leading dimension). The tiles then copy the operand 16 bytes at a time, which is
-// worth a pass over it on large products (fastmm/_plan.py's aligned-copy rule). C (M x N, row stride c_sm a multiple
+// worth a pass over it on large products (the aligned-copy rule in fastmm/_plan/table.py). C (M x N, row stride c_sm a multiple
 // of 4, 16-byte aligned) = A (M x K, row stride a_sm, any alignment), zeros past A's K columns: N is K rounded up to
 // 4, or further where the rows are the product's K, padded with zeros to whole K-tiles (then the kernels run their
 // loops). Launched through the same runtime as the products (FASTMM_GEMM_PARAMS; B unused).

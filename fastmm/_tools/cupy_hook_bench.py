@@ -155,7 +155,7 @@ def main(args) -> int:
         return 2
     import cupy as cp
 
-    from ._bench import no_gpu
+    from .timing import no_gpu
 
     if no_gpu("bench --cupy-hook"):
         return 2

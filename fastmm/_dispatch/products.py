@@ -14,6 +14,7 @@ through ``cupy.matmul`` and friends, which `fastmm.accelerate_cupy` rebinds to f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import types
@@ -21,9 +22,12 @@ import warnings
 
 import numpy as np
 
-from . import _errors, _gemm
-from ._gemm import _cupy, empty, owning, plan_matmul, problem_for  # noqa: F401  (plan_matmul: public through here)
-from ._rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufunc_keywords, check_out, dot_shapes,
+from .. import _errors, _plan
+from .._runtime import arrays as _arrays
+from .._runtime import gemm as _gemm
+from .._runtime.arrays import _Meta, _core_layout, _cupy, _meta, cupy_base, empty, owning, problem_for
+from ..kernels.configs import Skinny
+from .numpy_rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufunc_keywords, check_out, dot_shapes,
                      einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype, matmul_shapes,
                      tensordot_axes, ufunc_dtypes, vector_product_shape)
 
@@ -98,7 +102,7 @@ def cupy_own():
                 return f
         return getattr(cp, name)
 
-    base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", cp.ndarray)
+    base = cupy_base(cp) or cp.ndarray
     own = types.SimpleNamespace(**{name: find(name) for name in ("matmul", "dot", "inner", "vdot", "tensordot",
                                                                   "einsum")}, ndarray_dot=base.dot)
     _own = (cp, own)
@@ -109,7 +113,7 @@ def _make_plain_view(cp):
     """CuPy's compiled ``view`` of its base class where CuPy has one (``cupy.ndarray``'s Python wrapper of it costs
     a third more, in every product of other dtypes); else the public method."""
     global _plain_view
-    base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", None)
+    base = cupy_base(cp)
     if base is not None and hasattr(base, "view"):
         base_view, array_type = base.view, cp.ndarray
         view = lambda x: base_view(x, None, array_type)  # noqa: E731
@@ -153,7 +157,7 @@ def _peer_access(device_id: int, other: int) -> None:
                 if "PeerAccessAlreadyEnabled" not in str(e):
                     # Not a "no": the driver failed (a context broken by an earlier fault, say). Nothing is
                     # remembered, so a later product asks again.
-                    from . import _cuda
+                    from .._runtime import cuda as _cuda
 
                     raise _cuda.as_fastmm_error(e, device_id, f"enabling peer access to device {other}") from None
         _peers[(device_id, other)] = ok
@@ -365,7 +369,7 @@ def _gufunc(g: _Gufunc, a, b, out, kernel, kwargs):
 
 def matmul(a, b, out=None, *, kernel=None, **kwargs):
     """``np.matmul`` with NumPy's rules and keywords; float32 products run on fastmm's kernels, others on CuPy."""
-    cp = _gemm._cp or _cupy()  # CuPy, once imported (every product but the first): no call
+    cp = _arrays._cp or _cupy()  # CuPy, once imported (every product but the first): no call
     if kwargs or not (isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray)):
         return _gufunc(_MATMUL, a, b, out, kernel, kwargs)
     # `is` answers at once for NumPy's float32 dtype object, the one CuPy's arrays hold; `==` for any equal one.
@@ -401,7 +405,7 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
             return c
         # A replay into `out` needs what the signature cannot promise: an `out` of the right shape that shares no
         # memory with the operands (else the full path below raises NumPy's error or goes through a temporary).
-        if out.shape == out_shape and not (_gemm.may_overlap(out, a) or _gemm.may_overlap(out, b)):
+        if out.shape == out_shape and not (_arrays.may_overlap(out, a) or _arrays.may_overlap(out, b)):
             run(pa, pb, out.data.ptr)
             return out
     out_shape = matmul_shapes(a.shape, b.shape)[0]
@@ -560,3 +564,31 @@ def einsum(*args, kernel=None, **kwargs):
         raise TypeError(f"Cannot cast array data from {r.dtype!r} to {out.dtype!r} according to the rule "
                         f"{casting!r}")
     return _deliver(r, out)
+
+
+def plan_matmul(a, b, device: _plan.Device, kernel=None,
+                precision=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
+    """The plan `matmul(a, b)` would follow, from shapes and strides alone (no GPU work, no copies)."""
+    # Device arrays have a dtype; only host data (lists, scalars) is asked for one through NumPy.
+    dtype = np.result_type(*(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b)))
+    out_shape, m, n, k = matmul_shapes(np.shape(a), np.shape(b))
+    if dtype != _F32:
+        return f"{dtype} product: CuPy (cuBLAS); fastmm's own kernels are float32"
+    ma, mb = _meta(a), _meta(b)
+    if ma.ndim == 1:
+        ma = _Meta((1,) + ma.shape, (0,) + ma.strides, ma.data.ptr)
+    if mb.ndim == 1:
+        mb = _Meta(mb.shape + (1,), mb.strides + (0,), mb.data.ptr)
+    c = _meta(None, tuple(np.broadcast_shapes(ma.shape[:-2], mb.shape[:-2])) + (m, n))
+    notes = []
+    for name, x in (("a", ma), ("b", mb)):
+        if _core_layout(x) is None:
+            notes.append(f"operand {name} has no unit-stride axis and is copied first")
+            x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
+    problem, _ = problem_for(ma, mb, c)
+    choice = _plan.choose(problem, device, kernel, precision=precision)
+    if isinstance(choice.config, Skinny) and _plan.few_rows(problem):
+        # The launch's layout: that of the transposed product's own arguments, as `gemm` computes it.
+        swapped, _ = problem_for(mb.swapaxes(-1, -2), ma.swapaxes(-1, -2), c.swapaxes(-1, -2))
+        choice = dataclasses.replace(choice, variant=swapped.variant_for(choice.config))
+    return problem, choice, notes

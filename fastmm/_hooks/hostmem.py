@@ -3,7 +3,7 @@
 A product offloaded from plain NumPy (`accelerate_numpy`) copies its operands to the GPU and its result back. The GPU
 copies page-locked (pinned) memory directly at the link's speed (about 50 GB/s each way on an H100 host), but
 ordinary memory only through a staging copy on the host, which costs more than the product at 2048^3. So while the
-hook is on, NumPy allocates its large buffers (1 MiB and up) through fastmm's allocator (fastmm/_hostalloc.c, NumPy's
+hook is on, NumPy allocates its large buffers (1 MiB and up) through fastmm's allocator (fastmm/_hooks/hostalloc.c, NumPy's
 NEP 49 handler API, per thread and context like NumPy's own setting): blocks of their own mapping, page-locked the first
 time a product takes one to the GPU, and pooled when freed, still page-locked, for the next array of about that size.
 `pinned` tells the staging layer which host views it may copy directly.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._errors import warn_once
+from .._errors import warn_once
 
 __all__ = ["compile_c", "install_allocator", "restore_allocator", "allocator_active", "pinned", "allocator_stats",
            "HANDLER_NAME"]
@@ -121,7 +121,7 @@ def _get() -> _Allocator | None:
     with _lock:
         if not _tried:
             _tried = True
-            lib = compile_c("_hostalloc.c", "fastmm's NumPy hook stages every product through page-locked buffers, "
+            lib = compile_c("hostalloc.c", "fastmm's NumPy hook stages every product through page-locked buffers, "
                             "as for arrays it did not allocate (2048^3 takes about 3x as long)")
             _allocator = _Allocator(lib) if lib is not None else None
         return _allocator
@@ -189,10 +189,10 @@ def pinned(x: np.ndarray) -> bool:
         return False
     if allocator is not None and allocator.bind_driver() and allocator.lib.fastmm_hostalloc_pin(ptr, nbytes):
         return True
-    from . import _gemm
+    from .._runtime import arrays as _arrays
 
     try:
-        runtime = _gemm._cupy().cuda.runtime
+        runtime = _arrays.cupy().cuda.runtime
         return all(runtime.pointerGetAttributes(p).type == _CU_MEMORYTYPE_HOST for p in (ptr, ptr + nbytes - 1))
     except Exception:  # noqa: BLE001 - no CuPy, no driver, or memory the driver does not know: staged copies
         return False

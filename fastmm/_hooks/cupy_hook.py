@@ -34,9 +34,10 @@ import threading
 
 import numpy as np
 
-from . import _dispatch, _plan
-from ._errors import warn_once
-from ._switch import Hook, Switch
+from .._dispatch import products as _dispatch
+from .. import _plan
+from .._errors import warn_once
+from .._switch import Hook, Switch
 
 __all__ = ["accelerate_cupy", "restore_cupy", "cupy_hook_status"]
 

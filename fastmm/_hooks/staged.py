@@ -1,7 +1,7 @@
 """A float32 product of host (NumPy) arrays computed on the GPU: the operands staged through pinned memory by a few
 staging threads, in pieces, while the GPU multiplies the pieces before.
 
-Used by `accelerate_numpy` (fastmm/_numpy_hook.py), whose loop hands over NumPy's own operand and output buffers, and
+Used by `accelerate_numpy` (fastmm/_hooks/numpy_hook.py), whose loop hands over NumPy's own operand and output buffers, and
 by fastmm.dask for host chunks. Measured on an H100 host (16 cores): the GPU copies from page-locked (pinned) memory
 at 49-54 GB/s each way, and 84-92 GB/s both ways at once, but from ordinary (pageable) memory at 7-12 GB/s; pinning
 the caller's own memory in place (cudaHostRegister) runs at 13-19 GB/s, and one core copies into a pinned buffer at
@@ -22,8 +22,10 @@ from concurrent.futures import wait as _wait_all
 
 import numpy as np
 
-from . import _dispatch, _gemm, _hostmem
-from ._errors import OutOfMemoryError
+from .._dispatch import products as _dispatch
+from .._runtime import arrays as _arrays
+from . import hostmem as _hostmem
+from .._errors import OutOfMemoryError
 
 __all__ = ["matmul_host", "MAX_STAGING_BYTES"]
 
@@ -87,7 +89,7 @@ class _Stager:
         # One stream per direction: an upload queued after a download would wait for that download's kernel.
         s = self.streams.get((device_id, direction))
         if s is None:
-            s = self.streams[(device_id, direction)] = _gemm._cupy().cuda.Stream(non_blocking=True)
+            s = self.streams[(device_id, direction)] = _arrays.cupy().cuda.Stream(non_blocking=True)
         return s
 
     def slot(self, shape) -> tuple[int, np.ndarray]:
@@ -98,7 +100,7 @@ class _Stager:
         size = int(np.prod(shape))
         buf = self.slots[i]
         if buf is None or buf.size < size:
-            mem = _gemm._cupy().cuda.alloc_pinned_memory(max(size * _F4, _CHUNK_BYTES))
+            mem = _arrays.cupy().cuda.alloc_pinned_memory(max(size * _F4, _CHUNK_BYTES))
             buf = self.slots[i] = np.frombuffer(mem, np.float32)  # the array's base keeps the pinned memory alive
         return i, buf[:size].reshape(shape)
 
@@ -112,14 +114,14 @@ def _stager() -> _Stager:
 
 def _event():
     # A thread that waits on it sleeps (cudaEventBlockingSync) instead of spinning on a core the copies need.
-    return _gemm._cupy().cuda.Event(block=True, disable_timing=True)
+    return _arrays.cupy().cuda.Event(block=True, disable_timing=True)
 
 
 def _up(dst, src, allocated):
     """(A staging thread.) ``dst[...] = src``: the host view `src` into a pinned slot, then to the contiguous device
     view `dst` on this thread's stream, once the event `allocated` (recorded on the stream that allocated `dst`) is
     done. Returns the event after that copy (the slot is reused after it)."""
-    cp = _gemm._cupy()
+    cp = _arrays.cupy()
     me = _stager()
     device = dst.device.id
     with cp.cuda.Device(device):
@@ -140,7 +142,7 @@ def _up(dst, src, allocated):
 def _down(dst, src, after) -> None:
     """(A staging thread.) ``dst[...] = src`` for a contiguous device view `src`, once the event `after` (the
     kernel that writes it) is done: into a pinned slot, then into the host view `dst` (NumPy broadcasting)."""
-    cp = _gemm._cupy()
+    cp = _arrays.cupy()
     me = _stager()
     device = src.device.id
     with cp.cuda.Device(device):
@@ -158,7 +160,7 @@ def _direct_copy(device: int, direction: str, after, copy):
     """One asynchronous GPU copy between a page-locked, C-contiguous host view and a device array (see _direct):
     `copy(stream)` queued on this thread's `direction` stream of `device` once the event `after` is done. Returns the
     event after it (the host view is read or written once it is done)."""
-    with _gemm._cupy().cuda.Device(device):
+    with _arrays.cupy().cuda.Device(device):
         stream = _stager().stream(device, direction)
         stream.wait_event(after)
         copy(stream)
@@ -245,9 +247,9 @@ def _submit(pool, fn, *args):
 def _upload(host, jobs: list, pool):
     """A new device array equal to `host`, being copied up by `pool`'s staging threads: (array, futures of the
     events that end its pieces' copies). The futures are appended to `jobs` too."""
-    dev = _gemm.empty(host.shape)
+    dev = _arrays.empty(host.shape)
     allocated = _event()
-    allocated.record(_gemm._cupy().cuda.get_current_stream())
+    allocated.record(_arrays.cupy().cuda.get_current_stream())
     if _direct(host):
         futures = [_Inline.submit(_up_direct, dev, host, allocated)]
     else:
@@ -295,7 +297,7 @@ def _put(host: np.ndarray):
 
 def _get(dev, host: np.ndarray) -> None:
     """``host[...] = dev`` (NumPy broadcasting, any strides), after the work queued on the current stream."""
-    cp = _gemm._cupy()
+    cp = _arrays.cupy()
     after = _event()
     after.record(cp.cuda.get_current_stream())
     jobs: list = []
@@ -331,7 +333,7 @@ def _operand(x, jobs, pool):
 
 def _compute_stream(lane: int = 0):
     """This thread's non-blocking stream number `lane` on the current device, on which the pieces' kernels run."""
-    cp = _gemm._cupy()
+    cp = _arrays.cupy()
     device = cp.cuda.runtime.getDevice()
     streams = getattr(_local, "compute", None)
     if streams is None:
@@ -378,7 +380,7 @@ def _run(pieces, pool, in_flight: int = _IN_FLIGHT, ahead: int = 1, lanes: int =
                     for f in (*fa, *fb):
                         stream.wait_event(f.result())
                     c = piece[2]
-                    dc = _gemm.empty(c.shape)
+                    dc = _arrays.empty(c.shape)
                     _dispatch.matmul(da, db, out=dc)
                     done = _event()
                     done.record(stream)
@@ -465,7 +467,7 @@ def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None 
     fault); on failure `c` may be partly written, and the caller computes it again.
     """
     if budget is None:
-        budget = _gemm._cupy().cuda.runtime.memGetInfo()[0] // 2
+        budget = _arrays.cupy().cuda.runtime.memGetInfo()[0] // 2
     if a.shape[0] > 1 and a.strides[0] == 0 and b.strides[0] == 0:
         # Both operands broadcast: every batch item is the same product, computed once.
         matmul_host(a[:1], b[:1], c[:1], budget)

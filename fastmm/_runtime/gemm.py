@@ -1,10 +1,5 @@
-"""float32 device arrays -> GEMM problems -> launches of fastmm's kernels.
-
-Layouts: every kernel reads A and B through (row stride, column stride) pairs, so transposed, sliced,
-negatively strided and broadcast views need no copy as long as one of the two core axes of each operand has
-unit stride. Only an operand with no unit-stride axis (e.g. ``a[::2, ::2]``) is copied, with a
-PerformanceWarning. C needs unit stride along n; an output with unit stride along m is handled by computing
-C^T = B^T A^T instead, and anything else is computed into a temporary and copied.
+"""float32 products on fastmm's kernels: the plan's choice carried out (strategies: split-K, aligned copies, the
+TF32 split, peeled edges, a temporary), and replays of earlier products.
 
 Replays: a product's launches depend only on shapes, strides, alignment, device and forced kernel, so the
 steps of one call are recorded and later calls with the same signature replay them with new pointers.
@@ -12,180 +7,16 @@ steps of one call are recorded and later calls with the same signature replay th
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 import numpy as np
 
-from . import _errors, _plan
-from ._rules import _fmt, matmul_shapes
-from .kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, Split, Variant, WgTile
+from .. import _errors, _plan
+from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, Skinny, Split, Variant, WgTile
+from .arrays import _cupy, empty, may_overlap, problem_for
 
-__all__ = ["problem_for", "plan_matmul", "gemm", "empty", "owning", "may_overlap", "Recorder", "replay", "signature",
-           "replays", "remember"]
-
-_F32 = np.dtype(np.float32)
-
-_cp = None
-
-
-def _cupy():
-    global _cp
-    if _cp is None:
-        import cupy
-
-        _cp = cupy
-    return _cp
-
-
-
-_maker = (None, None)  # (the CuPy module, its quickest way to make an array: new, or over existing memory)
-
-
-def _make_maker(cp):
-    """CuPy's compiled array initialiser on a bare object where CuPy has one: what ``cupy.empty`` and CuPy's
-    constructor end in, without their Python frames (``cupy.empty`` costs 1.7 times as much, on every small
-    product); else ``cupy.empty`` and CuPy's constructor."""
-    global _maker
-    base = getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", None)
-    if base is not None and hasattr(base, "_init"):
-        new, array_type = base.__new__, cp.ndarray
-
-        def make(shape, dtype, memptr=None, strides=None):
-            x = new(array_type)
-            x._init(shape, dtype, memptr, strides)
-            return x
-    else:
-        def make(shape, dtype, memptr=None, strides=None):
-            return cp.empty(shape, dtype) if memptr is None else cp.ndarray(shape, dtype, memptr, strides)
-    _maker = (cp, make)
-    return make
-
-
-def _make(cp):
-    module, make = _maker
-    return make if module is cp else _make_maker(cp)
-
-
-def owning(view):
-    """`view`'s memory as a new CuPy array that owns it (no base). For a view of an array that a call made and
-    holds alone (a product's result reshaped or transposed), this is the result NumPy and CuPy would give."""
-    return _make(_cupy())(view.shape, view.dtype, view.data, view.strides)
-
-
-def empty(shape, dtype=_F32):
-    """A new uninitialised C-ordered CuPy array; fastmm's errors for a full or broken device."""
-    cp = _cupy()
-    try:
-        return _make(cp)(shape, dtype)
-    except cp.cuda.memory.OutOfMemoryError as e:
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        raise _errors.OutOfMemoryError(
-            f"out of GPU memory allocating a {_fmt(shape)} {np.dtype(dtype)} result ({nbytes / 2**20:.1f} MiB): "
-            f"{e}") from None
-    except cp.cuda.runtime.CUDARuntimeError as e:  # a context broken by an earlier fault, say: a fastmm error
-        from . import _cuda
-
-        raise _cuda.as_fastmm_error(e, cp.cuda.runtime.getDevice(),
-                                    f"allocating a {_fmt(shape)} {np.dtype(dtype)} result") from None
-
-
-def _extent(x) -> tuple[int, int]:
-    """[low, high) byte range that x's elements can touch."""
-    lo = hi = x.data.ptr
-    for s, st in zip(x.shape, x.strides):
-        if st > 0:
-            hi += (s - 1) * st
-        else:
-            lo += (s - 1) * st
-    return lo, hi + x.itemsize
-
-
-def may_overlap(x, y) -> bool:
-    if x.size == 0 or y.size == 0:
-        return False
-    (a0, a1), (b0, b1) = _extent(x), _extent(y)
-    return a0 < b1 and b0 < a1
-
-
-def _core_layout(x) -> tuple[bool, int] | None:
-    """(transposed?, leading dimension) of x's last two axes, or None when neither has unit stride.
-
-    A size-1 axis has no meaningful stride, so it never forces a copy: its stride is reported as 0.
-    """
-    rows, cols = x.shape[-2:]
-    sr, sc = (s // 4 if s % 4 == 0 else None for s in x.strides[-2:])
-    if (sc == 1 or cols == 1) and (sr is not None or rows == 1):
-        return False, (sr if rows > 1 else 0)
-    if (sr == 1 or rows == 1) and sc is not None:
-        return True, (sc if cols > 1 else 0)
-    return None
-
-
-def _laid_out(x, name: str):
-    """x and its core layout; a contiguous copy of x (with a PerformanceWarning) when no layout fits."""
-    layout = _core_layout(x)
-    if layout is not None and all(s % 4 == 0 for s in x.strides[:-2]):
-        return x, layout
-    _errors.warn_once(f"copy-{name}", f"operand {name} has no unit-stride axis (strides {x.strides}); fastmm copies "
-                      "it to a contiguous array first")
-    x = _cupy().ascontiguousarray(x)
-    return x, _core_layout(x)
-
-
-def _batch_dims(c_batch, *operands) -> list[tuple[int, list[int]]]:
-    """Collapse the broadcast batch axes to as few (size, [element stride per operand]) axes as possible."""
-    dims = []
-    for axis, size in enumerate(c_batch):
-        if size == 1:
-            continue
-        strides = []
-        for x in operands:
-            xb = x.ndim - 2
-            j = axis - (len(c_batch) - xb)
-            strides.append(0 if j < 0 or x.shape[j] == 1 else x.strides[j] // 4)
-        if dims and all(p == s * size for p, s in zip(dims[-1][1], strides)):
-            dims[-1] = (dims[-1][0] * size, strides)
-        else:
-            dims.append((size, strides))
-    return dims
-
-
-def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
-    """Describe ``c = a @ b`` (float32 device arrays, c with unit stride along n) for the plan and the launch."""
-    a0, b0 = a, b
-    a, (a_t, lda) = _laid_out(a, "a") if not isinstance(a, _Meta) else (a, _core_layout(a))
-    b, (b_t, ldb) = _laid_out(b, "b") if not isinstance(b, _Meta) else (b, _core_layout(b))
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    dims = _batch_dims(c.shape[:-2], a, b, c)
-    outer, inner = dims[:-2], dims[-2:]
-    if len(inner) == 0:
-        inner = [(1, [0, 0, 0]), (1, [0, 0, 0])]
-    elif len(inner) == 1:
-        inner = [(1, [0, 0, 0]), inner[0]]
-    (n0, s0), (n1, s1) = inner
-    ldc = c.strides[-2] // 4 if m > 1 else 0
-    a_sm, a_sk = (1, lda) if a_t else (lda, 1)
-    b_sk, b_sn = (1, ldb) if b_t else (ldb, 1)
-    strides = [lda, ldb, ldc, *s0, *s1, *(s for _, st in outer for s in st)]
-    ptrs = (a.data.ptr, b.data.ptr, c.data.ptr)
-    # Each operand's rows start 16-byte aligned (its pointer, leading dimension and batch strides): the kernels then
-    # copy it 16 bytes at a time. C's rows decide only the stores, which each block checks for itself.
-    a_aligned, b_aligned = (ptrs[i] % 16 == 0 and all(s % 4 == 0 for s in (strides[i], s0[i], s1[i],
-                                                                            *(st[i] for _, st in outer)))
-                            for i in (0, 1))
-    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned,
-                            _plan.summed_in_runs())
-    # C's stride along n: 1 for every kernel but the few-column one, which also writes C^T (for few rows).
-    c_sn = c.strides[-1] // 4 if n > 1 else 1
-    args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
-                c=ptrs[2], c_sm=ldc, c_sn=c_sn, batch=n0 * n1, batch_inner=n1,
-                batch_strides=(s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]))
-    # `keep` holds any contiguous copies alive until the caller has launched on them.
-    return problem, dict(args=args, outer=outer, copied=a is not a0 or b is not b0, keep=(a, b))
-
+__all__ = ["gemm", "Recorder", "replay", "signature", "replays", "remember"]
 
 class Recorder(list):
     """The steps of one product, kept so that later products of the same signature can replay them.
@@ -251,7 +82,7 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
 
     With `record`, the steps are recorded for replay (see `Recorder`).
     """
-    from . import _cuda
+    from . import cuda as _cuda
 
     m, n = c.shape[-2:]
     if c.size == 0:
@@ -294,12 +125,12 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
         try:
             return _presplit(*launch["keep"], c, choice.config, device_id, record)
         except _errors.OutOfMemoryError:  # no room for the split operands: the mma.sync tiles of the same precision
-            choice = _plan.choose(problem, device, choice.config.family.removesuffix("wg"))
+            choice = _plan.choose(problem, device, choice.config.fallback)
     if choice.peel != (0, 0):
         return _peeled(a, b, c, choice.peel, record)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, device_id, record)
-    swapped = _plan.few_rows(problem) and isinstance(choice.config, _plan.Skinny)
+    swapped = _plan.few_rows(problem) and isinstance(choice.config, Skinny)
     if swapped:
         # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides).
         a, b, c = b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2)
@@ -338,7 +169,7 @@ class _SplitKReplay:
 
 def _slice_sum(ws, c, device_id: int):
     """The launch that adds the workspace's slices (ws: (slices, m, n), C-ordered) into c (m, n) in slice order."""
-    from . import _cuda
+    from . import cuda as _cuda
 
     slices, m, n = ws.shape
     c_sm, c_sn = (s // 4 for s in c.strides)
@@ -392,7 +223,7 @@ class _Repitch:
     __slots__ = ("copy", "zeros", "zeros_at")
 
     def __init__(self, device_id: int, rows: int, cols: int, pitch: int, width: int, out_rows: int):
-        from . import _cuda
+        from . import cuda as _cuda
 
         def launch(m, k, a_sm):
             return _cuda.Launch(REPITCH, Variant(), device_id, m=m, n=width, k=k, a_sm=a_sm, a_sk=1, b_sk=0, b_sn=0,
@@ -498,7 +329,7 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
 
     Workspace: A's parts (mp x kp each, 3xTF32 two), B^T's (np x kp each), then 3xTF32's flags (one int per 32 x 32
     tile of A, then of B^T). A batched product runs item by item."""
-    from . import _cuda
+    from . import cuda as _cuda
 
     if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
         if record is not None:
@@ -569,61 +400,6 @@ def _via_temporary(a, b, c, kernel, record):
         record.append(None)
 
 
-class _Meta:
-    """Shape, strides and address of an array that need not exist: what `explain` plans with."""
-
-    def __init__(self, shape, strides, ptr=0):
-        self.shape, self.strides, self.ndim = tuple(shape), tuple(strides), len(shape)
-        self.size = math.prod(shape)
-        self.data = type("ptr", (), {"ptr": ptr})
-
-    def swapaxes(self, i, j):
-        shape, strides = list(self.shape), list(self.strides)
-        shape[i], shape[j], strides[i], strides[j] = shape[j], shape[i], strides[j], strides[i]
-        return _Meta(shape, strides, self.data.ptr)
-
-
-def _meta(x, shape=None) -> _Meta:
-    """A float32 stand-in for x: a device array as it is; host data as the upload will lay it out (CuPy keeps
-    a Fortran-ordered NumPy array Fortran-ordered, and makes anything else C-ordered)."""
-    shape = tuple(np.shape(x)) if shape is None else shape
-    if hasattr(x, "strides") and hasattr(x, "data") and hasattr(x.data, "ptr") and x.dtype == _F32:
-        return _Meta(x.shape, x.strides, x.data.ptr)
-    fortran = isinstance(x, np.ndarray) and x.flags.f_contiguous and not x.flags.c_contiguous
-    order = shape if fortran else shape[::-1]
-    strides = tuple(int(s) * 4 for s in np.cumprod((1,) + order[:-1])) if shape else ()
-    return _Meta(shape, strides if fortran else strides[::-1])
-
-
-def plan_matmul(a, b, device: _plan.Device, kernel=None,
-                precision=None) -> tuple[_plan.Problem, _plan.Choice, list[str]] | str:
-    """The plan `matmul(a, b)` would follow, from shapes and strides alone (no GPU work, no copies)."""
-    # Device arrays have a dtype; only host data (lists, scalars) is asked for one through NumPy.
-    dtype = np.result_type(*(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b)))
-    out_shape, m, n, k = matmul_shapes(np.shape(a), np.shape(b))
-    if dtype != _F32:
-        return f"{dtype} product: CuPy (cuBLAS); fastmm's own kernels are float32"
-    ma, mb = _meta(a), _meta(b)
-    if ma.ndim == 1:
-        ma = _Meta((1,) + ma.shape, (0,) + ma.strides, ma.data.ptr)
-    if mb.ndim == 1:
-        mb = _Meta(mb.shape + (1,), mb.strides + (0,), mb.data.ptr)
-    c = _meta(None, tuple(np.broadcast_shapes(ma.shape[:-2], mb.shape[:-2])) + (m, n))
-    notes = []
-    for name, x in (("a", ma), ("b", mb)):
-        if _core_layout(x) is None:
-            notes.append(f"operand {name} has no unit-stride axis and is copied first")
-            x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
-    problem, _ = problem_for(ma, mb, c)
-    choice = _plan.choose(problem, device, kernel, precision=precision)
-    if isinstance(choice.config, _plan.Skinny) and _plan.few_rows(problem):
-        # The launch's layout: that of the transposed product's own arguments, as `gemm` computes it.
-        swapped, _ = problem_for(mb.swapaxes(-1, -2), ma.swapaxes(-1, -2), c.swapaxes(-1, -2))
-        choice = dataclasses.replace(choice, variant=swapped.variant_for(choice.config))
-    return problem, choice, notes
-
-
-
 # Replays of earlier float32 products, per call signature: shapes, strides, 16-byte alignment of both operands,
 # device and forced kernel determine everything but the three pointers (see _cuda.Launch). An entry is (the
 # result's shape, the callable that runs the steps on (pa, pb, pc): see `_runner`).
@@ -643,4 +419,3 @@ def remember(key, out_shape, steps) -> None:
     if len(replays) >= REPLAYS_MAX:
         replays.clear()
     replays[key] = (out_shape, _runner(steps))
-

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from . import _numpy_hook as hook
-from ._bench import no_gpu
+from .._hooks import numpy_hook as hook
+from .timing import no_gpu
 
 __all__ = ["measure_model", "bench_rows", "BENCH_SHAPES"]
 
@@ -62,7 +62,8 @@ def measure_model(seed: int = 0) -> tuple[hook.HostModel, list[dict]]:
     """Fit the model's four figures on this machine; return it with the measurements it came from."""
     import cupy as cp
 
-    from . import _dispatch, _staged
+    from .._dispatch import products as _dispatch
+    from .._hooks import staged as _staged
 
     rng = np.random.default_rng(seed)
     rows = []

@@ -16,8 +16,9 @@ import sys
 
 import numpy as np
 
-from . import _plan
-from .kernels.configs import CONFIGS
+from .. import _plan
+from .._plan import RuleName
+from ..kernels.configs import CONFIGS
 
 __all__ = ["tune", "main"]
 
@@ -40,11 +41,13 @@ def _candidates(problem: _plan.Problem, device: _plan.Device) -> list[str]:
 
 
 def tune(shapes, *, seed: int = 0, progress: bool = True) -> list[dict]:
-    """Tune each `fastmm._bench.Shape`; write the winners to the cache; return one report row per shape."""
+    """Tune each `fastmm._tools.bench.Shape`; write the winners to the cache; return one report row per shape."""
     import cupy as cp
 
-    from . import _cuda, _dispatch, linalg
-    from ._bench import L2_BYTES, _progress, rel_error, time_per_call
+    from .. import linalg
+    from .._runtime import cuda as _cuda
+    from .._dispatch import products as _dispatch
+    from .timing import L2_BYTES, progress as _progress, rel_error, time_per_call
 
     device = _cuda.device(cp.cuda.Device().id)
     path = _plan.tune_cache_path(device)
@@ -66,7 +69,7 @@ def tune(shapes, *, seed: int = 0, progress: bool = True) -> list[dict]:
         problem = planned[0]
         table = _plan.choose(problem, device, tuned=False)
         row = {"shape": shape.label, "bucket": _plan.tune_bucket(problem), "heuristic": table.name}
-        if table.rule == "empty" or table.splits > 1:
+        if table.rule == RuleName.EMPTY or table.splits > 1:
             row["skipped"] = f"the table's {table.rule} plan is not a choice of configuration"
             rows.append(row)
             bar.update()
@@ -114,12 +117,13 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     if args.numpy_hook:
-        from . import _hook_measure
+        from . import hook_measure as _hook_measure
 
         return _hook_measure.main_autotune(args)
     import cupy as cp
 
-    from ._bench import SHAPES, Shape, no_gpu
+    from .bench import SHAPES, Shape
+    from .timing import no_gpu
 
     if no_gpu("autotune"):
         return 2
@@ -134,7 +138,7 @@ def main(args) -> int:
             return 2
         shapes.append(Shape(text, m, n, k, batch))
     rows = tune(shapes or list(SHAPES), seed=args.seed, progress=not args.no_progress)
-    from . import _cuda
+    from .._runtime import cuda as _cuda
 
     print(f"autotune cache: {_plan.tune_cache_path(_cuda.device(cp.cuda.Device().id))}")
     w = max([28] + [len(r.get(key, "")) for r in rows for key in ("heuristic", "kernel")])  # kernel names

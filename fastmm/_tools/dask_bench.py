@@ -180,7 +180,7 @@ def main(args) -> int:
         return 2
     import cupy as cp
 
-    from ._bench import no_gpu
+    from .timing import no_gpu
 
     if no_gpu("bench --dask"):
         return 2

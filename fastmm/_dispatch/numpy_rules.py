@@ -12,16 +12,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._errors import format_shape as _fmt
+
 __all__ = ["matmul_shapes", "vector_product_shape", "dot_shapes", "inner_shapes", "tensordot_axes", "einsum_as_gemm", "check_out",
            "check_dot_out", "input_dtype"]
 
 _MATMUL_SIG = "(n?,k),(k,m?)->(n?,m?)"
-
-
-def _fmt(shape: Sequence[Any]) -> str:
-    """NumPy's way of printing a shape in error messages: (2,3), (3,), ()."""
-    items = ",".join(str(s) for s in shape)
-    return f"({items},)" if len(shape) == 1 else f"({items})"
 
 
 def _broadcast_batch(ashape, bshape, a_core: int, b_core: int, out_core: tuple) -> tuple[int, ...]:

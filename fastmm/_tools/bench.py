@@ -20,9 +20,10 @@ import time
 
 import numpy as np
 
-__all__ = ["Shape", "SHAPES", "add_arguments", "main", "time_per_call", "rel_error", "cublas_compute_tf32"]
+from .timing import L2_BYTES, no_gpu, progress as _progress, rel_error, time_per_call
 
-L2_BYTES = 50 * 2**20  # H100: 50 MB, H200: 60 MB; the smaller is the safer bound for rotation
+__all__ = ["Shape", "SHAPES", "add_arguments", "main", "cublas_compute_tf32"]
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,16 +97,6 @@ SLOW_SECONDS = 0.25
 _EXPECTED_TFLOPS = {"naive": 5.0, "smem": 8.0}
 
 
-def no_gpu(command: str) -> bool:
-    """Say so (on stderr) and return True when no CUDA GPU can run `command`."""
-    import cupy as cp
-
-    if cp.cuda.is_available():
-        return False
-    print(f"{command} needs a CUDA GPU; none is available", file=sys.stderr)
-    return True
-
-
 @contextlib.contextmanager
 def cublas_compute_tf32():
     """Inside the block, CuPy's float32 products run cuBLAS's own TF32 path (what CUPY_TF32=1 selects): the
@@ -120,67 +111,6 @@ def cublas_compute_tf32():
         yield
     finally:
         linalg.set_compute_type(f32, before)
-
-
-def rel_error(c, ref) -> float:
-    """‖c − ref‖ / ‖ref‖ (Frobenius), computed in float64; inf when c holds a NaN (an unwritten element)."""
-    import cupy as cp
-
-    c64 = cp.asarray(c).astype(cp.float64)
-    if not bool(cp.isfinite(c64).all()):
-        return math.inf
-    denom = float(cp.linalg.norm(ref))
-    return float(cp.linalg.norm(c64 - ref)) / (denom or 1.0)
-
-
-def time_per_call(fn, n_sets: int, *, warmup: int = 2, runs: int = 7, min_seconds: float = 0.02) -> float:
-    """Median seconds per call of fn(i) over `runs` timed batches, with CUDA events on the current stream."""
-    import cupy as cp
-
-    for i in range(warmup):
-        fn(i % n_sets)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    # Size a batch of calls so that one timed batch lasts about min_seconds.
-    start.record()
-    fn(0)
-    end.record()
-    end.synchronize()
-    one = max(cp.cuda.get_elapsed_time(start, end) * 1e-3, 1e-6)
-    inner = max(1, min(1000, int(min_seconds / one)))
-    times = []
-    for _ in range(runs):
-        start.record()
-        for i in range(inner):
-            fn(i % n_sets)
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 / inner)
-    return statistics.median(times)
-
-
-def _progress(total: int, enabled: bool):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, disable=not enabled, file=sys.stderr, leave=False, dynamic_ncols=True)
-    except ImportError:  # pragma: no cover - tqdm is optional
-        class _Bar:
-            def __init__(self):
-                self.n = 0
-
-            def update(self, k=1):
-                self.n += k
-                if enabled:
-                    print(f"\r{self.n}/{total}", end="", file=sys.stderr, flush=True)
-
-            def set_description(self, s):
-                pass
-
-            def close(self):
-                if enabled:
-                    print(file=sys.stderr)
-
-        return _Bar()
 
 
 def _per_call_overhead(rng, size: int, calls: int = 2000) -> dict:
@@ -309,9 +239,9 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
 
 def _tf32_accuracy(column: str) -> bool:
     """Columns computed with one TF32 pass (10-bit mantissas): judged by TF32's accuracy, not FP32's."""
-    from .kernels.configs import _BY_NAME
+    from ..kernels.configs import BY_NAME
 
-    config = _BY_NAME.get(column)
+    config = BY_NAME.get(column)
     return column in ("cublas tf32", "auto medium") or (config is not None and config.precision == "medium")
 
 
@@ -415,23 +345,24 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     if getattr(args, "numpy_hook", False):
-        from . import _hook_measure
+        from . import hook_measure as _hook_measure
 
         return _hook_measure.main_bench(args)
     if getattr(args, "cupy_hook", False):
-        from . import _cupy_hook_bench
+        from . import cupy_hook_bench as _cupy_hook_bench
 
         return _cupy_hook_bench.main(args)
     if getattr(args, "dask", False):
-        from . import _dask_bench
+        from . import dask_bench as _dask_bench
 
         return _dask_bench.main(args)
     import cupy as cp
 
     if no_gpu("bench"):
         return 2
-    from . import _cuda, _plan
-    from .kernels.configs import CONFIGS
+    from .._runtime import cuda as _cuda
+    from .. import _plan
+    from ..kernels.configs import CONFIGS
 
     if args.kernels:
         kernels = args.kernels.split(",")

@@ -6,7 +6,7 @@ receives the host pointers, the batch count, the core dimensions and every strid
 own work: argument parsing, broadcasting, type resolution, ``out=``, overlap checks, temporaries. So fastmm replaces
 that one loop and nothing else, and every case NumPy accepts comes through with NumPy's semantics.
 
-The replacement is a small C loop (fastmm/_hostloop.c, compiled on first use with the machine's C compiler) that
+The replacement is a small C loop (fastmm/_hooks/hostloop.c, compiled on first use with the machine's C compiler) that
 hands a product to fastmm only when it has enough work to be worth the trip to the GPU (`HostModel`), and runs
 NumPy's own loop otherwise, at a cost of nanoseconds. fastmm's part runs as a ctypes callback, which takes the GIL;
 any failure there (no GPU, out of memory, a driver fault) gives one `PerformanceWarning` and NumPy's loop computes
@@ -28,9 +28,9 @@ import platform
 
 import numpy as np
 
-from . import _hostmem
-from ._errors import warn_once
-from ._switch import Hook, Switch
+from . import hostmem as _hostmem
+from .._errors import warn_once
+from .._switch import Hook, Switch
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
 
@@ -43,7 +43,7 @@ _OFFLOAD = ctypes.CFUNCTYPE(ctypes.c_int, _ARGS, _INTS, _INTS)
 _REPLACE = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
                              ctypes.POINTER(ctypes.c_void_p))
 _REPLACE_INDEX = 30  # PyUFunc_ReplaceLoopBySignature's slot in NumPy's ufunc C-API table (numpy/__ufunc_api.h)
-_DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (as in _hostloop.c)
+_DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (as in hostloop.c)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class HostModel:
 
 def model_path() -> Path:
     """Where `autotune --numpy-hook` keeps this machine's figures: one JSON file per host CPU, BLAS and GPU."""
-    from .kernels.build import cache_dir
+    from ..kernels.build import cache_dir
 
     return cache_dir().parent / "numpy_hook" / f"{_host_key()}.json"
 
@@ -263,8 +263,8 @@ class _Shim:
 
 
 def _compile_c_loop():
-    """fastmm/_hostloop.c built and loaded (once per process), or None where it cannot be."""
-    return _hostmem.compile_c("_hostloop.c", "fastmm's NumPy hook runs NumPy's loop through a ctypes callback, which "
+    """fastmm/_hooks/hostloop.c built and loaded (once per process), or None where it cannot be."""
+    return _hostmem.compile_c("hostloop.c", "fastmm's NumPy hook runs NumPy's loop through a ctypes callback, which "
                               "adds about a microsecond to every float32 matmul")
 
 
@@ -314,7 +314,7 @@ def _offload(args, dims, steps) -> int:
 
 
 def _gpu_product(a, b, c) -> None:
-    from . import _staged
+    from . import staged as _staged
 
     _staged.matmul_host(a, b, c)
 

@@ -2,12 +2,7 @@
 
 fastmm calls the CUDA driver API (cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel) through the bindings
 that CuPy ships (``cupy.cuda.driver``), imported lazily, so importing fastmm, planning and compiling work on any
-machine. Earlier versions of fastmm used PyCUDA here. Measured on an H100 host (64x64 products): PyCUDA's launch
-(``Function._launch_kernel`` with a pre-packed buffer) cost 8.5 us, CuPy's binding of the same driver call 4.9 us
-with the arguments packed, the largest single cost of a small product. PyCUDA also cannot launch on a stream it
-did not create (every product on a non-default CuPy stream went through a stream of fastmm's own, ordered by two
-events), keeps a per-thread stack of contexts that aborts the process when a thread ends with a context on it,
-and ships no binary wheels (every install compiled it against a CUDA toolkit). None of that applies here.
+machine. Why CuPy's bindings and not PyCUDA's (launch cost, streams, contexts per thread): docs/runtime.md.
 
 Contexts and threads. fastmm shares CuPy's context: CuPy uses the CUDA runtime, whose context is the device's
 primary context, and fastmm loads its modules into that same context. A launch runs in the driver's current
@@ -33,10 +28,10 @@ import struct
 import threading
 from contextlib import contextmanager
 
-from . import _errors
-from ._plan import Device, validated
-from .kernels import build
-from .kernels.configs import MAX_GRID_Y, Variant, _Config
+from .. import _errors
+from .._plan import Device, validated
+from ..kernels import build
+from ..kernels.configs import MAX_GRID_Y, Variant, KernelConfig
 
 __all__ = ["device", "Launch", "loaded_function", "as_fastmm_error"]
 
@@ -200,7 +195,7 @@ class _NotLoaded(Exception):
     """The driver refused a cubin (not for lack of memory, not a broken context): `args[0]` is its error."""
 
 
-def _load(config: _Config, dev: Device, device_id: int, compiled: build.Compiled) -> int:
+def _load(config: KernelConfig, dev: Device, device_id: int, compiled: build.Compiled) -> int:
     """Load one cubin into the device's primary context; the handle of its kernel function, set up for launches."""
     name = compiled.name
     errors = _faults()
@@ -222,7 +217,7 @@ def _load(config: _Config, dev: Device, device_id: int, compiled: build.Compiled
     return fn
 
 
-def loaded_function(config: _Config, variant: Variant, device_id: int):
+def loaded_function(config: KernelConfig, variant: Variant, device_id: int):
     """Compile (or take from the disk cache), load and prepare one kernel binary; once per process and device.
 
     A cached cubin that the driver will not load (copied from another machine, made for another driver) is
@@ -352,7 +347,7 @@ class Launch:
 
     __slots__ = ("name", "device_id", "ctx", "fn", "block", "shared", "chunks")
 
-    def __init__(self, config: _Config, variant: Variant, device_id: int, m: int, n: int, k: int,
+    def __init__(self, config: KernelConfig, variant: Variant, device_id: int, m: int, n: int, k: int,
                  a_sm: int, a_sk: int, b_sk: int, b_sn: int, c_sm: int, c_sn: int,
                  batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int]):
         if _ctx_current is None:

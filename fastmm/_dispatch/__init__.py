@@ -1,0 +1,1 @@
+"""NumPy's matrix-product functions on device arrays: NumPy's rules (numpy_rules) and the products (products)."""

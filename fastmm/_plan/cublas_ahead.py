@@ -1,0 +1,87 @@
+"""Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md).
+
+fastmm arrays still run fastmm's kernel there (the user chose fastmm); plain CuPy code under `accelerate_cupy`
+lets CuPy run them, so the hook never makes a product slower than CuPy alone.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from typing import Callable
+
+from .problem import Choice, Device, Problem, RuleName
+from .table import _PAD_MIN_MACS, _SKINNY, _skinny
+from .tiles import _SUMS_BELOW_WAVE, WT128x64_SUMS
+
+__all__ = ["CUBLAS_AHEAD", "cublas_ahead", "CublasAhead", "yielding_to_cublas", "yield_to_cublas"]
+
+# --------------------------------------------------------------------------------------------------------
+# Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md,
+# full bench table, H100). fastmm arrays still run fastmm's kernel there (the user chose fastmm); plain CuPy
+# code under `accelerate_cupy` lets CuPy run them, so the hook never makes a product slower than CuPy alone.
+# --------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Ahead:
+    name: str
+    measured: str
+    test: Callable[[Problem, Choice, Device], bool]
+
+
+# Skinny products below this many multiply-adds per output column of the long side are bound by the per-call
+# cost, where fastmm's path is the cheaper one (64x64: 13.8 us a call against CuPy's 18.1).
+_SKINNY_MIN_ELEMENTS = 1 << 22
+
+CUBLAS_AHEAD: tuple[Ahead, ...] = (
+    Ahead("skinny", f"an output side of 17 to {_SKINNY - 1} with a long K: split-K on 64x64 tiles, which ran "
+          "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
+          lambda p, c, d: _skinny(p) and c.rule == RuleName.SPLIT_K and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
+    Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
+          "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
+          lambda p, c, d: c.config.name == WT128x64_SUMS),
+    Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles, where the operands are not "
+          f"copied aligned (below 2^{_PAD_MIN_MACS.bit_length() - 1} multiply-adds): 4-byte copies (2501^3 0.81x "
+          "cuBLAS; from 2^34 on aligned copies, K padded and summed in runs, 3001^3 0.93x, 4097^3 1.09x; below it, with "
+          "a ragged edge of at most 16 rows or columns peeled off instead, 2049^3 1.05x)",
+          lambda p, c, d: c.variant.vec == 1 and p.blocks(c.config) >= d.sm_count
+          and c.rule not in (RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE, RuleName.ALIGNED_COPY)),
+)
+
+
+def cublas_ahead(problem: Problem, choice: Choice, device: Device) -> str | None:
+    """Why cuBLAS is measured ahead of `choice` for `problem` (a line of `CUBLAS_AHEAD`), or None.
+
+    A forced kernel is never second-guessed: the user asked for it; nor a tensor-core precision mode."""
+    if choice.rule in (RuleName.FORCED, RuleName.TENSOR):  # measured for the FP32 paths; a tensor-core mode was asked for
+        return None
+    for ahead in CUBLAS_AHEAD:
+        if ahead.test(problem, choice, device):
+            return f"{ahead.name}: {ahead.measured}"
+    return None
+
+
+class CublasAhead(Exception):
+    """Raised before any launch when the products are yielding to cuBLAS and the plan says it is ahead."""
+
+
+_yield: contextvars.ContextVar[bool] = contextvars.ContextVar("fastmm_yield_to_cublas", default=False)
+
+
+def yielding_to_cublas() -> bool:
+    return _yield.get()
+
+
+class yield_to_cublas:
+    """Inside the block, a product whose class `CUBLAS_AHEAD` names raises `CublasAhead` before any launch.
+
+    A class rather than a generator-based context manager: the CuPy hook enters one per product."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self):
+        self._token = _yield.set(True)
+
+    def __exit__(self, *exc):
+        _yield.reset(self._token)
+        return False

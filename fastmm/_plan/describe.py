@@ -1,0 +1,48 @@
+"""What `fastmm.explain` prints for a plan (`describe`), and what a product's plan depends on besides its operands
+(`settings`)."""
+
+from __future__ import annotations
+
+from .cublas_ahead import _yield
+from .forced import _forced
+from .precision import PRECISIONS, current_precision
+from .problem import Choice, Device, Problem
+from .table import aligned_copies, choose, interior
+
+__all__ = ["describe", "settings"]
+
+
+def settings() -> tuple:
+    """What the plan of a product depends on besides its operands, in one call (a small product's replay key reads
+    it on every call): the forced kernel, the float32 precision, and whether to yield to cuBLAS."""
+    return _forced.get(), current_precision(), _yield.get()
+
+
+def describe(choice: Choice, problem: Problem, device: Device) -> str:
+    """What `fastmm.explain` prints for `choice`: the kernel, the precision mode, the rule and why, the grid."""
+    shape = f"{problem.m}x{problem.n}x{problem.k}" + (f", batch {problem.batch}" if problem.batch != 1 else "")
+    wide = choice.variant.vec == 4
+    layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
+              f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
+    if choice.pad:
+        padded = aligned_copies(problem)
+        copies = " and ".join(x for x, ok in (("A", problem.a_aligned), ("B", problem.b_aligned))
+                              if not ok or padded.k != problem.k)
+        if padded.k != problem.k:
+            copies += f", K padded with zeros to {padded.k}"
+        inner = choose(padded, device, "auto")
+        return (describe(inner, padded, device).replace(" (A ", f" (on aligned copies of {copies}; A ", 1)
+                + f"\n  copy    {choice.rule}: {choice.reason}")
+    split = f", split-K into {choice.splits} slices" if choice.splits > 1 else ""
+    if getattr(choice.config, "cluster", 1) > 1:
+        split = f", K split over a cluster of {choice.config.cluster} blocks that sums it"
+    if choice.peel != (0, 0):
+        problem = interior(problem, choice.peel)
+        split = (f" on the {problem.m}x{problem.n} interior; the last {choice.peel[0]} rows and {choice.peel[1]} "
+                 "columns on the few-column kernel")
+    return (f"{shape} float32 ({layout}) on {device.name}:\n"
+            f"  kernel  {choice.config.binary_name(choice.variant)}{split}\n"
+            f"  mode    {choice.config.precision}: {PRECISIONS[choice.config.precision]}\n"
+            f"  rule    {choice.rule}: {choice.reason}\n"
+            f"  grid    {problem.blocks(choice.config) * choice.splits} blocks of {choice.config.threads} threads "
+            f"for {device.sm_count} SMs")

@@ -1,0 +1,147 @@
+"""Forced kernels: what ``kernel=`` and `use_kernel` accept, and whether a GPU can run a configuration."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Callable, Iterator
+
+from ..kernels.configs import CONFIGS, FAMILIES, KernelConfig, get_config, validate
+from .problem import Device, Problem
+from .tiles import (NAIVE, TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill, _fill_from, _fill_regtile,
+                    _skinny_for, _smem_for)
+
+__all__ = ["kernel_names", "use_kernel", "forced_kernel", "invalid", "validated"]
+
+# What `kernel="<family>"` means: the table restricted to one family.
+_FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
+    "naive": lambda p, d: NAIVE,
+    "smem": _smem_for,
+    "regtile": _fill_regtile,
+    "warptile": _fill,
+    "tf32x3": _fill_from(TF32X3_TILES),
+    "tf32": _fill_from(TF32_TILES),
+    "tf32x3wg": lambda p, d: TF32X3_WG,
+    "tf32wg": lambda p, d: TF32_WG,
+    "skinny": _skinny_for,
+}
+
+
+def kernel_names() -> list[str]:
+    """Every name ``kernel=`` and `use_kernel` accept.
+
+    Returns
+    -------
+    list of str
+        ``"auto"`` (the heuristic table, or an autotuned entry), then the kernel families (``"naive"``,
+        ``"smem"``, ``"regtile"``, ``"warptile"``: the table restricted to that family, tile chosen for the
+        shape), then every kernel configuration by name.
+
+    See Also
+    --------
+    use_kernel, explain
+
+    Notes
+    -----
+    The configurations are described in the kernel ladder (docs/kernels.md); ``python -m fastmm compile``
+    lists their ptxas resources. NumPy has no counterpart.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> fastmm.kernel_names()[:5]
+    ['auto', 'naive', 'smem', 'regtile', 'warptile']
+    >>> "regtile_128x128x8_8x8" in fastmm.kernel_names()
+    True
+    """
+    return ["auto", *FAMILIES, *(c.name for c in CONFIGS)]
+
+
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_forced_kernel", default=None)
+
+
+def _check_name(name: str) -> str:
+    if name != "auto" and name not in FAMILIES:
+        try:
+            get_config(name)
+        except KeyError:
+            raise KeyError(f"unknown kernel {name!r}; valid names: {', '.join(kernel_names())}") from None
+    return name
+
+
+@contextlib.contextmanager
+def use_kernel(name: str) -> Iterator[None]:
+    """Force one kernel (a family or a configuration name) for every float32 product inside the block.
+
+    A context manager. Products of other dtypes are unaffected, and a ``kernel=`` argument to a product
+    still wins over it. Blocks nest (the innermost wins) and are local to the thread or asyncio task that
+    enters them (a `contextvars.ContextVar`): another thread's products keep their own choice.
+
+    Parameters
+    ----------
+    name : str
+        ``"auto"``, a family (``"naive"``, ``"smem"``, ``"regtile"``, ``"warptile"``) or a configuration
+        name, as listed by `kernel_names`.
+
+    Raises
+    ------
+    KeyError
+        On entering the block, for an unknown name; the message lists the valid ones.
+
+    See Also
+    --------
+    kernel_names, explain
+    matmul : Its ``kernel=`` keyword forces a kernel for one product.
+
+    Notes
+    -----
+    NumPy has no counterpart. The name is checked when the block is entered, before any product runs.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> with fastmm.use_kernel("regtile"):
+    ...     print(fastmm.explain((1024, 1024), (1024, 1024)))  # doctest: +ELLIPSIS
+    1024x1024x1024 float32 ...
+      kernel  regtile_...
+      rule    forced: kernel family 'regtile' was requested; tile chosen for the shape
+      grid    ...
+    >>> with fastmm.use_kernel("fastest"):
+    ...     pass
+    Traceback (most recent call last):
+        ...
+    KeyError: "unknown kernel 'fastest'; valid names: auto, naive, smem, regtile, warptile, ..."
+
+    On a GPU machine every float32 product inside the block runs the shared-memory kernel:
+
+    >>> import numpy as np
+    >>> a = fastmm.asarray(np.ones((256, 256), np.float32))   # doctest: +SKIP
+    >>> with fastmm.use_kernel("smem"):
+    ...     c = a @ a                                          # doctest: +SKIP
+    """
+    token = _forced.set(_check_name(name))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def forced_kernel() -> str | None:
+    return _forced.get()
+
+
+def invalid(config: KernelConfig, device: Device) -> str | None:
+    """Why `device` cannot run `config` (`validated`'s message), or None where it can."""
+    try:
+        validated(config, device)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def validated(config: KernelConfig, device: Device, regs_per_thread: int | None = None) -> KernelConfig:
+    """`config`, after checking it against `device` (and its compiled register count, when known)."""
+    validate(config, max_threads=device.max_threads_per_block, max_smem=device.max_smem_per_block,
+             max_smem_optin=device.max_smem_optin, max_regs_per_block=device.max_regs_per_block,
+             regs_per_thread=regs_per_thread, compute_capability=device.compute_capability)
+    return config

@@ -1,0 +1,194 @@
+"""Precision modes (PyTorch's names): which arithmetic a float32 product may use, and the tensor-core tiles."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+from ..kernels.configs import SPLIT, get_config
+from .problem import Device, Problem, RuleName
+from .tiles import TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill_from
+
+__all__ = ["PRECISIONS", "set_float32_matmul_precision", "get_float32_matmul_precision", "matmul_precision",
+           "current_precision"]
+
+# --------------------------------------------------------------------------------------------------------
+# Precision modes (PyTorch's names): which arithmetic a float32 product may use.
+# --------------------------------------------------------------------------------------------------------
+
+PRECISIONS: dict[str, str] = {
+    "highest": "FP32 FMAs on the SIMT cores (float32 products as NumPy's BLAS computes them)",
+    "high": "3xTF32 on the tensor cores (each operand split into two TF32 parts; FP32 accuracy)",
+    "medium": "one TF32 pass on the tensor cores (operands rounded to 10-bit mantissas: relative error near 3e-4)",
+}
+_TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
+# Hopper's warpgroup MMA on operands split beforehand (wgmma.cu, split.cu): single products large enough that the
+# split passes (a read and a write of each operand, twice for 3xTF32's two parts) are a small part of the time.
+# Measured on an H100 (TFLOP/s, same run): 3xTF32 on wgmma against mma.sync's best tile and the FP32 table: 512^3
+# 8.7 / 11.5 / 12.7, 768^3 20.3 / 18.9 / 25.1, 1000^3 34.9 / 33.6 / 34.5, 1536^3 46.5 / 34.1 / 39.0, 4096^3
+# 86.8 / 41.4 / 51.5; one TF32 pass on wgmma against mma.sync's best: 512^3 10.7 / 13.0, 768^3 26.5 / 23.4,
+# 4096^3 219 / 95. On Hopper, "high" below its threshold runs the FP32 table: as accurate, and faster there than
+# either tensor-core path (3xTF32 on mma.sync ran slower than FP32 FMAs on every shape class measured).
+# With specialised warps (rung 5b's second version), 3xTF32 on wgmma against the FP32 table ("high" either way), x
+# cuBLAS SGEMM in the same run: 768^3 0.86x / 1.03x (36 block tiles of 128x128: a quarter of the SMs), 1000^3
+# 1.29x / 1.05x (64 tiles), 1024^3 1.32x / 1.03x, 1536^3 1.55x / 1.02x: the threshold moved down to 8 x 8 tiles.
+_WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
+_WG_MIN_MACS = {"high": 960 ** 3, "medium": 1 << 28}
+# ... and an output at least this wide both ways: the split passes move 12 bytes per element of A and B against
+# 2 * M * N * K FLOPs, a share ~ 1/M + 1/N of the time (65536x128x128: "high" on wgmma 0.69x cuBLAS SGEMM where
+# the FP32 table runs 1.00x; 16384x16384x64: 1.49x against 1.25x).
+_WG_MIN_SIDE = {"high": 960, "medium": 512}
+
+
+def _macs(n: int) -> str:
+    """A threshold of multiply-adds as the docs write it: 2^k, or s^3."""
+    if n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    return f"{round(n ** (1 / 3))}^3"
+
+
+def _hopper(device: Device) -> bool:
+    return device.compute_capability == (9, 0)
+
+
+def _wgmma(problem: Problem, device: Device, precision: str) -> bool:
+    """A product the wgmma kernels take in a tensor-core precision: a single large one, on Hopper."""
+    # Each operand split in one launch (about 2.1 million rows of A, and of B^T: the split pass's grid; see
+    # Split.rows_per_launch): a longer one would be multiplied in pieces, which the FP32 tiles need not do.
+    bm, bn = get_config(_WG_TILES[precision]).tile
+    return (_hopper(device) and problem.batch == 1 and min(problem.m, problem.n) >= _WG_MIN_SIDE[precision]
+            and problem.m * problem.n * problem.k >= _WG_MIN_MACS[precision]
+            and problem.m <= SPLIT.rows_per_launch(bm) and problem.n <= SPLIT.rows_per_launch(bn))
+
+
+_precision_default = "highest"  # the process-wide setting (set_float32_matmul_precision)
+_precision: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_precision", default=None)
+
+
+def _check_precision(mode) -> str:
+    if mode not in PRECISIONS:
+        raise ValueError(f"unknown float32 matmul precision {mode!r}; valid values: "
+                         f"{', '.join(repr(p) for p in PRECISIONS)}")
+    return mode
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """Set the arithmetic of fastmm's float32 products for the whole process, as PyTorch's function of this name.
+
+    Parameters
+    ----------
+    precision : {"highest", "high", "medium"}
+        ``"highest"`` (the default): FP32 FMAs, as NumPy's and CuPy's float32 products. ``"high"``: 3xTF32 on the
+        tensor cores, FP32 accuracy. ``"medium"``: one TF32 pass on the tensor cores, relative error near 3e-4
+        (what ``CUPY_TF32=1`` gives cuBLAS).
+
+    Raises
+    ------
+    ValueError
+        For any other value; the message lists the valid ones.
+
+    See Also
+    --------
+    get_float32_matmul_precision, matmul_precision
+    explain : Names the mode and the kernel of a product.
+
+    Notes
+    -----
+    A `matmul_precision` block and the ``precision=`` keyword of fastmm's product functions override it.
+    Products of other dtypes are unaffected. NumPy has no counterpart; JAX's ``precision=`` and CuPy's
+    ``CUPY_TF32`` are compared on the kernels page of the documentation.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> fastmm.set_float32_matmul_precision("high")
+    >>> fastmm.get_float32_matmul_precision()
+    'high'
+    >>> fastmm.set_float32_matmul_precision("highest")
+    """
+    global _precision_default
+    _precision_default = _check_precision(precision)
+
+
+def current_precision() -> str:
+    """The precision a product takes now: the innermost `matmul_precision` block's, else the process-wide one."""
+    return _precision.get() or _precision_default
+
+
+def get_float32_matmul_precision() -> str:
+    """The precision float32 products use here and now: an enclosing `matmul_precision` block's, else the
+    process-wide one (`set_float32_matmul_precision`).
+
+    Returns
+    -------
+    str
+        ``"highest"``, ``"high"`` or ``"medium"``.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> fastmm.get_float32_matmul_precision()
+    'highest'
+    """
+    return _precision.get() or _precision_default
+
+
+class matmul_precision(contextlib.ContextDecorator):
+    """Use `precision` for every float32 product inside the block (of this thread or asyncio task).
+
+    Parameters
+    ----------
+    precision : {"highest", "high", "medium"}
+        As for `set_float32_matmul_precision`.
+
+    Raises
+    ------
+    ValueError
+        On entering the block, for an unknown value.
+
+    See Also
+    --------
+    set_float32_matmul_precision : The process-wide setting.
+
+    Examples
+    --------
+    >>> import fastmm
+    >>> with fastmm.matmul_precision("medium"):
+    ...     fastmm.get_float32_matmul_precision()
+    'medium'
+    >>> print(fastmm.explain((4096, 4096), (4096, 4096), precision="high"))  # doctest: +ELLIPSIS
+    4096x4096x4096 float32 ...
+      kernel  tf32x3wg_128x128x32_s3
+      mode    high: 3xTF32 on the tensor cores ...
+    """
+
+    # A class rather than a generator-based context manager: fastmm's functions enter one per call of theirs that
+    # names ``precision=``, and a generator costs a microsecond or two of such a call.
+    def __init__(self, precision: str):
+        self.precision = precision
+        self._tokens = []  # a stack: the same block may be entered again inside itself
+
+    def __enter__(self) -> None:
+        self._tokens.append(_precision.set(_check_precision(self.precision)))
+
+    def __exit__(self, *exc) -> bool:
+        _precision.reset(self._tokens.pop())
+        return False
+
+    def _recreate_cm(self):
+        # As a decorator: a block of its own for each call, so that calls from several threads never share tokens.
+        return type(self)(self.precision)
+
+
+def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
+    """(kernel, rule, reason) of a product in a tensor-core precision."""
+    if _wgmma(problem, device, precision):
+        return (_WG_TILES[precision], RuleName.TENSOR_WGMMA,
+                f"precision {precision!r}, a single product of >= {_macs(_WG_MIN_MACS[precision])} "
+                f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma) "
+                "on A and B split into TF32 parts by a pass over each, as swizzled block tiles that one warpgroup "
+                "copies in while two multiply")
+    names = _TENSOR_TILES[precision]
+    return (_fill_from(names)(problem, device), RuleName.TENSOR,
+            f"precision {precision!r}: tensor-core tiles, the largest that gives half the SMs a block with little "
+            "padding")
