@@ -61,6 +61,11 @@ def __getattr__(name):
     raise AttributeError(f"module 'fastmm' has no attribute {name!r}")
 
 
+def __dir__():
+    # The lazily imported names too, so that completion finds asarray and matmul.
+    return sorted(set(globals()) | _ARRAY_NAMES | _LINALG_NAMES)
+
+
 def explain(a, b, kernel=None, precision=None) -> str:
     """Say which kernel ``matmul(a, b)`` runs, by which rule of the heuristic table, and why.
 

@@ -128,8 +128,11 @@ def cmd_autotune(args) -> int:
 
 
 def main(argv=None) -> int:
+    from ._version import __version__
+
     p = argparse.ArgumentParser(prog="python -m fastmm", description=__doc__.strip())
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action="version", version=f"fastmm {__version__}")
+    sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="GPU, driver, library versions, kernels")
     c = sub.add_parser("compile", help="compile every kernel binary with nvcc and report ptxas resources")
     c.add_argument("--arch", default="sm_90", help="GPU architecture to compile for (default: sm_90, H100/H200)")
@@ -153,8 +156,17 @@ def main(argv=None) -> int:
 
     _autotune.add_arguments(t)
     args = p.parse_args(argv)
-    return {"info": cmd_info, "compile": cmd_compile, "explain": cmd_explain, "bench": cmd_bench,
-            "autotune": cmd_autotune}[args.cmd](args)
+    if args.cmd is None:  # no command: say what there is, as `git` does
+        p.print_help()
+        return 2
+    command = {"info": cmd_info, "compile": cmd_compile, "explain": cmd_explain, "bench": cmd_bench,
+               "autotune": cmd_autotune}[args.cmd]
+    try:
+        return command(args)
+    except (KeyError, ValueError) as e:  # a user's input fastmm refused (its message names what to change)
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"python -m fastmm {args.cmd}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

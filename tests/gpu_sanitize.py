@@ -32,7 +32,7 @@ SHAPES = [(1, 1, 1), (7, 9, 5), (129, 131, 17), (33, 257, 130), (200, 67, 9), (3
 AUTO_SHAPES = SHAPES + [(40, 72, 4100), (1000, 3, 4100), (5, 700, 4100), (3000, 1, 777), (768, 768, 768),
                         (520, 700, 768), (2049, 2049, 2049), (2048, 1, 4100), (900, 5, 5000)]
 # `padded` is `auto` with the aligned-copy rule lowered to every product of 2^20 multiply-adds or more, so that
-# small shapes run the copies (repitch.cu) and then their product on the copies.
+# small shapes run the copies (pass_repitch.cu) and then their product on the copies.
 PADDED_MIN_MACS = 1 << 20
 
 

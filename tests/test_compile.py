@@ -123,14 +123,14 @@ def test_launch_arguments_match_the_kernels_parameter_list():
 
 
 def test_slice_sum_grid_and_kernel_agree_on_slice_groups():
-    """SliceSum.grid sizes blocks by slicesum.cu's slice_groups: the two must be the same rule."""
+    """SliceSum.grid sizes blocks by pass_slice_sum.cu's slice_groups: the two must be the same rule."""
     import re
 
     from fastmm.kernels import configs
 
-    source = build._read_source("slicesum.cu")
+    source = build._read_source("pass_slice_sum.cu")
     loop = re.search(r"while \(g < (\d+) && (\d+) \* g <= slices\) g \*= 2;", source)
-    assert loop, "slicesum.cu's slice_groups changed: update SliceSum.slice_groups to match"
+    assert loop, "pass_slice_sum.cu's slice_groups changed: update SliceSum.slice_groups to match"
     most, per = map(int, loop.groups())
     for slices in range(1, 2000):
         g = 1

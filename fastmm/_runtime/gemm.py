@@ -217,7 +217,7 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
 
 
 class _Repitch:
-    """The launches that copy an operand into rows padded to 16 bytes (repitch.cu) and write the zero rows past its K
+    """The launches that copy an operand into rows padded to 16 bytes (pass_repitch.cu) and write the zero rows past its K
     where K counts the copy's rows; called with (the operand's address, the copy's)."""
 
     __slots__ = ("copy", "zeros", "zeros_at")
@@ -324,7 +324,7 @@ class _PresplitReplay:
 
 
 def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
-    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (split.cu) as TF32 parts in swizzled block
+    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (pass_tf32_split.cu) as TF32 parts in swizzled block
     tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
 
     Workspace: A's parts (mp x kp each, 3xTF32 two), B^T's (np x kp each), then 3xTF32's flags (one int per 32 x 32

@@ -51,7 +51,7 @@ class Naive(KernelConfig):
     block_x: int = 32
     block_y: int = 8
     family: ClassVar[str] = "naive"
-    source: ClassVar[str] = "naive.cu"
+    source: ClassVar[str] = "1_naive.cu"
 
     @property
     def name(self) -> str:
@@ -82,7 +82,7 @@ class Smem(KernelConfig):
 
     tile_size: int = 32
     family: ClassVar[str] = "smem"
-    source: ClassVar[str] = "smem.cu"
+    source: ClassVar[str] = "2_smem.cu"
 
     @property
     def name(self) -> str:
@@ -118,7 +118,7 @@ class RegTile(KernelConfig):
     tn: int = 8
     min_blocks: int = 2  # blocks per SM the register budget is planned for (__launch_bounds__)
     family: ClassVar[str] = "regtile"
-    source: ClassVar[str] = "regtile.cu"
+    source: ClassVar[str] = "3_regtile.cu"
     layout_macros: ClassVar[bool] = True
 
     @property
@@ -191,7 +191,7 @@ class _Pipelined:
 @dataclasses.dataclass(frozen=True)
 class WarpTile(_Pipelined, KernelConfig):
     """Warp tiling: a BM x BN x BK block tile cut into WM x WN warp tiles of TM x TN thread tiles, fed by a
-    STAGES-deep cp.async pipeline (fastmm/kernels/warptile.cu)."""
+    STAGES-deep cp.async pipeline (fastmm/kernels/4_warptile.cu)."""
 
     bm: int = 128
     bn: int = 128
@@ -216,7 +216,7 @@ class WarpTile(_Pipelined, KernelConfig):
     # error ~ sqrt(flush + K / flush) instead of ~ sqrt(K) (4096^3 A^T.B: 4.1e-7 against 1.1e-6, cuBLAS 8.1e-7).
     flush: int = 0
     family: ClassVar[str] = "warptile"
-    source: ClassVar[str] = "warptile.cu"
+    source: ClassVar[str] = "4_warptile.cu"
 
     @property
     def name(self) -> str:
@@ -284,7 +284,7 @@ class _Passes:
 
 @dataclasses.dataclass(frozen=True)
 class TensorTile(_Passes, _Pipelined, KernelConfig):
-    """Tensor cores: mma.sync m16n8k8 TF32 on the warp-tiled kernel's cp.async pipeline (fastmm/kernels/tf32.cu),
+    """Tensor cores: mma.sync m16n8k8 TF32 on the warp-tiled kernel's cp.async pipeline (fastmm/kernels/5_tf32.cu),
     in one pass (``tf32``, "medium" precision) or three (``tf32x3``: 3xTF32, FP32 accuracy, "high")."""
 
     bm: int = 128
@@ -295,7 +295,7 @@ class TensorTile(_Passes, _Pipelined, KernelConfig):
     stages: int = 3
     passes: int = 3
     min_blocks: int = 1  # blocks per SM the register budget is planned for (__launch_bounds__)
-    source: ClassVar[str] = "tf32.cu"
+    source: ClassVar[str] = "5_tf32.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "pipeline.cuh", "tf32_round.cuh")
     PAD: ClassVar[int] = 8  # the mma fragments' reads hit banks 8t + g: conflict-free only with rows of 8 mod 32
 
@@ -326,7 +326,7 @@ class TensorTile(_Passes, _Pipelined, KernelConfig):
 @dataclasses.dataclass(frozen=True)
 class WgTile(_Passes, KernelConfig):
     """Tensor cores through Hopper's warpgroup MMA (wgmma, sm_90a only) on operands split beforehand by `Split`
-    (fastmm/kernels/wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
+    (fastmm/kernels/6_wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
     Specialised warps: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows of a
     BM x BN block tile; 32-deep K-tiles in `stages` stages."""
 
@@ -335,13 +335,13 @@ class WgTile(_Passes, KernelConfig):
     stages: int = 3
     passes: int = 3
     group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
-    source: ClassVar[str] = "wgmma.cu"
+    source: ClassVar[str] = "6_wgmma.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
     dynamic_smem: ClassVar[bool] = True
     arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
     compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
 
-    BK: ClassVar[int] = 32  # wgmma.cu's K-tile: one 128-byte swizzled row
+    BK: ClassVar[int] = 32  # 6_wgmma.cu's K-tile: one 128-byte swizzled row
     ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
 
     SUFFIX: ClassVar[str] = "wg"
@@ -393,7 +393,7 @@ class WgTile(_Passes, KernelConfig):
 @dataclasses.dataclass(frozen=True)
 class Skinny(KernelConfig):
     """Few columns (N <= nmax): bound by memory, each element of A read once, A's and B's 128-deep steps copied into
-    a ring of `stages` shared-memory slots ahead of the FMAs, a fixed-order reduction (fastmm/kernels/skinny.cu).
+    a ring of `stages` shared-memory slots ahead of the FMAs, a fixed-order reduction (fastmm/kernels/7_few_columns.cu).
     Few rows run it transposed."""
 
     nmax: int = 16
@@ -401,13 +401,13 @@ class Skinny(KernelConfig):
     min_blocks: int = 2  # blocks per SM the shared memory is planned for: (stages - 1) steps of A in flight each
     cluster: int = 1  # > 1: K split over a thread-block cluster of this many blocks, summed in it (sm_90; single products)
     family: ClassVar[str] = "skinny"
-    source: ClassVar[str] = "skinny.cu"
+    source: ClassVar[str] = "7_few_columns.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
     layout_macros: ClassVar[bool] = True
     dynamic_smem: ClassVar[bool] = True
 
-    ROWS: ClassVar[int] = 32  # rows of C per block (skinny.cu's ROWS_PER_BLOCK)
-    STEP: ClassVar[int] = 128  # k per step (skinny.cu's STEP)
+    ROWS: ClassVar[int] = 32  # rows of C per block (7_few_columns.cu's ROWS_PER_BLOCK)
+    STEP: ClassVar[int] = 128  # k per step (7_few_columns.cu's STEP)
     STAGES: ClassVar[int] = 4  # the default ring, left out of the name
 
     @property
@@ -425,7 +425,7 @@ class Skinny(KernelConfig):
 
     @property
     def smem_bytes(self) -> int:
-        # skinny.cu's slots: A's step, then B's in the largest of its layouts (k-contiguous rows of STEP + 4,
+        # 7_few_columns.cu's slots: A's step, then B's in the largest of its layouts (k-contiguous rows of STEP + 4,
         # j-contiguous rows of JPITCH, or for a matrix-vector product 4 values per thread), rounded to 16 bytes.
         jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
         b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch, 4 * 256 if self.nmax == 1 else 0)

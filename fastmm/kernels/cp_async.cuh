@@ -1,5 +1,5 @@
 // cp.async: copies from global to shared memory that run while the SM computes. Shared by the kernels that stage
-// their operands this way (pipeline.cuh's families, skinny.cu); prepended after common.cuh by
+// their operands this way (pipeline.cuh's families, 7_few_columns.cu); prepended after common.cuh by
 // fastmm/kernels/build.py for configurations that use it.
 
 __device__ __forceinline__ unsigned smem_addr(const void* p)

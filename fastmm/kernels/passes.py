@@ -35,16 +35,16 @@ class _Auxiliary(KernelConfig):
 @dataclasses.dataclass(frozen=True)
 class SliceSum(_Auxiliary):
     """Not a product's kernel: split-K's ordered sum of the slices' partial products into C
-    (fastmm/kernels/slicesum.cu), launched through the same runtime as the products (M x N the result, K the number
+    (fastmm/kernels/pass_slice_sum.cu), launched through the same runtime as the products (M x N the result, K the number
     of slices). A block adds 4 consecutive elements per group of threads, over every slice: with many slices its
     threads split into groups that each add every G-th slice (`slice_groups`)."""
 
     family: ClassVar[str] = "slicesum"
-    source: ClassVar[str] = "slicesum.cu"
+    source: ClassVar[str] = "pass_slice_sum.cu"
 
     @staticmethod
     def slice_groups(slices: int) -> int:
-        """slicesum.cu's slice_groups: 1 up to 15 slices, then doubling with the slices, at most 32."""
+        """pass_slice_sum.cu's slice_groups: 1 up to 15 slices, then doubling with the slices, at most 32."""
         g = 1
         while g < 32 and 16 * g <= slices:
             g *= 2
@@ -67,14 +67,14 @@ class SliceSum(_Auxiliary):
 
 @dataclasses.dataclass(frozen=True)
 class Repitch(_Auxiliary):
-    """Not a product's kernel: an operand copied into rows padded to 16 bytes (fastmm/kernels/repitch.cu), for the
+    """Not a product's kernel: an operand copied into rows padded to 16 bytes (fastmm/kernels/pass_repitch.cu), for the
     plan's aligned copies. M x K the operand (its rows along the unit stride), a_sm its row stride; M x N the copy
     (N >= K, zeros past K), c_sm its row stride."""
 
     family: ClassVar[str] = "repitch"
-    source: ClassVar[str] = "repitch.cu"
+    source: ClassVar[str] = "pass_repitch.cu"
 
-    ROWS: ClassVar[int] = 4  # rows per thread (repitch.cu's ROWS)
+    ROWS: ClassVar[int] = 4  # rows per thread (pass_repitch.cu's ROWS)
 
     @property
     def tile(self) -> tuple[int, int]:
@@ -87,16 +87,16 @@ class Repitch(_Auxiliary):
 
 @dataclasses.dataclass(frozen=True)
 class Split(_Auxiliary):
-    """Not a product's kernel: the split pass of the wgmma kernels (fastmm/kernels/split.cu). One operand (R x K, any
+    """Not a product's kernel: the split pass of the wgmma kernels (fastmm/kernels/pass_tf32_split.cu). One operand (R x K, any
     strides) written as TF32 big and small parts in swizzled block tiles of b_sk rows by whole K-tiles, k contiguous,
     zero-padded, and a flag per 32 x 32 tile: whether it holds an infinity. M = R, N = the padded rows, K = K,
     c_sm = the padded K."""
 
     family: ClassVar[str] = "split"
-    source: ClassVar[str] = "split.cu"
+    source: ClassVar[str] = "pass_tf32_split.cu"
     headers: ClassVar[tuple[str, ...]] = ("tf32_round.cuh",)
 
-    TILE: ClassVar[int] = 32  # split.cu's square tile, one flag each
+    TILE: ClassVar[int] = 32  # pass_tf32_split.cu's square tile, one flag each
 
     @property
     def tile(self) -> tuple[int, int]:

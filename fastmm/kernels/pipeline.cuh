@@ -1,5 +1,5 @@
 // cp.async copies of operand slices into shared-memory stages, shared by the pipelined kernel families
-// (warptile.cu, tf32.cu). Prepended after common.cuh and cp_async.cuh by fastmm/kernels/build.py for
+// (4_warptile.cu, 5_tf32.cu). Prepended after common.cuh and cp_async.cuh by fastmm/kernels/build.py for
 // configurations that use it.
 //
 // Needs these macros: THREADS (threads per block), BK (the K-depth of a stage), PAD (floats of padding per

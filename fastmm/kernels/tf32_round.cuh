@@ -1,5 +1,5 @@
-// Rounding FP32 to TF32 and 3xTF32's split, shared by the tensor-core kernels (tf32.cu, which splits fragments in
-// registers) and the split pass of the wgmma kernels (split.cu, which splits whole operands once). Prepended after
+// Rounding FP32 to TF32 and 3xTF32's split, shared by the tensor-core kernels (5_tf32.cu, which splits fragments in
+// registers) and the split pass of the wgmma kernels (pass_tf32_split.cu, which splits whole operands once). Prepended after
 // common.cuh by fastmm/kernels/build.py for configurations that use it.
 
 // x rounded to TF32 when x is finite and below FLT_MAX's last TF32 step (see `plain`): to nearest, ties away from

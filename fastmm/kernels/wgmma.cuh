@@ -1,4 +1,4 @@
-// Hopper's asynchronous instructions as wgmma.cu uses them (prepended after common.cuh by fastmm/kernels/build.py):
+// Hopper's asynchronous instructions as 6_wgmma.cu uses them (prepended after common.cuh by fastmm/kernels/build.py):
 // warpgroup MMA (wgmma.mma_async, sm_90a) on TF32 operands in 128-byte-swizzled shared memory, barriers in shared
 // memory (mbarrier) and bulk copies that complete on them. A macro BN (128 or 256) picks wgmma_tile's n.
 

@@ -3,7 +3,7 @@
 // Thread (x, y) of a BLOCK_X x BLOCK_Y block computes C[m, n] with n along x, so the 32 threads of a warp
 // read 32 neighbouring elements of a row of B and write 32 neighbouring elements of C (coalesced when
 // those rows are contiguous). Every operand element is read from global memory K times over: the kernel
-// is bound by load traffic, which is what the shared-memory kernel (smem.cu) fixes.
+// is bound by load traffic, which is what the shared-memory kernel (2_smem.cu) fixes.
 //
 // Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment).
 // Macros: BLOCK_X, BLOCK_Y.

@@ -1,5 +1,5 @@
-// Not a product's kernel: the split pass of the wgmma tensor-core kernels (wgmma.cu). One operand, R x K with element
-// (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), is written in the layout wgmma.cu copies with
+// Not a product's kernel: the split pass of the wgmma tensor-core kernels (6_wgmma.cu). One operand, R x K with element
+// (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), is written in the layout 6_wgmma.cu copies with
 // one bulk copy per stage and reads without a bounds check: block tiles of T = b_sk rows (the kernel's BM for A, BN
 // for B^T) by K-tiles of 32, tile (rows r / T, K-tile k / 32) at ((r / T) * (c_sm / 32) + k / 32) * parts * T * 32,
 // each part T rows of 128 bytes in the 128-byte swizzle that wgmma's descriptors name (the 16-byte piece q of row rr

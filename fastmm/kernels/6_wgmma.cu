@@ -1,8 +1,8 @@
 // Rung 5b of the ladder: tensor cores through Hopper's warpgroup MMA (wgmma.mma_async, sm_90a), one TF32 pass
-// ("medium") or three ("high", 3xTF32). mma.sync (tf32.cu) keeps the tensor pipe at most about a third busy on this
+// ("medium") or three ("high", 3xTF32). mma.sync (5_tf32.cu) keeps the tensor pipe at most about a third busy on this
 // GPU; wgmma reads both operands straight from shared memory, 64 x BN x 8 per instruction, while the warps go on.
 //
-// The operands come split: a pass over A and one over B (split.cu) write each value's TF32 big part and, for 3xTF32,
+// The operands come split: a pass over A and one over B (pass_tf32_split.cu) write each value's TF32 big part and, for 3xTF32,
 // its small part, K-major (the only layout wgmma reads TF32 in), zero-padded, as block tiles of 32-deep K-tiles each
 // already in the 128-byte swizzle that wgmma's descriptors name, big part then small part. So one kernel serves every
 // layout (B, A^T and unaligned views are transposed or copied by the split pass), the main loop has no bounds checks,
@@ -23,18 +23,18 @@
 // 16v + g + 8, columns 8j + 2t and 8j + 2t + 1 (j < BN / 8) of its warpgroup's tile.
 //
 // 3xTF32 sums each K-tile's twelve products (4 k-steps x 3 terms) in a fresh partial sum that is added to the
-// accumulators on the FP32 cores, as tf32.cu does per k-step: the tensor cores' FP32 accumulation truncates, and
+// accumulators on the FP32 cores, as 5_tf32.cu does per k-step: the tensor cores' FP32 accumulation truncates, and
 // chained over all of K its bias grows with K. ptxas serialises every wgmma of a kernel that reads an accumulator
 // while a group may be in flight, so each K-tile waits for its own products before the add.
 //
-// Tiles whose rows of A or columns of B hold an infinity (flags set by split.cu) run FP32 FMAs on big + small
+// Tiles whose rows of A or columns of B hold an infinity (flags set by pass_tf32_split.cu) run FP32 FMAs on big + small
 // instead: 3xTF32's cross terms would turn inf * (a value exact in TF32) into inf * 0 = NaN. Slow, and exact in its
 // non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity).
 //
 // Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, PASSES (1 or 3), GROUP (rows of
 // block tiles per group of the launch order), THREADS = BM * 2 + 128. Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
-// M, N the product's; K the padded K (a multiple of 32); A, B split.cu's tiles of A and of B^T; C and c_sm as for
-// every product; split.cu's flags of A at A + a_sb0, of B^T at B + b_sb0.
+// M, N the product's; K the padded K (a multiple of 32); A, B pass_tf32_split.cu's tiles of A and of B^T; C and c_sm as for
+// every product; pass_tf32_split.cu's flags of A at A + a_sb0, of B^T at B + b_sb0.
 
 #define BK 32
 #define WGS (BM / 64)  // multiplying warpgroups; warpgroup WGS copies
@@ -88,7 +88,7 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     }
 
 #if PASSES == 3
-    // Whether any 32 x 32 tile of this block's rows of A or columns of B holds an infinity (split.cu's flags).
+    // Whether any 32 x 32 tile of this block's rows of A or columns of B holds an infinity (pass_tf32_split.cu's flags).
     int any = 0;
     {
         const int k_blocks = K / 32;

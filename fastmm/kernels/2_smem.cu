@@ -4,7 +4,7 @@
 // The block walks K in steps of TILE: it stages a TILE x TILE tile of A and of B in shared memory, then
 // every thread reads its row of As and column of Bs from there. Each global element is now read
 // K / TILE times instead of K times, so the kernel moves from load-bound towards shared-memory-bound
-// (two shared loads per FMA), which is what register tiling (regtile.cu) fixes next.
+// (two shared loads per FMA), which is what register tiling (3_regtile.cu) fixes next.
 //
 // Layout: which thread loads which element is chosen per operand at run time (uniform across the grid),
 // so that consecutive threads read consecutive addresses whether the operand is stored row- or

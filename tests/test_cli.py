@@ -1,0 +1,40 @@
+"""The command line as a user meets it first: --version, help without a command, one-line errors for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import fastmm
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "fastmm", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version_flag():
+    p = _run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"fastmm {fastmm.__version__}"
+
+
+def test_no_command_prints_the_commands():
+    p = _run()
+    assert p.returncode == 2
+    for command in ("info", "compile", "explain", "bench", "autotune"):
+        assert command in p.stdout
+
+
+def test_an_unknown_kernel_is_one_line_with_the_valid_names():
+    p = _run("explain", "64", "64", "64", "--kernel", "foo")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    line, = p.stderr.strip().splitlines()
+    assert line.startswith("python -m fastmm explain: error: unknown kernel 'foo'; valid names: auto, naive")
+
+
+def test_shapes_that_cannot_multiply_are_numpys_error_in_one_line():
+    p = _run("explain", "0", "-1", "3")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_completion_finds_the_lazily_loaded_names():
+    assert {"asarray", "ndarray", "matmul", "einsum", "explain"} <= set(dir(fastmm))
