@@ -359,7 +359,7 @@ def test_tune_size_classes(size, cls):
     (4096, 16, 4096, True, None),                   # few columns: 1.01-1.03x
     (8, 4096, 4096, True, None),                    # few rows: 1.15-1.16x
     (2048, 1, 16384, True, None),                   # K over clusters of two: 0.98x
-    (4096, 24, 8192, True, "skinny"),               # 17-31 columns: split-K on 64x64 tiles
+    (4096, 24, 8192, True, "narrow output"),               # 17-31 columns: split-K on 64x64 tiles
     (256, 256, 65536, True, None),                  # 128x256 tiles on the 16-deep loop: 0.99x
     (128, 128, 65536, True, None),                  # 128x64 tiles: 1.04x
     (3001, 3001, 3001, False, None),                # on aligned copies, K padded, summed in runs: 0.91-0.93x

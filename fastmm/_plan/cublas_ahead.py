@@ -1,4 +1,5 @@
-"""Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md).
+"""Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md,
+section 'The heuristic's break-even points', cuBLAS-ahead classes).
 
 fastmm arrays still run fastmm's kernel there (the user chose fastmm); plain CuPy code under `accelerate_cupy`
 lets CuPy run them, so the hook never makes a product slower than CuPy alone.
@@ -11,15 +12,13 @@ import dataclasses
 from typing import Callable
 
 from .problem import Choice, Device, Problem, RuleName
-from .table import _PAD_MIN_MACS, _SKINNY, _skinny
+from .table import _PAD_MIN_MACS, _NARROW, _narrow_output
 from .tiles import _SUMS_BELOW_WAVE, WT128x64_SUMS
 
 __all__ = ["CUBLAS_AHEAD", "cublas_ahead", "CublasAhead", "yielding_to_cublas", "yield_to_cublas"]
 
 # --------------------------------------------------------------------------------------------------------
-# Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md,
-# full bench table, H100). fastmm arrays still run fastmm's kernel there (the user chose fastmm); plain CuPy
-# code under `accelerate_cupy` lets CuPy run them, so the hook never makes a product slower than CuPy alone.
+# Where cuBLAS is ahead (see the module's docstring).
 # --------------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -29,14 +28,15 @@ class Ahead:
     test: Callable[[Problem, Choice, Device], bool]
 
 
-# Skinny products below this many multiply-adds per output column of the long side are bound by the per-call
-# cost, where fastmm's path is the cheaper one (64x64: 13.8 us a call against CuPy's 18.1).
-_SKINNY_MIN_ELEMENTS = 1 << 22
+# Skinny products below this many multiply-adds per output column are bound by the per-call cost, where fastmm's
+# path is the cheaper one (docs/kernels.md, section 'The heuristic's break-even points', cuBLAS-ahead classes).
+_NARROW_MIN_ELEMENTS = 1 << 22
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("skinny", f"an output side of 17 to {_SKINNY - 1} with a long K: split-K on 64x64 tiles, which ran "
+    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K on 64x64 tiles, which ran "
           "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
-          lambda p, c, d: _skinny(p) and c.rule == RuleName.SPLIT_K and p.k * max(p.m, p.n) * p.batch >= _SKINNY_MIN_ELEMENTS),
+          lambda p, c, d: _narrow_output(p) and c.rule == RuleName.SPLIT_K
+          and p.k * max(p.m, p.n) * p.batch >= _NARROW_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 from ..kernels.configs import CONFIGS, FAMILIES, KernelConfig, get_config, validate
 from .problem import Device, Problem
 from .tiles import (NAIVE, TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill, _fill_from, _fill_regtile,
-                    _skinny_for, _smem_for)
+                    _few_columns_for, _smem_for)
 
 __all__ = ["kernel_names", "use_kernel", "forced_kernel", "invalid", "validated"]
 
@@ -23,7 +23,7 @@ _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
     "tf32": _fill_from(TF32_TILES),
     "tf32x3wg": lambda p, d: TF32X3_WG,
     "tf32wg": lambda p, d: TF32_WG,
-    "skinny": _skinny_for,
+    "skinny": _few_columns_for,
 }
 
 

@@ -22,21 +22,12 @@ PRECISIONS: dict[str, str] = {
     "medium": "one TF32 pass on the tensor cores (operands rounded to 10-bit mantissas: relative error near 3e-4)",
 }
 _TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
-# Hopper's warpgroup MMA on operands split beforehand (wgmma.cu, split.cu): single products large enough that the
-# split passes (a read and a write of each operand, twice for 3xTF32's two parts) are a small part of the time.
-# Measured on an H100 (TFLOP/s, same run): 3xTF32 on wgmma against mma.sync's best tile and the FP32 table: 512^3
-# 8.7 / 11.5 / 12.7, 768^3 20.3 / 18.9 / 25.1, 1000^3 34.9 / 33.6 / 34.5, 1536^3 46.5 / 34.1 / 39.0, 4096^3
-# 86.8 / 41.4 / 51.5; one TF32 pass on wgmma against mma.sync's best: 512^3 10.7 / 13.0, 768^3 26.5 / 23.4,
-# 4096^3 219 / 95. On Hopper, "high" below its threshold runs the FP32 table: as accurate, and faster there than
-# either tensor-core path (3xTF32 on mma.sync ran slower than FP32 FMAs on every shape class measured).
-# With specialised warps (rung 5b's second version), 3xTF32 on wgmma against the FP32 table ("high" either way), x
-# cuBLAS SGEMM in the same run: 768^3 0.86x / 1.03x (36 block tiles of 128x128: a quarter of the SMs), 1000^3
-# 1.29x / 1.05x (64 tiles), 1024^3 1.32x / 1.03x, 1536^3 1.55x / 1.02x: the threshold moved down to 8 x 8 tiles.
+# Hopper's wgmma (6_wgmma.cu, operands split by pass_tf32_split.cu) for products whose split passes take a small
+# part of the time (docs/kernels.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
 _WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
 _WG_MIN_MACS = {"high": 960 ** 3, "medium": 1 << 28}
-# ... and an output at least this wide both ways: the split passes move 12 bytes per element of A and B against
-# 2 * M * N * K FLOPs, a share ~ 1/M + 1/N of the time (65536x128x128: "high" on wgmma 0.69x cuBLAS SGEMM where
-# the FP32 table runs 1.00x; 16384x16384x64: 1.49x against 1.25x).
+# ... and an output at least this wide both ways: the split passes' share of the time grows as 1/M + 1/N
+# (docs/kernels.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
 _WG_MIN_SIDE = {"high": 960, "medium": 512}
 
 

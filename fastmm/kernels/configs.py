@@ -485,13 +485,13 @@ TF32_TILES = (TensorTile(128, 256, 16, 64, 64, 3, passes=1), TensorTile(64, 64, 
 TF32X3_WG = WgTile(128, 128, 3, passes=3)
 TF32_WG = WgTile(128, 256, 4, passes=1)
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
-SKINNY = (Skinny(1), Skinny(4), Skinny(16))
+FEW_COLUMNS = (Skinny(1), Skinny(4), Skinny(16))
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[KernelConfig, ...] = (
     NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256, WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
-    *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *SKINNY,
+    *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
     *(Skinny(nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
