@@ -25,6 +25,8 @@ On a GPU machine:
 
 from __future__ import annotations
 
+import logging
+
 from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFaultError, KernelLoadError, LaunchError,
                       NvccNotFoundError, OutOfMemoryError, PerformanceWarning)
 from ._hooks.cupy_hook import accelerate_cupy, cupy_hook_status, restore_cupy
@@ -32,6 +34,9 @@ from ._hooks.numpy_hook import HostModel, accelerate_numpy, numpy_hook_status, r
 from ._version import __version__ as __version__
 from ._plan import get_float32_matmul_precision, kernel_names, matmul_precision, set_float32_matmul_precision, use_kernel
 
+
+# fastmm logs through the standard logging module, logger "fastmm" (compiles, plans, hook decisions), opt-in.
+logging.getLogger("fastmm").addHandler(logging.NullHandler())
 
 __all__ = [
     "ndarray", "asarray", "asnumpy",

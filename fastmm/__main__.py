@@ -71,7 +71,7 @@ def cmd_explain(args) -> int:
 def cmd_info(args) -> int:
     import numpy
 
-    from .kernels.configs import CONFIGS
+    from .kernels.configs import CONFIGS, FAMILIES
 
     print(f"fastmm      {__import__('fastmm').__version__}")
     print(f"python      {platform.python_version()}")
@@ -99,8 +99,11 @@ def cmd_info(args) -> int:
         print(f"driver      CUDA {rt.driverGetVersion() // 1000}.{rt.driverGetVersion() % 1000 // 10}, "
               f"runtime {rt.runtimeGetVersion() // 1000}.{rt.runtimeGetVersion() % 1000 // 10}")
     else:
-        print("gpu         none available")
-    print("kernels     " + ", ".join(c.name for c in CONFIGS))
+        from ._runtime.cuda import why_no_gpu
+
+        print(f"gpu         none: {why_no_gpu() or 'CuPy sees no GPU'}")
+    families = ", ".join(f"{f} {sum(c.family == f for c in CONFIGS)}" for f in FAMILIES)
+    print(f"kernels     {len(CONFIGS)} configurations: {families} (python -m fastmm compile lists them)")
     from ._hooks.numpy_hook import load_model, numpy_hook_status
 
     status = numpy_hook_status()
@@ -115,13 +118,33 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _command_name(args) -> str:
+    flags = [f"--{f.replace('_', '-')}" for f in ("numpy_hook", "cupy_hook", "dask") if getattr(args, f, False)]
+    return " ".join([args.cmd, *flags])
+
+
 def cmd_bench(args) -> int:
+    from ._tools.timing import no_gpu
+
+    if args.plot:  # checked before minutes of measuring, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("python -m fastmm bench: error: --plot needs matplotlib: pip install 'fastmm[bench]'",
+                  file=sys.stderr)
+            return 2
+    if no_gpu(_command_name(args)):
+        return 2
     from ._tools import bench as _bench
 
     return _bench.main(args)
 
 
 def cmd_autotune(args) -> int:
+    from ._tools.timing import no_gpu
+
+    if no_gpu(_command_name(args)):
+        return 2
     from ._tools import autotune as _autotune
 
     return _autotune.main(args)

@@ -66,7 +66,10 @@ def to_device(x, dtype=None):
     except cp.cuda.memory.OutOfMemoryError as e:
         raise _errors.OutOfMemoryError(str(e)) from None
     except cp.cuda.runtime.CUDARuntimeError as e:
-        raise _errors.CUDAUnavailableError(f"fastmm needs a CUDA GPU and could not use one: {e}") from None
+        from .._runtime.cuda import why_no_gpu
+
+        raise _errors.CUDAUnavailableError(f"fastmm needs a CUDA GPU and could not use one: "
+                                           f"{why_no_gpu() or e}") from None
 
 
 def plain(x):

@@ -21,7 +21,9 @@ from __future__ import annotations
 import _thread
 import ctypes
 import dataclasses
+import functools
 import json
+import logging
 import math
 import os
 import platform
@@ -31,6 +33,8 @@ import numpy as np
 from . import hostmem as _hostmem
 from .._errors import warn_once
 from .._switch import Hook, Switch
+
+_log = logging.getLogger("fastmm")
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
 
@@ -293,12 +297,17 @@ def _offload(args, dims, steps) -> int:
         batch, m, k, n = dims[0], dims[1], dims[2], dims[3]
         sa, sb = steps[0], steps[1]
         if not _state.model.offloads(batch, m, k, n, 1 if sa == 0 else batch, 1 if sb == 0 else batch):
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("numpy hook: %dx%dx%d batch %d stays on NumPy (the model predicts the host faster)",
+                           m, n, k, batch)
             return _DECLINED
         a = np.asarray(_HostBuffer(args[0], (batch, m, k), (sa, steps[3], steps[4]), True))
         b = np.asarray(_HostBuffer(args[1], (batch, k, n), (sb, steps[5], steps[6]), True))
         c = np.asarray(_HostBuffer(args[2], (batch, m, n), (steps[2], steps[7], steps[8]), False))
         _state.product(a, b, c)
         _state.offloaded += 1
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("numpy hook: %dx%dx%d batch %d computed on the GPU", m, n, k, batch)
         return _DONE
     except KeyboardInterrupt:
         return _INTERRUPTED
@@ -311,6 +320,14 @@ def _offload(args, dims, steps) -> int:
         except BaseException:  # noqa: BLE001 - warnings turned into errors: still never fail NumPy's call
             pass
         return _DECLINED
+
+
+@functools.lru_cache(maxsize=1)
+def _why_no_gpu() -> str | None:
+    """Asked once per process: a `with accelerate_numpy():` block per call must not query the driver each time."""
+    from .._runtime.cuda import why_no_gpu
+
+    return why_no_gpu()
 
 
 def _gpu_product(a, b, c) -> None:
@@ -408,6 +425,11 @@ class accelerate_numpy(Hook):
             super().__init__()
         # NumPy's allocator is a setting of the calling thread's context, not of the process.
         self._allocator = _hostmem.install_allocator() if pinned else None
+        if _state.product is _gpu_product:  # (tests put a stand-in GPU there)
+            reason = _why_no_gpu()
+            if reason is not None:
+                warn_once("numpy-hook-no-gpu", f"accelerate_numpy() is on, but no CUDA GPU can run fastmm's kernels "
+                          f"here ({reason}), so NumPy computes every product itself", stacklevel=3)
 
     def __exit__(self, *exc):
         if self._allocator is not None:

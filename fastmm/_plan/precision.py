@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import warnings
 
 from ..kernels.configs import SPLIT, get_config
 from .problem import Device, Problem, RuleName
@@ -52,7 +54,20 @@ def _wgmma(problem: Problem, device: Device, precision: str) -> bool:
             and problem.m <= SPLIT.rows_per_launch(bm) and problem.n <= SPLIT.rows_per_launch(bn))
 
 
-_precision_default = "highest"  # the process-wide setting (set_float32_matmul_precision)
+def _from_environment() -> str:
+    """The process-wide mode to start with: $FASTMM_PRECISION where set (as NVIDIA_TF32_OVERRIDE and CUPY_TF32 set
+    theirs), else "highest"."""
+    mode = os.environ.get("FASTMM_PRECISION", "").strip().lower()
+    if not mode:
+        return "highest"
+    if mode not in PRECISIONS:
+        warnings.warn(f"FASTMM_PRECISION={mode!r} is not a float32 matmul precision; valid values: "
+                      f"{', '.join(PRECISIONS)}; fastmm uses 'highest'", stacklevel=2)
+        return "highest"
+    return mode
+
+
+_precision_default = _from_environment()  # the process-wide setting (set_float32_matmul_precision)
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_precision", default=None)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 from typing import Iterator
 
 from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, get_config
@@ -20,6 +21,8 @@ from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
 from .tiles import (_MIN_USEFUL, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP, WT256_LOOP16, WT256_SLICES,
                     WT128x64, WT128x64_LOOP, _few_tiles, _fill, _few_columns_for, _useful)
 from .tuned import tune_bucket, tuned_entries
+
+_log = logging.getLogger("fastmm")
 
 __all__ = ["RULES", "choose", "split_count", "few_columns_splits", "mid_splits", "peel_edges", "pads", "padded_k",
            "aligned_copies", "on_copies", "summed_in_runs", "without_copies", "interior"]
@@ -401,4 +404,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
     if len(_tuned._memo) > 4096:
         _tuned._memo.clear()
     _tuned._memo[key] = choice
+    if _log.isEnabledFor(logging.DEBUG):  # once per new problem signature (the memo answers the rest)
+        _log.debug("plan %dx%dx%d batch %d (%s, %s) in %r: %s by rule %s", problem.m, problem.n, problem.k,
+                   problem.batch, problem.variant.suffix, device.name, precision, choice.config.name, choice.rule)
     return choice

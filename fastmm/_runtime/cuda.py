@@ -50,6 +50,31 @@ _STICKY = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY and cudaErrorMemoryAllocation alike
 
 
+def why_no_gpu() -> str | None:
+    """Why no CUDA GPU can run fastmm's kernels here, in words that say what to install; None where one can."""
+    import ctypes
+
+    try:
+        import cupy
+    except ImportError as e:
+        return (f"CuPy is not installed ({e}): pip install 'fastmm[cuda13]' (or [cuda12]), which also brings "
+                "the CUDA runtime")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return "the NVIDIA driver sees no GPU (nvidia-smi lists none)"
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return ("no NVIDIA driver is installed (libcuda.so.1 was not found): install the NVIDIA driver for your "
+                    "GPU, then nvidia-smi lists it")
+        if "InsufficientDriver" in str(e):
+            return (f"the NVIDIA driver is older than the CUDA runtime CuPy was built for ({e}): update the driver, "
+                    "or install the fastmm extra of an older CUDA (pip install 'fastmm[cuda12]')")
+        return f"the CUDA driver did not start ({e}); nvidia-smi says whether the GPU and driver are well"
+
+
 def _driver():
     """CuPy, once the CUDA driver is known to answer (once per process)."""
     global _cupy
@@ -65,10 +90,8 @@ def _driver():
                     f"load: {e}): pip install 'fastmm[cuda13]' (or [cuda12])") from e
             try:
                 cupy.cuda.runtime.getDeviceCount()
-            except cupy.cuda.runtime.CUDARuntimeError as e:
-                raise _errors.CUDAUnavailableError(
-                    f"fastmm could not initialise the CUDA driver ({e}); check that an NVIDIA GPU and its driver "
-                    "are installed (nvidia-smi lists them)") from None
+            except cupy.cuda.runtime.CUDARuntimeError:
+                raise _errors.CUDAUnavailableError(f"fastmm needs a CUDA GPU: {why_no_gpu()}") from None
             _cupy = cupy
     return _cupy
 

@@ -13,12 +13,14 @@ L2_BYTES = 50 * 2**20  # H100: 50 MB, H200: 60 MB; the smaller is the safer boun
 
 
 def no_gpu(command: str) -> bool:
-    """Say so (on stderr) and return True when no CUDA GPU can run `command`."""
-    import cupy as cp
+    """Say so (on stderr), with why and what works without one, and return True when no CUDA GPU can run `command`."""
+    from .._runtime.cuda import why_no_gpu
 
-    if cp.cuda.is_available():
+    reason = why_no_gpu()
+    if reason is None:
         return False
-    print(f"{command} needs a CUDA GPU; none is available", file=sys.stderr)
+    print(f"python -m fastmm {command} needs a CUDA GPU: {reason}.\nWithout a GPU: python -m fastmm info (what was "
+          "found), explain M N K (the plan for a product), compile (every kernel, with nvcc alone).", file=sys.stderr)
     return True
 
 

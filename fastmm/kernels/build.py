@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -23,12 +24,15 @@ import struct
 import subprocess
 import tempfile
 import threading
+import time
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 from .._errors import CompileError, NvccNotFoundError, warn_once
-from .configs import Variant, KernelConfig
+from .configs import KernelConfig, Variant
+
+_log = logging.getLogger("fastmm")
 
 __all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "find_nvcc", "cache_dir",
            "cache_path", "is_cubin"]
@@ -218,6 +222,7 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
             log, cubin = entry
             return Compiled(name, arch, cubin, **_parse_ptxas(log), log=log, cached=True)
 
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fastmm-nvcc-") as tmp:
         src = Path(tmp) / f"{name}.cu"
         out = Path(tmp) / f"{name}.cubin"
@@ -233,4 +238,5 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
                            f"check the disk space of {tempfile.gettempdir()} and the CUDA toolkit ({nvcc}):\n{log}")
     if use_cache:
         _write_entry(path, log, cubin)
+    _log.info("compiled %s for %s in %.2f s (nvcc %s)", name, arch, time.perf_counter() - started, nvcc)
     return Compiled(name, arch, cubin, **_parse_ptxas(log), log=log)

@@ -1,0 +1,70 @@
+"""What a user sees without a debugger: the `fastmm` logger (compiles, plans), $FASTMM_PRECISION, and the tools'
+answer where no GPU can run them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import gpu_unavailable_reason, nvcc_unavailable_reason
+from fastmm import _plan
+
+
+def test_a_new_problem_signature_logs_its_plan_once(caplog):
+    problem = _plan.Problem(1234, 567, 891)
+    _plan.reload_tuned()  # no decision remembered
+    with caplog.at_level(logging.DEBUG, logger="fastmm"):
+        _plan.choose(problem, _plan.Device())
+        _plan.choose(problem, _plan.Device())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan 1234x567x891")]
+    assert len(lines) == 1 and "by rule" in lines[0], lines
+
+
+@pytest.mark.skipif(nvcc_unavailable_reason() is not None, reason="needs nvcc")
+def test_a_compile_logs_its_binary_and_time(caplog, tmp_path, monkeypatch):
+    from fastmm.kernels import build
+    from fastmm.kernels.configs import NAIVE
+
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="fastmm"):
+        build.compile_cubin(NAIVE, arch="sm_90")
+    assert any(r.getMessage().startswith(f"compiled {NAIVE.name}") and " s (nvcc " in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("value,mode,warns", [("high", "high", False), ("MEDIUM", "medium", False),
+                                              ("", "highest", False), ("hihg", "highest", True)])
+def test_the_precision_mode_comes_from_the_environment(value, mode, warns):
+    code = "import warnings, fastmm; print(fastmm.get_float32_matmul_precision())"
+    p = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "FASTMM_PRECISION": value}, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == mode, p.stdout + p.stderr
+    assert ("FASTMM_PRECISION='hihg' is not a float32 matmul precision" in p.stderr) == warns, p.stderr
+
+
+@pytest.mark.skipif(gpu_unavailable_reason() is None, reason="this machine has a GPU: bench would run")
+@pytest.mark.parametrize("args", [["bench"], ["autotune"], ["bench", "--dask"]])
+def test_without_a_gpu_the_tools_say_why_and_what_works(args):
+    p = subprocess.run([sys.executable, "-m", "fastmm", *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"python -m fastmm {' '.join(args)} needs a CUDA GPU: " in p.stderr
+    assert "Without a GPU: python -m fastmm info" in p.stderr
+
+
+@pytest.mark.skipif(gpu_unavailable_reason() is None, reason="this machine has a GPU: the hook has work to do")
+def test_the_numpy_hook_says_at_install_that_it_will_do_nothing_without_a_gpu():
+    code = ("import warnings, numpy as np, fastmm\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('always')\n"
+            "    fastmm.accelerate_numpy()\n"
+            "a = np.ones((300, 300), np.float32)\n"
+            "assert (a @ a)[0, 0] == 300\n"
+            "print([str(w.message) for w in seen])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "accelerate_numpy() is on, but no CUDA GPU can run fastmm's kernels here" in p.stdout
+    assert "NumPy computes every product itself" in p.stdout
