@@ -323,6 +323,12 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
     p.add_argument("--no-cpu", action="store_true", help="skip the NumPy-on-CPU column")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (for logs)")
+    p.add_argument("--sweep", type=int, default=0, metavar="N",
+                   help="instead of the table: N random problems of every size and layout against cuBLAS, with the "
+                        "distribution of the speed and error ratios and the worst problems (e.g. 500)")
+    p.add_argument("--sweep-seed", type=int, default=0, help="--sweep: the seed that draws the problems (default: 0)")
+    p.add_argument("--sweep-budget", type=float, default=900.0,
+                   help="--sweep: stop measuring after this many seconds (default: 900)")
     p.add_argument("--numpy-hook", action="store_true",
                    help="instead: plain NumPy a @ b with and without accelerate_numpy(), in one run")
     p.add_argument("--cupy-hook", action="store_true",
@@ -344,6 +350,10 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    if getattr(args, "sweep", 0):
+        from . import sweep
+
+        return sweep.main(args)
     if getattr(args, "numpy_hook", False):
         from . import hook_measure as _hook_measure
 

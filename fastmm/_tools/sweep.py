@@ -1,0 +1,195 @@
+"""``python -m fastmm bench --sweep N``: fastmm against cuBLAS on N random problems that nobody tuned for.
+
+The bench table's shapes are the ones the plan was fitted to; a user's are not. The sweep draws problems with a
+seed (M, N and K log-uniform over 1..16384, a few with one side up to 100000, some batched, every layout:
+transposed, Fortran order, rows with padding between them, a start that is not 16-byte aligned), multiplies each
+with ``np.matmul`` on fastmm arrays and with ``cupy.matmul`` on the same data, and reports the distribution of
+the speed ratio and of the error ratio, with the worst problems and the rule that planned them. Change the seed
+to check that a fix generalises. The method (float64 reference, NaN-poisoned output, CUDA events, medians) is the
+bench's: docs/measuring.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from .timing import progress, rel_error, time_per_call
+
+__all__ = ["SweepProblem", "LAYOUTS", "draw", "summarize", "format_summary", "run", "main"]
+
+# How the operands are laid out in memory; each is a form a NumPy user meets.
+LAYOUTS = ("c", "a_t", "b_t", "fortran", "strided", "offset")
+MAX_SIDE = 16384
+LONG_SIDE = 100_000
+LONG_SHARE = 0.03  # of the problems, one side drawn from MAX_SIDE..LONG_SIDE
+BATCHED_SHARE = 0.15
+MAX_BYTES = 3 << 30  # operands and result of one problem (the float64 reference takes twice that again)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepProblem:
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    layout: str = "c"
+
+    @property
+    def label(self) -> str:
+        return (f"{f'{self.batch}x' if self.batch > 1 else ''}{self.m}x{self.n}x{self.k}"
+                f"{'' if self.layout == 'c' else ' ' + self.layout}")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+    def make(self, rng, xp):
+        """Fresh random float32 operands (uniform in [-1, 1)) in this problem's layout, on `xp` (NumPy or CuPy)."""
+        lead = (self.batch,) if self.batch > 1 else ()
+        return (_laid_out(xp, rng, lead + (self.m, self.k), self.layout in ("a_t", "fortran"), self.layout),
+                _laid_out(xp, rng, lead + (self.k, self.n), self.layout in ("b_t", "fortran"), self.layout))
+
+
+def _laid_out(xp, rng, shape, transposed: bool, layout: str):
+    rows, cols = shape[-2], shape[-1]
+    if transposed:  # the transpose of a C-ordered array: unit stride along the rows
+        x = xp.asarray(rng.uniform(-1, 1, shape[:-2] + (cols, rows)).astype(np.float32))
+        return x.swapaxes(-1, -2)
+    if layout == "strided":  # rows with 3 floats between them (an odd row stride: not 16-byte aligned either)
+        x = xp.asarray(rng.uniform(-1, 1, shape[:-1] + (cols + 3,)).astype(np.float32))
+        return x[..., :cols]
+    if layout == "offset":  # the first element one float past an aligned address
+        flat = xp.asarray(rng.uniform(-1, 1, math.prod(shape) + 1).astype(np.float32))
+        return flat[1:].reshape(shape)
+    return xp.asarray(rng.uniform(-1, 1, shape).astype(np.float32))
+
+
+def _log_uniform(rng, low: int, high: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+
+
+def draw(count: int, seed: int, *, max_bytes: int = MAX_BYTES) -> list[SweepProblem]:
+    """`count` problems drawn with `seed` (the same seed, the same problems, on any machine)."""
+    rng = np.random.default_rng(seed)
+    problems: list[SweepProblem] = []
+    while len(problems) < count:
+        m, n, k = (_log_uniform(rng, 1, MAX_SIDE) for _ in range(3))
+        if rng.random() < LONG_SHARE:
+            side = int(rng.integers(3))
+            long = _log_uniform(rng, MAX_SIDE, LONG_SIDE)
+            m, n, k = (long if i == side else x for i, x in enumerate((m, n, k)))
+        batch = _log_uniform(rng, 2, 64) if rng.random() < BATCHED_SHARE else 1
+        problem = SweepProblem(m, n, k, batch, LAYOUTS[int(rng.integers(len(LAYOUTS)))])
+        if problem.nbytes <= max_bytes:
+            problems.append(problem)
+    return problems
+
+
+def _percentile(values, q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else math.nan
+
+
+def _geomean(values) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def summarize(rows: list[dict], worst: int = 20) -> dict:
+    """The distribution of speed (cuBLAS time / fastmm time: above 1 is faster) and of error (fastmm's relative
+    error / cuBLAS's: below 1 is more accurate), and the `worst` problems by speed."""
+    speed = [r["speed"] for r in rows]
+    error = [r["error_ratio"] for r in rows if math.isfinite(r["error_ratio"])]
+    return {
+        "problems": len(rows),
+        "speed": {"p1": _percentile(speed, 1), "p5": _percentile(speed, 5), "median": _percentile(speed, 50),
+                  "geomean": _geomean(speed), "below_0.9": sum(s < 0.9 for s in speed)},
+        "error_ratio": {"median": _percentile(error, 50), "p95": _percentile(error, 95), "p99": _percentile(error, 99),
+                        "above_1.5": sum(e > 1.5 for e in error)},
+        "worst": sorted(rows, key=lambda r: r["speed"])[:worst],
+    }
+
+
+def format_summary(summary: dict, seed: int) -> str:
+    s, e = summary["speed"], summary["error_ratio"]
+    lines = [f"sweep of {summary['problems']} problems (seed {seed}); speed = cuBLAS time / fastmm time, "
+             "error ratio = fastmm's relative error / cuBLAS's",
+             f"  speed        p1 {s['p1']:.2f}  p5 {s['p5']:.2f}  median {s['median']:.2f}  geomean {s['geomean']:.3f}"
+             f"  ({s['below_0.9']} below 0.9x)",
+             f"  error ratio  median {e['median']:.2f}  p95 {e['p95']:.2f}  p99 {e['p99']:.2f}"
+             f"  ({e['above_1.5']} above 1.5x)",
+             f"  the {len(summary['worst'])} slowest against cuBLAS:",
+             f"  {'problem':34s} {'speed':>6s} {'err ratio':>9s}  rule: kernel"]
+    for r in summary["worst"]:
+        lines.append(f"  {r['label']:34s} {r['speed']:6.2f} {r['error_ratio']:9.2f}  {r['rule']}: {r['kernel']}")
+    return "\n".join(lines)
+
+
+def _plan_of(fa, fb) -> tuple[str, str]:
+    import fastmm
+
+    text = fastmm.explain(fa, fb)
+    fields = dict(line.strip().split(None, 1) for line in text.splitlines()[1:] if line.startswith("  "))
+    return fields.get("rule", "?").split(":", 1)[0], fields.get("kernel", "?").split()[0]
+
+
+def run(problems: list[SweepProblem], *, seed: int, budget_s: float, show_progress: bool) -> list[dict]:
+    """Measure the problems in order until `budget_s` seconds have passed; rows of the ones measured."""
+    import cupy as cp
+
+    import fastmm
+
+    rng = np.random.default_rng(seed + 1)
+    rows, started = [], time.perf_counter()
+    bar = progress(len(problems), show_progress)
+    for problem in problems:
+        if time.perf_counter() - started > budget_s:
+            break
+        a, b = problem.make(rng, cp)
+        fa, fb = fastmm.asarray(a), fastmm.asarray(b)
+        ref = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
+        out_shape = ref.shape
+        outs = {"fastmm": fastmm.asarray(cp.empty(out_shape, cp.float32)), "cublas": cp.empty(out_shape, cp.float32)}
+        calls = {"fastmm": lambda i: np.matmul(fa, fb, out=outs["fastmm"]),
+                 "cublas": lambda i: cp.matmul(a, b, out=outs["cublas"])}
+        seconds, errors = {}, {}
+        for name, fn in calls.items():
+            outs[name].fill(cp.nan)  # an element nobody writes cannot pass
+            fn(0)
+            errors[name] = rel_error(outs[name], ref)
+            seconds[name] = time_per_call(fn, 1, warmup=1, runs=5 if problem.flops < 1e12 else 3,
+                                          min_seconds=0.01)
+        rule, kernel = _plan_of(fa, fb)
+        rows.append({"label": problem.label, **dataclasses.asdict(problem), "rule": rule, "kernel": kernel,
+                     "speed": seconds["cublas"] / seconds["fastmm"], "seconds": seconds, "errors": errors,
+                     "error_ratio": errors["fastmm"] / errors["cublas"] if errors["cublas"] > 0 else
+                     (1.0 if errors["fastmm"] == 0 else math.inf)})
+        del a, b, fa, fb, ref, outs
+        bar.update(1)
+    bar.close()
+    return rows
+
+
+def main(args) -> int:
+    problems = draw(args.sweep, args.sweep_seed)
+    rows = run(problems, seed=args.sweep_seed, budget_s=args.sweep_budget, show_progress=not args.no_progress)
+    if len(rows) < len(problems):
+        print(f"the time budget ({args.sweep_budget:.0f} s) covered {len(rows)} of {len(problems)} problems; "
+              "raise --sweep-budget for the rest", file=sys.stderr)
+    if not rows:
+        return 1
+    summary = summarize(rows)
+    print(format_summary(summary, args.sweep_seed))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seed": args.sweep_seed, "summary": {k: v for k, v in summary.items() if k != "worst"},
+                       "rows": rows}, f, indent=1, default=str)
+    return 0

@@ -1,0 +1,64 @@
+"""The random-shape sweep (bench --sweep) without a GPU: what it draws, how it lays operands out, how it reports."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fastmm._tools import sweep
+
+
+def test_the_same_seed_draws_the_same_problems_and_another_seed_others():
+    assert sweep.draw(200, 0) == sweep.draw(200, 0)
+    assert sweep.draw(200, 0) != sweep.draw(200, 1)
+
+
+def test_the_draw_covers_sizes_batches_and_every_layout():
+    problems = sweep.draw(600, 3)
+    sides = [x for p in problems for x in (p.m, p.n, p.k)]
+    assert min(sides) >= 1 and max(sides) <= sweep.LONG_SIDE
+    assert any(x == 1 for x in sides) and any(x > sweep.MAX_SIDE for x in sides)
+    assert sum(x <= 64 for x in sides) > 100 and sum(x >= 4096 for x in sides) > 100  # log-uniform, both ends
+    assert {p.layout for p in problems} == set(sweep.LAYOUTS)
+    assert any(p.batch > 1 for p in problems) and sum(p.batch == 1 for p in problems) > 400
+    assert all(p.nbytes <= sweep.MAX_BYTES for p in problems)
+
+
+@pytest.mark.parametrize("layout", sweep.LAYOUTS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_operands_have_the_layout_named(layout, batch):
+    problem = sweep.SweepProblem(5, 7, 9, batch, layout)
+    a, b = problem.make(np.random.default_rng(0), np)
+    assert a.shape == ((batch,) if batch > 1 else ()) + (5, 9) and a.dtype == np.float32
+    assert b.shape == ((batch,) if batch > 1 else ()) + (9, 7)
+    if layout in ("a_t", "fortran"):
+        assert a.strides[-2] == 4  # unit stride along the rows
+    if layout in ("b_t", "fortran"):
+        assert b.strides[-2] == 4
+    if layout == "strided":
+        assert a.strides[-2] == 4 * (9 + 3) and b.strides[-2] == 4 * (7 + 3)
+    if layout == "offset":
+        assert a.__array_interface__["data"][0] % 8 == 4  # one float past an aligned start (NumPy aligns to 16)
+    if layout == "c":
+        assert a.flags.c_contiguous and b.flags.c_contiguous
+    assert np.all((a >= -1) & (a < 1))
+
+
+def test_the_summary_reads_the_distribution_and_the_worst():
+    rows = [{"label": f"p{i}", "speed": s, "error_ratio": e, "rule": "tiled", "kernel": "k"}
+            for i, (s, e) in enumerate([(0.5, 1.0), (1.0, 0.5), (2.0, 2.0), (1.0, math.inf)])]
+    summary = sweep.summarize(rows, worst=2)
+    assert summary["problems"] == 4
+    assert summary["speed"]["geomean"] == pytest.approx(1.0) and summary["speed"]["median"] == pytest.approx(1.0)
+    assert summary["speed"]["below_0.9"] == 1 and summary["error_ratio"]["above_1.5"] == 1
+    assert [r["label"] for r in summary["worst"]] == ["p0", "p1"]
+    text = sweep.format_summary(summary, seed=7)
+    assert "sweep of 4 problems (seed 7)" in text and "geomean 1.000" in text and "p0" in text
+
+
+def test_the_plan_of_a_problem_names_its_rule_and_kernel():
+    a, b = sweep.SweepProblem(4096, 16, 4096).make(np.random.default_rng(0), np)
+    rule, kernel = sweep._plan_of(a, b)
+    assert rule == "few-columns" and kernel.startswith("skinny_n16")
