@@ -30,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 from . import _array, linalg
 from ._dispatch import products as _dispatch
 
-__all__ = ["from_array", "meta", "to_host"]
+__all__ = ["from_array", "meta", "to_host", "matmul", "explain"]
 
 
 def meta(dtype=np.float32, ndim: int = 2):
@@ -135,3 +135,163 @@ concatenate_lookup.register(_array.ndarray, _concatenate)
 tensordot_lookup.register(_array.ndarray, linalg.tensordot)
 einsum_lookup.register(_array.ndarray, _einsum)
 empty_lookup.register(_array.ndarray, _empty)
+
+
+# --------------------------------------------------------------------------------------------------------
+# A product across the GPUs of a cluster, planned to move little (fastmm/_plan/distributed.py)
+# --------------------------------------------------------------------------------------------------------
+
+def _workers(workers):
+    """The workers' addresses, in a fixed order: as given, or those of the current distributed client."""
+    if workers is not None:
+        return list(workers)
+    try:
+        from distributed import get_client
+    except ImportError:
+        return []
+    try:
+        client = get_client()
+    except ValueError:  # no client: Dask's local scheduler, nothing to place
+        return []
+    return sorted(client.scheduler_info()["workers"])
+
+
+def _operands(x, y):
+    if x.ndim != 2 or y.ndim != 2:
+        raise ValueError(f"fastmm.dask.matmul multiplies 2-D Dask arrays (got {x.ndim}-D and {y.ndim}-D); "
+                         "for stacks of matrices use x @ y")
+    if x.shape[1] != y.shape[0]:
+        raise ValueError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
+                         f"(n?,k),(k,m?)->(n?,m?) (size {y.shape[0]} is different from {x.shape[1]})")
+    if x.chunks[1] != y.chunks[0]:  # K cut the same way in both: B re-chunked along K to A's blocks
+        y = y.rechunk((x.chunks[1], y.chunks[1]))
+    return x, y
+
+
+def _block_product(x, y):
+    from ._plan.distributed import BlockProduct
+
+    return BlockProduct(tuple(x.chunks[0]), tuple(y.chunks[1]), tuple(x.chunks[1]),
+                        np.result_type(x.dtype, y.dtype).itemsize)
+
+
+def _plan(x, y, count: int, model: dict):
+    from ._plan.distributed import plan_distributed
+
+    return plan_distributed(_block_product(x, y), count, **model)
+
+
+def explain(x, y, workers=None, **model) -> str:
+    """How `matmul` would place ``x @ y`` on the cluster's GPUs, and how many bytes would cross between them.
+
+    `workers` is as for `matmul`, or a number of GPUs; `model` as for `matmul`."""
+    from ._plan.distributed import describe_distributed
+
+    x, y = _operands(x, y)
+    count = workers if isinstance(workers, int) else max(1, len(_workers(workers)))
+    return describe_distributed(_plan(x, y, count, model))
+
+
+def _keep_placement(dsk, keys, **kwargs):
+    """Dask's array optimizations but the low-level fusion, which would merge tasks pinned to different GPUs and drop
+    their placement: the graph stays one of layers, each pinned to its worker."""
+    from dask.array.optimization import fuse_roots, optimize_blockwise
+    from dask.core import flatten
+
+    keys = list(flatten(keys if isinstance(keys, (list, set)) else [keys]))
+    dsk = optimize_blockwise(dsk, keys=keys)
+    dsk = fuse_roots(dsk, keys=keys)
+    return dsk.cull(set(keys))
+
+
+class _Placed(_da.Array):
+    """The product `matmul` planned: computing or persisting it keeps each task on its planned GPU."""
+
+    __slots__ = ()
+    __dask_optimize__ = staticmethod(_keep_placement)
+
+
+def _multiply_add(c, a, b):
+    d = np.matmul(a, b)
+    d += c
+    return d
+
+
+def _identity(x):
+    return x
+
+
+def matmul(x, y, workers=None, **model):
+    """``x @ y`` for 2-D Dask arrays, with each output block computed on a planned GPU of a distributed cluster.
+
+    The plan (see `explain`) puts each input block on one GPU and computes each output block, K summed in a fixed
+    order, on the GPU that holds its inputs' rows or columns: a 2-D grid of GPUs, a 1-D split with the smaller
+    operand sent to every GPU once, or one GPU where splitting would not pay for the bytes it moves. Without a
+    distributed client (Dask's local scheduler) it is ``x @ y``.
+
+    Parameters
+    ----------
+    x, y : dask.array.Array
+        2-D operands; chunks of fastmm arrays run fastmm's kernels (see `from_array`), NumPy or CuPy chunks their
+        own products. ``y`` is re-chunked along K to ``x``'s blocks if they differ.
+    workers : list of str, optional
+        The workers' addresses, one per GPU (dask-cuda's LocalCUDACluster starts one worker per GPU). Default: the
+        current distributed client's workers.
+    flops_per_s, link_bytes_per_s : float, optional
+        The time model's rate of one GPU and of the links between GPUs (defaults: an H100's FP32 rate through
+        fastmm's kernels, 100 GB/s); set them to your GPUs' and interconnect's.
+
+    Returns
+    -------
+    dask.array.Array
+        The product, chunked as ``x``'s rows and ``y``'s columns. Computing or persisting it keeps each block on its
+        planned GPU; an array built on it (``(x @ y).sum()``) is optimized as a whole by Dask, which may move the
+        product's tasks: persist the product first to keep the plan.
+    """
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    x, y = _operands(x, y)
+    addresses = _workers(workers)
+    if len(addresses) < 2:
+        return x @ y
+    product = _block_product(x, y)
+    placement = _plan(x, y, len(addresses), model).placement
+    name = "fastmm-matmul-" + tokenize(x, y, addresses)
+    home_a, home_b = name + "-a", name + "-b"
+    homes: list[dict] = [{} for _ in addresses]
+    tasks: list[dict] = [{} for _ in addresses]
+    nk = len(product.depth)
+    for i in range(len(product.rows)):
+        for k in range(nk):
+            homes[placement.a_home(i, k, product)][(home_a, i, k)] = (_identity, (x.name, i, k))
+    for k in range(nk):
+        for j in range(len(product.cols)):
+            homes[placement.b_home(k, j, product)][(home_b, k, j)] = (_identity, (y.name, k, j))
+    for i in range(len(product.rows)):
+        for j in range(len(product.cols)):
+            w, acc = placement.owner(i, j), name + "-sum"
+            tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, 0), (home_b, 0, j))
+            for k in range(1, nk):  # K summed in a fixed order, on the owner
+                tasks[w][(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (home_a, i, k), (home_b, k, j))
+            tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
+    layers = dict(x.dask.layers) | dict(y.dask.layers)
+    deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
+    home_layers = []
+    for w, address in enumerate(addresses):  # one layer per GPU: Dask annotates a layer as a whole
+        pin = {"workers": [address], "allow_other_workers": False}
+        if homes[w]:
+            layers[f"{name}-home-{w}"] = MaterializedLayer(homes[w], annotations=pin)
+            deps[f"{name}-home-{w}"] = {x.name, y.name}
+            home_layers.append(f"{name}-home-{w}")
+    for w, address in enumerate(addresses):
+        if tasks[w]:
+            layers[f"{name}-{w}"] = MaterializedLayer(tasks[w], annotations={"workers": [address],
+                                                                              "allow_other_workers": False})
+            deps[f"{name}-{w}"] = set(home_layers)
+    owners = {f"{name}-{w}" for w in range(len(addresses)) if tasks[w]}
+    layers[name] = MaterializedLayer({})
+    deps[name] = owners
+    graph = HighLevelGraph(layers, deps)
+    meta_ = x._meta if hasattr(x, "_meta") else None
+    return _Placed(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype), meta=meta_)

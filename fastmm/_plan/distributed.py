@@ -1,0 +1,164 @@
+"""A product of block matrices across several GPUs: which GPU owns which output block, where the input blocks live,
+and how many bytes cross between GPUs. Pure Python (no Dask, no CUDA): fastmm.dask builds the graph from it.
+
+The candidates are the ones distributed GEMMs use: everything on one GPU; a 1-D split of the rows of A (and C)
+with B's blocks sent to every GPU (or the mirror: columns of B, A sent to all), best when one operand is small; and
+a 2-D grid of pr x pc GPUs (SUMMA's layout), where A's block (i, k) lives on grid row i mod pr and is sent along
+that row, B's block (k, j) on grid column j mod pc and is sent down that column, so each block crosses to at most
+pc - 1 (or pr - 1) other GPUs. Each output block's K sum runs on its owner, in a fixed order. The plan is the
+candidate with the least predicted time (compute on the busiest GPU plus its incoming bytes over the link), so a
+product that does not pay for the traffic stays on one GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "plan_distributed",
+           "describe_distributed"]
+
+# Defaults of the time model: an H100's FP32 rate through fastmm's tiles and a GPU-to-GPU link's payload rate.
+FLOPS_PER_S = 50e12
+LINK_BYTES_PER_S = 100e9
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockProduct:
+    """C (M x N) = A (M x K) @ B (K x N), cut into blocks: the sizes of the row blocks of A and C (`rows`), the
+    column blocks of B and C (`cols`) and the blocks along K (`depth`)."""
+
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+    depth: tuple[int, ...]
+    itemsize: int = 4
+
+    @property
+    def flops(self) -> int:
+        return 2 * sum(self.rows) * sum(self.cols) * sum(self.depth)
+
+    def a_bytes(self, i: int, k: int) -> int:
+        return self.rows[i] * self.depth[k] * self.itemsize
+
+    def b_bytes(self, k: int, j: int) -> int:
+        return self.depth[k] * self.cols[j] * self.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where each block lives: `kind` is "one", "rows", "columns" or "grid" (pr x pc GPUs, numbered row by row)."""
+
+    kind: str
+    workers: int
+    grid: tuple[int, int] = (1, 1)
+
+    def owner(self, i: int, j: int) -> int:
+        """The GPU that computes C's block (i, j), K summed there."""
+        pr, pc = self.grid
+        return {"one": 0, "rows": i % self.workers, "columns": j % self.workers,
+                "grid": (i % pr) * pc + j % pc}[self.kind]
+
+    def a_home(self, i: int, k: int, product: BlockProduct) -> int:
+        pr, pc = self.grid
+        return {"one": 0, "rows": i % self.workers, "columns": (i * len(product.depth) + k) % self.workers,
+                "grid": (i % pr) * pc + k % pc}[self.kind]
+
+    def b_home(self, k: int, j: int, product: BlockProduct) -> int:
+        pr, pc = self.grid
+        return {"one": 0, "rows": (k * len(product.cols) + j) % self.workers, "columns": j % self.workers,
+                "grid": (k % pr) * pc + j % pc}[self.kind]
+
+
+def candidates(workers: int) -> list[Placement]:
+    """One GPU, the two 1-D splits, and every 2-D grid pr x pc = workers (pr, pc >= 2)."""
+    if workers <= 1:
+        return [Placement("one", 1)]
+    grids = [Placement("grid", workers, (pr, workers // pr)) for pr in range(2, workers // 2 + 1)
+             if workers % pr == 0]
+    return [Placement("one", workers), Placement("rows", workers), Placement("columns", workers), *grids]
+
+
+def received_bytes(product: BlockProduct, placement: Placement) -> list[int]:
+    """Bytes of input blocks each GPU receives: each block it needs once, unless the block lives there."""
+    needs_a: set[tuple[int, int, int]] = set()
+    needs_b: set[tuple[int, int, int]] = set()
+    for i in range(len(product.rows)):
+        for j in range(len(product.cols)):
+            w = placement.owner(i, j)
+            needs_a.update((w, i, k) for k in range(len(product.depth)))
+            needs_b.update((w, k, j) for k in range(len(product.depth)))
+    received = [0] * placement.workers
+    for w, i, k in needs_a:
+        if placement.a_home(i, k, product) != w:
+            received[w] += product.a_bytes(i, k)
+    for w, k, j in needs_b:
+        if placement.b_home(k, j, product) != w:
+            received[w] += product.b_bytes(k, j)
+    return received
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedPlan:
+    placement: Placement
+    product: BlockProduct
+    received: tuple[int, ...]  # bytes into each GPU
+    compute_seconds: float  # on the busiest GPU
+    seconds: float  # predicted: compute plus the busiest GPU's incoming bytes over the link
+    one_gpu_seconds: float
+    link_bytes_per_s: float
+
+    @property
+    def moved(self) -> int:
+        return sum(self.received)
+
+
+def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: float) -> float:
+    work = [0] * placement.workers
+    depth = sum(product.depth)
+    for i, m in enumerate(product.rows):
+        for j, n in enumerate(product.cols):
+            work[placement.owner(i, j)] += 2 * m * n * depth
+    return max(work) / flops_per_s
+
+
+def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float = FLOPS_PER_S,
+                     link_bytes_per_s: float = LINK_BYTES_PER_S) -> DistributedPlan:
+    """The candidate placement with the least predicted time (the fewest bytes moved on a tie)."""
+    if workers < 1:
+        raise ValueError(f"a distributed product needs at least one GPU (got workers={workers})")
+    one = product.flops / flops_per_s
+    plans = []
+    for placement in candidates(workers):
+        received = received_bytes(product, placement)
+        compute = _compute_seconds(product, placement, flops_per_s)
+        plans.append(DistributedPlan(placement, product, tuple(received), compute,
+                                     compute + max(received) / link_bytes_per_s, one, link_bytes_per_s))
+    return min(plans, key=lambda p: (p.seconds, p.moved))
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def describe_distributed(plan: DistributedPlan) -> str:
+    """The plan in `fastmm.explain`'s words: the layout, the bytes between GPUs, the predicted gain."""
+    p, pl = plan.product, plan.placement
+    blocks = f"{len(p.rows)} x {len(p.cols)} output blocks, K in {len(p.depth)}"
+    head = (f"{sum(p.rows)}x{sum(p.cols)}x{sum(p.depth)} product of blocks ({blocks}) on {pl.workers} GPU"
+            f"{'s' if pl.workers > 1 else ''}:")
+    layout = {
+        "one": "all on one GPU: splitting it would not pay for the bytes it moves between GPUs",
+        "rows": "A's rows (and C's) split across the GPUs, B's blocks sent to every GPU once",
+        "columns": "B's columns (and C's) split across the GPUs, A's blocks sent to every GPU once",
+        "grid": (f"a {pl.grid[0]} x {pl.grid[1]} grid of GPUs (SUMMA's layout): A's blocks sent along grid rows, "
+                 "B's down grid columns"),
+    }[pl.kind]
+    per = max(plan.received)
+    gain = plan.one_gpu_seconds / plan.seconds if plan.seconds else 1.0
+    return (f"{head}\n  layout  {layout}; each output block's K summed on its owner, in a fixed order\n"
+            f"  moved   {_size(plan.moved)} between GPUs, at most {_size(per)} into one GPU\n"
+            f"  model   {gain:.2f}x one GPU's speed: {plan.compute_seconds * 1e3:.1f} ms of compute on the busiest GPU "
+            f"and {per / plan.link_bytes_per_s * 1e3:.1f} ms to receive its inputs "
+            f"(assumed: {FLOPS_PER_S / 1e12:.0f} TFLOP/s a GPU, {plan.link_bytes_per_s / 1e9:.0f} GB/s links)")

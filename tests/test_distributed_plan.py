@@ -1,0 +1,142 @@
+"""A product across several GPUs, planned without a GPU: the plan's bytes (fastmm/_plan/distributed.py), the Dask
+graph that fastmm.dask.matmul builds from it (each task pinned to its GPU's worker; the bytes that cross between
+workers counted from the graph itself), and the graph computed on a CPU cluster of NumPy chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastmm._plan.distributed import (BlockProduct, Placement, candidates, describe_distributed, plan_distributed,
+                                      received_bytes)
+
+SQUARE = BlockProduct((8192,) * 4, (8192,) * 4, (8192,) * 4)  # 32768^3 in 8192^2 blocks of 256 MiB
+BLOCK = 8192 * 8192 * 4
+
+
+def test_the_candidates_are_one_gpu_both_1d_splits_and_every_grid():
+    kinds = [(c.kind, c.grid) for c in candidates(8)]
+    assert kinds == [("one", (1, 1)), ("rows", (1, 1)), ("columns", (1, 1)), ("grid", (2, 4)), ("grid", (4, 2))]
+    assert [c.kind for c in candidates(1)] == ["one"]
+
+
+def test_bytes_moved_match_the_layouts_closed_forms():
+    a_bytes = b_bytes = 16 * BLOCK
+    assert received_bytes(SQUARE, Placement("one", 4)) == [0, 0, 0, 0]
+    # A 2 x 2 grid: each block of A crosses to the one other GPU of its grid row, each block of B likewise.
+    grid = received_bytes(SQUARE, Placement("grid", 4, (2, 2)))
+    assert sum(grid) == a_bytes * (2 - 1) + b_bytes * (2 - 1) and len(set(grid)) == 1
+    # Rows split four ways: A's rows stay home, every block of B goes to the three other GPUs.
+    assert sum(received_bytes(SQUARE, Placement("rows", 4))) == b_bytes * 3
+    assert sum(received_bytes(SQUARE, Placement("columns", 4))) == a_bytes * 3
+
+
+def test_the_plan_takes_the_layout_that_moves_least_for_the_time_it_saves():
+    assert plan_distributed(SQUARE, 4).placement == Placement("grid", 4, (2, 2))
+    tall = BlockProduct((8192,) * 8, (2048,), (4096,))  # A tall, B one small block: B sent to all, A stays home
+    assert plan_distributed(tall, 4).placement.kind == "rows"
+    wide = BlockProduct((2048,), (8192,) * 8, (4096,))
+    assert plan_distributed(wide, 4).placement.kind == "columns"
+    small = BlockProduct((256, 256), (256, 256), (256, 256))  # the link would cost more than the GPUs save
+    plan = plan_distributed(small, 4, link_bytes_per_s=1e9)
+    assert plan.placement.kind == "one" and plan.moved == 0
+    assert "all on one GPU: splitting it would not pay" in describe_distributed(plan)
+
+
+def test_the_plan_says_how_much_crosses_between_gpus():
+    text = describe_distributed(plan_distributed(SQUARE, 4))
+    assert text.startswith("32768x32768x32768 product of blocks (4 x 4 output blocks, K in 4) on 4 GPUs:")
+    assert "a 2 x 2 grid of GPUs (SUMMA's layout)" in text
+    assert "moved   8.0 GiB between GPUs, at most 2.0 GiB into one GPU" in text
+
+
+def test_a_bad_worker_count_is_a_clear_error():
+    with pytest.raises(ValueError, match="at least one GPU"):
+        plan_distributed(SQUARE, 0)
+
+
+# ---- the Dask graph ------------------------------------------------------------------------------------------
+
+da = pytest.importorskip("dask.array", reason="Dask is not installed: pip install 'fastmm[dask]'")
+pytest.importorskip("cupy", reason="fastmm.dask imports fastmm's array type, which needs CuPy (no GPU)")
+
+import fastmm.dask as fd  # noqa: E402
+
+WORKERS = [f"tcp://gpu{i}:1" for i in range(4)]
+
+
+def _pinned(graph):
+    """Every task of the graph with the worker it is pinned to (None: anywhere) and its dependencies."""
+    from dask.core import get_dependencies
+
+    where, deps, everything = {}, {}, dict(graph)
+    for layer in graph.layers.values():
+        workers = (layer.annotations or {}).get("workers")
+        for key in layer:
+            where[key] = workers[0] if workers else None
+            deps[key] = get_dependencies(everything, key)
+    return where, deps
+
+
+def test_the_graph_pins_each_task_and_moves_what_the_plan_says(rng):
+    a = rng.standard_normal((400, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 500)).astype(np.float32)
+    x, y = da.from_array(a, chunks=(100, 75)), da.from_array(b, chunks=(75, 125))
+    model = {"flops_per_s": 1e3}  # compute made dear: the plan splits even this small product
+    z = fd.matmul(x, y, workers=WORKERS, **model)
+    plan = fd._plan(x, y, len(WORKERS), model)
+    assert plan.placement.kind == "grid"
+    where, deps = _pinned(z.dask)
+    for row in z.__dask_keys__():
+        for key in row:  # each output block on its owner
+            assert where[key] == WORKERS[plan.placement.owner(key[1], key[2])]
+    # Bytes that cross between workers, read from the graph: a pinned task whose pinned input lives elsewhere.
+    size = {}
+    for key in where:
+        if key[0].endswith("-a"):
+            size[key] = x.chunks[0][key[1]] * x.chunks[1][key[2]] * 4
+        elif key[0].endswith("-b"):
+            size[key] = y.chunks[0][key[1]] * y.chunks[1][key[2]] * 4
+    received = {w: set() for w in WORKERS}
+    for key, worker in where.items():
+        for dep in deps[key]:
+            if worker is not None and dep in size and where[dep] != worker:
+                received[worker].add(dep)
+    assert [sum(size[k] for k in received[w]) for w in WORKERS] == list(plan.received)
+    assert "a 2 x 2 grid of GPUs" in fd.explain(x, y, WORKERS, **model)
+
+
+def test_without_a_cluster_it_is_daskss_own_product(rng):
+    x = da.from_array(rng.standard_normal((64, 32)), chunks=16)
+    z = fd.matmul(x, x.T)
+    assert np.allclose(z.compute(scheduler="threads"), (x @ x.T).compute(scheduler="threads"))
+
+
+def test_operands_that_cannot_multiply_are_numpys_error():
+    x = da.ones((4, 3), chunks=2)
+    with pytest.raises(ValueError, match="mismatch in its core dimension 0"):
+        fd.matmul(x, x)
+    with pytest.raises(ValueError, match="2-D Dask arrays"):
+        fd.matmul(da.ones((2, 4, 3), chunks=2), x.T)
+
+
+def test_on_a_cluster_each_block_is_computed_where_the_plan_put_it(rng):
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    a = rng.standard_normal((300, 200))
+    b = rng.standard_normal((200, 250))
+    x = da.from_array(a, chunks=((100, 200), (50, 150)))  # ragged blocks; B re-chunked along K to A's
+    y = da.from_array(b, chunks=(100, 125))
+    with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        addresses = sorted(client.scheduler_info()["workers"])
+        model = {"flops_per_s": 1e3}
+        z = fd.matmul(x, y, **model)
+        placement = fd._plan(*fd._operands(x, y), len(addresses), model).placement
+        assert placement.kind != "one"
+        z = client.persist(z)
+        distributed.wait(z)
+        who = client.who_has(z)
+        for row in z.__dask_keys__():
+            for key in row:
+                assert list(who[key]) == [addresses[placement.owner(key[1], key[2])]]
+        assert np.allclose(z.compute(), a @ b, rtol=1e-12, atol=1e-10)
