@@ -30,9 +30,24 @@ def _runs_on(config, arch: str) -> bool:
     return not arch_errors(config, (int(digits[:-1]), int(digits[-1])))
 
 
+def _default_arch() -> str:
+    """The architecture of the GPU present (sm_XY), else Hopper's sm_90 (H100/H200)."""
+    try:
+        import cupy
+
+        major, minor = cupy.cuda.Device().compute_capability
+        return f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - no CuPy, driver or GPU: compile for Hopper
+        return "sm_90"
+
+
 def cmd_compile(args) -> int:
+    import time
+
     from .kernels import build
 
+    args.arch = args.arch or _default_arch()
+    started = time.perf_counter()
     jobs = [(c, v) for c, v in _all_binaries() if _runs_on(c, args.arch)]
     skipped = sorted({c.name for c, _ in _all_binaries()} - {c.name for c, _ in jobs})
     if skipped:
@@ -42,8 +57,10 @@ def cmd_compile(args) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [(c, v, pool.submit(build.compile_cubin, c, v, args.arch, use_cache=not args.no_cache))
                    for c, v in jobs]
-        for config, variant, fut in futures:
+        for done, (config, variant, fut) in enumerate(futures, 1):
             name = config.binary_name(variant)
+            if sys.stderr.isatty():  # progress where a person watches; logs get the table alone
+                print(f"\r{done}/{len(futures)} {name[:60]:60s}", end="", file=sys.stderr, flush=True)
             try:
                 r = fut.result()
             except build.CompileError as e:
@@ -55,7 +72,10 @@ def cmd_compile(args) -> int:
             flag = "  <- SPILLS" if spill else ""
             print(f"{name:36s} {r.arch:6s} {r.registers:5d} {r.smem_bytes:7d} "
                   f"{f'{r.spill_stores}/{r.spill_loads}':>14s} {r.stack_bytes:8d}{flag}")
-    print(f"{len(jobs)} binaries: {failed} failed to compile, {spilled} spill registers")
+    if sys.stderr.isatty():
+        print("\r" + " " * 72 + "\r", end="", file=sys.stderr)
+    print(f"{len(jobs)} binaries: {failed} failed to compile, {spilled} spill registers "
+          f"({time.perf_counter() - started:.0f} s, {args.jobs} in parallel)")
     return 1 if failed or spilled else 0
 
 
@@ -158,7 +178,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="GPU, driver, library versions, kernels")
     c = sub.add_parser("compile", help="compile every kernel binary with nvcc and report ptxas resources")
-    c.add_argument("--arch", default="sm_90", help="GPU architecture to compile for (default: sm_90, H100/H200)")
+    c.add_argument("--arch", default=None,
+                   help="GPU architecture to compile for (default: the GPU present's, else sm_90: H100/H200)")
     c.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
                    help="nvcc processes in parallel (default: one per CPU core)")
     c.add_argument("--no-cache", action="store_true", help="recompile even when a cached cubin exists")
