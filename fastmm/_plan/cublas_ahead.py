@@ -1,4 +1,4 @@
-"""Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels.md,
+"""Where cuBLAS is ahead: shape classes whose table kernel the bench measured behind cuBLAS (docs/kernels/heuristic.md,
 section 'The heuristic's break-even points', cuBLAS-ahead classes).
 
 fastmm arrays still run fastmm's kernel there (the user chose fastmm); plain CuPy code under `accelerate_cupy`
@@ -29,7 +29,7 @@ class Ahead:
 
 
 # Skinny products below this many multiply-adds per output column are bound by the per-call cost, where fastmm's
-# path is the cheaper one (docs/kernels.md, section 'The heuristic's break-even points', cuBLAS-ahead classes).
+# path is the cheaper one (docs/kernels/heuristic.md, section 'The heuristic's break-even points', cuBLAS-ahead classes).
 _NARROW_MIN_ELEMENTS = 1 << 22
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (

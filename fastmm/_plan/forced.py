@@ -43,7 +43,7 @@ def kernel_names() -> list[str]:
 
     Notes
     -----
-    The configurations are described in the kernel ladder (docs/kernels.md); ``python -m fastmm compile``
+    The configurations are described in the kernel ladder (docs/kernels/index.md); ``python -m fastmm compile``
     lists their ptxas resources. NumPy has no counterpart.
 
     Examples

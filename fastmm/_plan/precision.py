@@ -25,11 +25,11 @@ PRECISIONS: dict[str, str] = {
 }
 _TENSOR_TILES = {"high": TF32X3_TILES, "medium": TF32_TILES}
 # Hopper's wgmma (6_wgmma.cu, operands split by pass_tf32_split.cu) for products whose split passes take a small
-# part of the time (docs/kernels.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
+# part of the time (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
 _WG_TILES = {"high": TF32X3_WG, "medium": TF32_WG}
 _WG_MIN_MACS = {"high": 960 ** 3, "medium": 1 << 28}
 # ... and an output at least this wide both ways: the split passes' share of the time grows as 1/M + 1/N
-# (docs/kernels.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
 _WG_MIN_SIDE = {"high": 960, "medium": 512}
 
 

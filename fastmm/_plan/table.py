@@ -2,7 +2,7 @@
 forced or an autotuned entry covers the product; then the current precision mode's tiles.
 
 The numbers in the rules are break-even points measured with ``python -m fastmm bench``; the measurements are in
-docs/kernels.md, section 'The heuristic's break-even points'.
+docs/kernels/heuristic.md, section 'The heuristic's break-even points'.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _SPLIT_MIN_SLICE = 256
 
 
 # Skinny products (an output side below this) with a long K are split too, for accuracy as much as speed
-# (docs/kernels.md, section 'The heuristic's break-even points', split-k).
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k).
 _NARROW = 32
 
 
@@ -55,7 +55,7 @@ def _split_for(problem: Problem, device: Device) -> str:
     they hold that, else 64x64; the large tiles on their sub-tile loops (slices are whole 16-deep steps).
 
     The 128x256 slices sum K in runs of 512 (partial sums): cuBLAS's accuracy at the same speed. The measurements:
-    docs/kernels.md, section 'The heuristic's break-even points', split-k."""
+    docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k."""
     if _narrow_output(problem):
         return WT64
     side = min(problem.m, problem.n)
@@ -76,7 +76,7 @@ def split_count(problem: Problem, device: Device) -> int:
     that leaves less than a wave of blocks (never shallower than _SPLIT_MIN_SLICE).
 
     On 64x64 tiles the best depth was about 500 whatever the output; on the large tiles a second wave cost more
-    than deeper slices in one (docs/kernels.md, section 'The heuristic's break-even points', split-k).
+    than deeper slices in one (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k).
     """
     name = _split_for(problem, device)
     config = get_config(name)
@@ -131,7 +131,7 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
 
 
 # Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
-# (7_few_columns.cu; docs/kernels.md, section 'The heuristic's break-even points', few-columns).
+# (7_few_columns.cu; docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns).
 _CLUSTERS = (2, 4, 8)
 
 
@@ -152,12 +152,12 @@ def few_columns_splits(problem: Problem, device: Device) -> int:
 
 
 # Split-K over a short K where the tiled rule's tile gives fewer than this fraction of the SMs a block, in products
-# that pay for a second launch (docs/kernels.md, section 'The heuristic's break-even points', split-k-mid).
+# that pay for a second launch (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k-mid).
 _IDLE_SMS = 0.8
 _MID_MIN_DEPTH = 128
 _MID_MIN_MACS = 1 << 28
 # Small outputs (between these counts of 64x64 tiles per SM) split over 64x64 tile sums instead: half cuBLAS's error
-# at about its speed (docs/kernels.md, section 'The heuristic's break-even points', split-k-mid).
+# at about its speed (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k-mid).
 _MID_SUMS_TILES = (0.5, 1.25)
 _MID_SUMS_DEPTH = 128
 _MID_SUMS_MOST = 8
@@ -198,7 +198,7 @@ def mid_splits(problem: Problem, device: Device) -> int:
 
 
 # A large product's few rows or columns past a multiple of 128 run as few-column products, not as a row of mostly
-# empty tiles (docs/kernels.md, section 'The heuristic's break-even points', ragged-edge).
+# empty tiles (docs/kernels/heuristic.md, section 'The heuristic's break-even points', ragged-edge).
 _PEEL_MAX = _FEW
 _PEEL_MIN_MACS = 1 << 33
 
@@ -220,7 +220,7 @@ def peel_edges(problem: Problem, device: Device) -> tuple[int, int]:
 
 
 # A large product whose A or B rows are not 16-byte aligned runs on aligned copies, K padded to whole K-tiles and
-# summed in runs of 512 (docs/kernels.md, section 'The heuristic's break-even points', aligned-copy).
+# summed in runs of 512 (docs/kernels/heuristic.md, section 'The heuristic's break-even points', aligned-copy).
 _PAD_MIN_MACS = 1 << 34
 _PAD_K = 16
 

@@ -23,20 +23,20 @@ TF32_TILES, TF32X3_TILES = tuple(c.name for c in configs.TF32_TILES), tuple(c.na
 TF32_WG, TF32X3_WG = configs.TF32_WG.name, configs.TF32X3_WG.name
 
 # A tile is worth taking when it gives at least half the SMs a block (its reuse beats idle SMs) and wastes little
-# work on padding past C's edges (docs/kernels.md, section 'The heuristic's break-even points', tiled).
+# work on padding past C's edges (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _MIN_WAVE = 0.5
 _MIN_USEFUL = 0.95
 # Below this fraction of a wave the 128x64 tile keeps a sum per K-tile: one running sum per element there has
-# several times cuBLAS's error (docs/kernels.md, section 'The heuristic's break-even points', tiled).
+# several times cuBLAS's error (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it pays from this many waves
-# on aligned rows, A not m-contiguous (docs/kernels.md, section 'The heuristic's break-even points', tiled).
+# on aligned rows, A not m-contiguous (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _DEEP_WAVES = 2
 # Sub-tile loops (bodies that the instruction cache holds) pay from this K, where K is a multiple of the K-tile
-# (docs/kernels.md, section 'The heuristic's break-even points', tiled).
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _LOOP_MIN_K = 1024
 # Past one wave, a large tile whose last wave leaves more than 1 - this of the SMs' time idle gives way to the
-# 128x64 tile, three blocks to an SM (docs/kernels.md, section 'The heuristic's break-even points', tiled).
+# 128x64 tile, three blocks to an SM (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _MIN_WAVE_EFFICIENCY = 0.85
 
 
@@ -74,7 +74,7 @@ _fill_small_warptile = _fill_from((WT128x64, WT64))
 
 
 # From this K, a product with a transposed operand sums K in runs of 512 (split-K's slice kernel): one FP32 chain
-# over all of K misses cuBLAS's accuracy (docs/kernels.md, section 'The heuristic's break-even points', tiled).
+# over all of K misses cuBLAS's accuracy (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _FLUSH_MIN_K = 4096
 
 
@@ -83,7 +83,7 @@ def _fill(problem: Problem, device: Device) -> str:
 
     128x256 tiles where they fill the SMs: on their sub-tile loops where K allows, else 32 deep from two waves on
     aligned rows, else 16 deep; 128x64 tiles where 128x256 ones would leave SMs idle, pad much or leave a ragged
-    last wave; 64x64 tiles for everything smaller or skinnier. The measurements: docs/kernels.md, section
+    last wave; 64x64 tiles for everything smaller or skinnier. The measurements: docs/kernels/heuristic.md, section
     'The heuristic's break-even points', tiled.
     """
     big = get_config(WT256)

@@ -16,7 +16,7 @@
 // adds its partial sum; the copier refills a stage once both warpgroups have marked it. The first version of this
 // kernel had every thread copy its share with cp.async and met at a block-wide barrier per K-tile: both warpgroups then
 // waited for their products and added their partial sums at the same moment, and the tensor pipe was busy 65% of the
-// time (docs/kernels.md, rung 5b). Here one warpgroup's products keep it busy while the other adds.
+// time (docs/kernels/wgmma.md). Here one warpgroup's products keep it busy while the other adds.
 //
 // Who computes what: warpgroup w computes rows 64w to 64w + 63 of the BM x BN block tile across all BN columns,
 // accumulated in registers in wgmma's layout: thread (warp v of the warpgroup, lane 4g + t) holds rows 16v + g and

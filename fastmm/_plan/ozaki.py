@@ -1,0 +1,108 @@
+"""Ozaki scheme II for float32 products: the arithmetic of the future INT8 kernels, as a NumPy reference.
+
+A (M x K) and B (K x N) are scaled, row by row and column by column, by powers of two and rounded to integers A',
+B' small enough that every sum of products in C' = A' B' stays below half the product M of a set of pairwise coprime
+moduli m_1..m_n, each at most 256. Then C' is exact from its residues: each modulus's residues of A' and B' fit in
+int8, their product is exact in int32 (K below `MAX_EXACT_K`), and the Chinese remainder theorem puts the n
+products back together into C', which the scaling turns back into C. The only rounding is A's and B's to integers,
+so the number of moduli sets the accuracy: `choose_moduli` takes the fewest that keep `bits` bits of every row of
+A and column of B. Rows and columns holding NaN or an infinity take the FP32 path instead, so they come out as
+IEEE arithmetic says. The method is that of Ozaki, Uchino and Imamura (arXiv 2508.03984); this module is our own.
+
+Pure NumPy and Python integers (no CUDA): it fixes what the kernels must compute, and the CPU tests check it
+against float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["MODULI", "MAX_EXACT_K", "choose_moduli", "scaled_integers", "symmetric_residues", "matmul_reference"]
+
+# Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
+# moduli for a given product M.
+MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 211, 199, 197, 193, 191, 181, 179, 173, 167)
+# |residue| <= 128: K products of two of them stay within int32 while K * 128 * 128 < 2^31.
+MAX_EXACT_K = (2**31 - 1) // (128 * 128)
+
+
+def choose_moduli(k: int, bits: int = 26) -> tuple[int, ...]:
+    """The fewest moduli whose product keeps `bits` bits of each row of A and column of B in a K-long product:
+    K * 2^bits * 2^bits < M / 2."""
+    need = 2 * bits + 1 + math.ceil(math.log2(max(k, 1)))
+    product, chosen = 1, []
+    for m in MODULI:
+        chosen.append(m)
+        product *= m
+        if product.bit_length() - 1 >= need:
+            return tuple(chosen)
+    raise ValueError(f"{bits} bits over K = {k} need a modulus product of 2^{need}, more than {len(MODULI)} "
+                     f"moduli give; use fewer bits or split K")
+
+
+def scaled_integers(x: np.ndarray, bits: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """x scaled along `axis` (1: each row, 0: each column) by a power of two so that its largest magnitude lies in
+    [2^(bits-1), 2^bits), and rounded to integers (int64); with the exponents to scale back by (x ~ ints * 2^-e)."""
+    largest = np.max(np.abs(x), axis=axis, keepdims=True)
+    _, exponent = np.frexp(largest)  # largest = f * 2^exponent, f in [0.5, 1)
+    shift = np.where(largest > 0, bits - exponent, 0).astype(np.int64)
+    return np.rint(np.ldexp(x.astype(np.float64), shift)).astype(np.int64), shift
+
+
+def symmetric_residues(x: np.ndarray, m: int) -> np.ndarray:
+    """x mod m in [-m/2, m/2), as int8 (m <= 256)."""
+    r = np.mod(x, m)
+    return np.where(r >= (m + 1) // 2, r - m, r).astype(np.int8)
+
+
+def _crt(residues: list[np.ndarray], moduli: tuple[int, ...]) -> np.ndarray:
+    """The integers in [-M/2, M/2) with the given residues (exact: Python integers)."""
+    total = math.prod(moduli)
+    acc = np.zeros(residues[0].shape, dtype=object)
+    for r, m in zip(residues, moduli):
+        rest = total // m
+        acc = acc + r.astype(object) * (rest * pow(rest, -1, m))
+    acc = acc % total
+    return np.where(acc >= total // 2, acc - total, acc)
+
+
+def matmul_reference(a: np.ndarray, b: np.ndarray, bits: int = 26) -> np.ndarray:
+    """float32 A @ B by Ozaki scheme II, as the INT8 kernels are to compute it (float32 result)."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul_reference multiplies (M, K) by (K, N) (got {a.shape} and {b.shape})")
+    k = a.shape[1]
+    bad_rows = ~np.isfinite(a).all(axis=1)
+    bad_cols = ~np.isfinite(b).all(axis=0)
+    a_ok, b_ok = np.where(bad_rows[:, None], 0, a), np.where(bad_cols[None, :], 0, b)
+    ai, ea = scaled_integers(a_ok, bits, axis=1)
+    bi, eb = scaled_integers(b_ok, bits, axis=0)
+    moduli = choose_moduli(min(k, MAX_EXACT_K), bits)
+    products = []
+    for m in moduli:
+        ra, rb = symmetric_residues(ai, m).astype(np.int64), symmetric_residues(bi, m).astype(np.int64)
+        acc = np.zeros((a.shape[0], b.shape[1]), np.int64)
+        for start in range(0, k, MAX_EXACT_K):  # each slice of K exact in int32, as the int8 products give it
+            part = ra[:, start:start + MAX_EXACT_K] @ rb[start:start + MAX_EXACT_K]
+            assert np.abs(part).max(initial=0) < 2**31
+            acc = np.mod(acc + part, m)
+        products.append(acc)
+    exact = _crt(products, moduli) if k <= MAX_EXACT_K else None
+    if exact is None:  # a sum over more than one slice can pass M/2: each slice reconstructed apart, then added
+        exact = np.zeros(products[0].shape, dtype=object)
+        for start in range(0, k, MAX_EXACT_K):
+            sl = slice(start, start + MAX_EXACT_K)
+            exact = exact + _crt([np.mod(symmetric_residues(ai[:, sl], m).astype(np.int64)
+                                         @ symmetric_residues(bi[sl], m).astype(np.int64), m) for m in moduli],
+                                 moduli)
+    c = np.ldexp(exact.astype(np.float64), -(ea + eb))
+    out = c.astype(np.float32)
+    if bad_rows.any() or bad_cols.any():  # NaN and infinities as IEEE arithmetic gives them: the FP32 path
+        with np.errstate(invalid="ignore"):  # inf - inf is NaN, as it should be
+            fp32 = a @ b
+        out[bad_rows, :] = fp32[bad_rows, :]
+        out[:, bad_cols] = fp32[:, bad_cols]
+    return out

@@ -1,0 +1,95 @@
+"""Ozaki scheme II's arithmetic (fastmm/_plan/ozaki.py), checked against float64 on the CPU: exact integer
+products, the Chinese remainder reconstruction, the accuracy the moduli buy, and non-finite inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fastmm._plan import ozaki
+
+
+def _rel(c, ref):
+    return float(np.linalg.norm(c.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+def _sgemm_error(a, b, ref):
+    return _rel(np.matmul(a, b), ref)  # NumPy's float32 BLAS: what SGEMM's error looks like
+
+
+def test_the_moduli_are_pairwise_coprime_and_fit_int8():
+    assert all(math.gcd(p, q) == 1 for i, p in enumerate(ozaki.MODULI) for q in ozaki.MODULI[i + 1:])
+    for m in ozaki.MODULI:
+        r = ozaki.symmetric_residues(np.arange(-3 * m, 3 * m), m)
+        assert r.dtype == np.int8 and r.min() >= -128 and r.max() <= 127
+        assert np.all((r.astype(np.int64) - np.arange(-3 * m, 3 * m)) % m == 0)
+
+
+@pytest.mark.parametrize("k", [1, 100, 4096, 8192, 65536, ozaki.MAX_EXACT_K])
+def test_enough_moduli_keep_the_products_below_half_their_product(k):
+    moduli = ozaki.choose_moduli(k)
+    assert k * 2 ** (2 * 26) < math.prod(moduli) // 2
+    assert k * 128 * 128 <= 2**31 - 1 or k > ozaki.MAX_EXACT_K
+    assert len(moduli) <= 9  # FP32 accuracy in at most nine INT8 products, up to the exact int32 range
+
+
+def test_scaling_puts_each_row_just_below_the_bits():
+    x = np.array([[3.0, -0.5, 0.0], [0.0, 0.0, 0.0], [1e-30, 2e-30, -4e-30]], np.float32)
+    ints, shift = ozaki.scaled_integers(x, 26, axis=1)
+    assert np.abs(ints[0]).max() == 3 * 2**24 and np.all(ints[1] == 0)
+    assert 2**25 <= np.abs(ints[2]).max() < 2**26
+    assert np.allclose(np.ldexp(ints.astype(np.float64), -shift), x, rtol=2**-25, atol=0)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (33, 1000, 17), (128, 4096, 96), (5, 3, 7)])
+def test_normal_data_is_at_least_as_accurate_as_sgemm(m, k, n, rng):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert _rel(ozaki.matmul_reference(a, b), ref) <= max(_sgemm_error(a, b, ref), 2**-24)
+
+
+def test_positive_data_and_random_signs(rng):
+    a = rng.uniform(0, 1, (96, 2048)).astype(np.float32)
+    b = rng.uniform(0, 1, (2048, 80)).astype(np.float32) * rng.choice([-1, 1], (2048, 80)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert _rel(ozaki.matmul_reference(a, b), ref) <= max(_sgemm_error(a, b, ref), 2**-24)
+
+
+def test_rows_and_columns_whose_magnitudes_span_two_to_the_sixty(rng):
+    a = rng.standard_normal((64, 512)) * np.exp2(rng.uniform(-60, 60, (64, 1)))
+    b = rng.standard_normal((512, 48)) * np.exp2(rng.uniform(-60, 60, (1, 48)))
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    c = ozaki.matmul_reference(a, b)
+    rowwise = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)  # every row, however small
+    sgemm = np.linalg.norm(np.matmul(a, b) - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    # (Measured over 30 seeds: the worst row at 0.32x SGEMM's worst, the median row at 0.19x.)
+    assert rowwise.max() <= sgemm.max() and np.median(rowwise) <= np.median(sgemm)
+
+
+def test_nan_and_infinities_come_out_as_ieee_arithmetic_gives_them(rng):
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 6)).astype(np.float32)
+    a[2, 3], a[5, 0], b[7, 4] = np.nan, np.inf, -np.inf
+    with np.errstate(invalid="ignore"):
+        c, want = ozaki.matmul_reference(a, b), np.matmul(a, b)
+    assert np.array_equal(np.isnan(c), np.isnan(want)) and np.array_equal(np.isinf(c), np.isinf(want))
+    finite = np.isfinite(want)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.allclose(c[finite], ref[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_k_beyond_the_exact_int32_range_is_summed_in_slices(rng):
+    k = ozaki.MAX_EXACT_K + 1000
+    a = rng.standard_normal((2, k)).astype(np.float32)
+    b = rng.standard_normal((k, 3)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert _rel(ozaki.matmul_reference(a, b), ref) <= max(_sgemm_error(a, b, ref), 2**-24)
+
+
+def test_shapes_that_cannot_multiply_are_refused():
+    with pytest.raises(ValueError, match=r"\(M, K\) by \(K, N\)"):
+        ozaki.matmul_reference(np.ones((2, 3)), np.ones((4, 5)))
