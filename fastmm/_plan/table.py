@@ -357,6 +357,44 @@ _NOT_TUNED = (RuleName.EMPTY, RuleName.TENSOR, RuleName.TENSOR_WGMMA, RuleName.F
               RuleName.ALIGNED_COPY)
 
 
+def _in_precision(choice: Choice, problem: Problem, device: Device, precision: str) -> Choice:
+    """The table's FP32 answer in a tensor-core precision: kept where FP32 is the better path, else its tiles."""
+    if precision == "highest":
+        return choice
+    if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS):  # memory-bound or split: the FP32 paths
+        return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
+                                   "uses FP32 FMAs here)")
+    if precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):
+        return dataclasses.replace(choice, reason=choice.reason + " (in 'high' precision: FP32 FMAs, as accurate as "
+                                   f"3xTF32 and faster than it below {_macs(_WG_MIN_MACS['high'])} multiply-adds "
+                                   f"or an output side of {_WG_MIN_SIDE['high']} on Hopper)")
+    if choice.rule == RuleName.EMPTY:
+        return choice
+    name, rule, reason = _tensor(problem, device, _check_precision(precision))
+    return Choice(get_config(name), problem.variant, rule, reason)
+
+
+def _tuned_instead(choice: Choice, problem: Problem, device: Device) -> Choice:
+    """An autotuned entry for the problem's class, where the table's answer is a choice of one configuration."""
+    if choice.splits != 1 or choice.rule in _NOT_TUNED:
+        return choice
+    entry = tuned_entries(device).get(tune_bucket(problem))
+    if entry is None or entry.get("kernel") not in BY_NAME:
+        return choice
+    return Choice(get_config(entry["kernel"]), problem.variant, RuleName.TUNED,
+                  f"autotuned on this GPU for {tune_bucket(problem)}: {entry['tflops']:.1f} TFLOP/s "
+                  f"against {entry['heuristic_tflops']:.1f} for the table's {entry['heuristic']}")
+
+
+def _forced_choice(problem: Problem, device: Device, kernel: str) -> Choice:
+    if kernel in FAMILIES:
+        config = get_config(_FAMILY_DEFAULT[kernel](problem, device))
+        return _lighter(Choice(config, problem.variant_for(config), RuleName.FORCED,
+                               f"kernel family {kernel!r} was requested; tile chosen for the shape"), device)
+    config = get_config(kernel)
+    return Choice(config, problem.variant_for(config), RuleName.FORCED, f"kernel {kernel!r} was requested")
+
+
 def choose(problem: Problem, device: Device = Device(), kernel: str | None = None, *, tuned: bool = True,
            precision: str | None = None) -> Choice:
     """The kernel for `problem`: `kernel` if given, else the enclosing `use_kernel`, else an autotuned entry
@@ -369,37 +407,11 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
     if hit is not None:
         return hit
     _check_name(kernel)
-    if kernel == "auto":
-        choice = _by_rules(problem, device, RULES)
-        if precision != "highest":
-            if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS):  # memory-bound or split: the FP32 paths
-                choice = dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
-                                             "uses FP32 FMAs here)")
-            elif precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):
-                choice = dataclasses.replace(choice, reason=choice.reason + " (in 'high' precision: FP32 FMAs, as "
-                                             "accurate as 3xTF32 and faster than it below "
-                                             f"{_macs(_WG_MIN_MACS['high'])} multiply-adds or an output "
-                                             f"side of {_WG_MIN_SIDE['high']} on Hopper)")
-            elif choice.rule != RuleName.EMPTY:
-                name, rule, reason = _tensor(problem, device, _check_precision(precision))
-                choice = Choice(get_config(name), problem.variant, rule, reason)
-        choice = _lighter(choice, device)
-        # A tuned entry for this problem class overrides the table, except where the table's answer is not a
-        # choice of configuration (nothing to do, or a split-K plan the tuner does not time).
-        entry = None
-        if tuned and choice.splits == 1 and choice.rule not in _NOT_TUNED:
-            entry = tuned_entries(device).get(tune_bucket(problem))
-        if entry is not None and entry.get("kernel") in BY_NAME:
-            choice = Choice(get_config(entry["kernel"]), problem.variant, RuleName.TUNED,
-                            f"autotuned on this GPU for {tune_bucket(problem)}: {entry['tflops']:.1f} TFLOP/s "
-                            f"against {entry['heuristic_tflops']:.1f} for the table's {entry['heuristic']}")
-    elif kernel in FAMILIES:
-        config = get_config(_FAMILY_DEFAULT[kernel](problem, device))
-        choice = _lighter(Choice(config, problem.variant_for(config), RuleName.FORCED,
-                                 f"kernel family {kernel!r} was requested; tile chosen for the shape"), device)
+    if kernel == "auto":  # the table, then the precision mode, the GPU's shared memory and the tuned entries
+        choice = _lighter(_in_precision(_by_rules(problem, device, RULES), problem, device, precision), device)
+        choice = _tuned_instead(choice, problem, device) if tuned else choice
     else:
-        config = get_config(kernel)
-        choice = Choice(config, problem.variant_for(config), RuleName.FORCED, f"kernel {kernel!r} was requested")
+        choice = _forced_choice(problem, device, kernel)
     validated(choice.config, device)
     if len(_tuned._memo) > 4096:
         _tuned._memo.clear()

@@ -399,7 +399,8 @@ class Skinny(KernelConfig):
     nmax: int = 16
     stages: int = 4
     min_blocks: int = 2  # blocks per SM the shared memory is planned for: (stages - 1) steps of A in flight each
-    cluster: int = 1  # > 1: K split over a thread-block cluster of this many blocks, summed in it (sm_90; single products)
+    # > 1: K split over a thread-block cluster of this many blocks, summed in it (sm_90; single products)
+    cluster: int = 1
     family: ClassVar[str] = "skinny"
     source: ClassVar[str] = "7_few_columns.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
@@ -456,45 +457,61 @@ class Skinny(KernelConfig):
 
 
 # The configurations the plan names (fastmm/_plan/tiles.py), built once here; CONFIGS below lists them all.
-NAIVE = Naive(32, 8)
-SMEM16, SMEM32 = Smem(16), Smem(32)
-RT128 = RegTile(128, 128, 8, 8, 8, 2)    # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
-RT128x64 = RegTile(128, 64, 8, 8, 8, 3)  # 128 threads: twice the tiles of the above, for mid-size problems
-RT64 = RegTile(64, 64, 8, 8, 8, 6)       # 64 threads: four times the tiles, for problems that leave SMs idle
+NAIVE = Naive(block_x=32, block_y=8)
+SMEM16, SMEM32 = Smem(tile_size=16), Smem(tile_size=32)
+# the seeds' design: 256 threads, 2 blocks (16 warps) per SM
+RT128 = RegTile(bm=128, bn=128, bk=8, tm=8, tn=8, min_blocks=2)
+# 128 threads: twice the tiles of the above, for mid-size problems
+RT128x64 = RegTile(bm=128, bn=64, bk=8, tm=8, tn=8, min_blocks=3)
+# 64 threads: four times the tiles, for problems that leave SMs idle
+RT64 = RegTile(bm=64, bn=64, bk=8, tm=8, tn=8, min_blocks=6)
 # Warp tiles: (block tile, BK, warp tile, thread tile, stages, blocks per SM). 256 threads of 8x16 for
 # large products (one block per SM, up to 255 registers), 8x8 and 8x4 thread tiles for the rest.
-WT256_LOOP = WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True, sub_k=8)  # large products, long K: sub-tile loop
-WT256_32 = WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, spread=True)  # large products: 32-deep stages, fewer barriers
-WT256_LOOP16 = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16)  # a wave, short K, A^T.B: K-tile loop
-WT256_SLICES = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True, sub_k=16, flush=512)  # split-K slices: runs of 512
-WT256 = WarpTile(128, 256, 16, 64, 64, 8, 16, 4, 1, spread=True)  # ... the same where K is not a multiple of 16
-WT128x64_LOOP = WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, sub_k=8)  # mid sizes (1024^3), n = 128, the sub-tile loop
-WT128x64 = WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3)  # ... ragged sizes (1000^3, 4097^3)
+# large products, long K: sub-tile loop
+WT256_LOOP = WarpTile(bm=128, bn=256, bk=32, wm=64, wn=64, tm=8, tn=16, stages=4, min_blocks=1, spread=True, sub_k=8)
+# large products: 32-deep stages, fewer barriers
+WT256_32 = WarpTile(bm=128, bn=256, bk=32, wm=64, wn=64, tm=8, tn=16, stages=4, min_blocks=1, spread=True)
+# a wave, short K, A^T.B: K-tile loop
+WT256_LOOP16 = WarpTile(bm=128, bn=256, bk=16, wm=64, wn=64, tm=8, tn=16, stages=4, min_blocks=1, spread=True, sub_k=16)
+# split-K slices: runs of 512
+WT256_SLICES = WarpTile(bm=128, bn=256, bk=16, wm=64, wn=64, tm=8, tn=16, stages=4, min_blocks=1, spread=True, sub_k=16,
+                        flush=512)
+# ... the same where K is not a multiple of 16
+WT256 = WarpTile(bm=128, bn=256, bk=16, wm=64, wn=64, tm=8, tn=16, stages=4, min_blocks=1, spread=True)
+# mid sizes (1024^3), n = 128, the sub-tile loop
+WT128x64_LOOP = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, min_blocks=3, sub_k=8)
+# ... ragged sizes (1000^3, 4097^3)
+WT128x64 = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, min_blocks=3)
 # ... on K-padded copies, K in runs of 512 (3001^3): 3 stages, so that 3 blocks and their slots fit an SM
-WT128x64_RUNS = WarpTile(128, 64, 16, 32, 64, 8, 8, 3, 3, sub_k=8, flush=512)
-WT128x64_SUMS = WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 2, tile_sums=True)  # ... on less than a wave (768^3)
-WT64 = WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True)  # small and skinny products, split-K slices
+WT128x64_RUNS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=3, min_blocks=3, sub_k=8, flush=512)
+# ... on less than a wave (768^3)
+WT128x64_SUMS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, min_blocks=2, tile_sums=True)
+# small and skinny products, split-K slices
+WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
 # 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
 # the kernel past 255 registers and it spilled.
-TF32X3_TILES = (TensorTile(128, 128, 32, 64, 32, 3, passes=3),  # large products: 32-deep stages, half the barriers
-                TensorTile(128, 128, 16, 64, 32, 3, passes=3),  # mid sizes
-                TensorTile(64, 64, 16, 32, 32, 4, passes=3, min_blocks=2))  # small products
-TF32_TILES = (TensorTile(128, 256, 16, 64, 64, 3, passes=1), TensorTile(64, 64, 16, 32, 32, 4, passes=1, min_blocks=2))
+# large products: 32-deep stages, half the barriers
+TF32X3_TILES = (TensorTile(bm=128, bn=128, bk=32, wm=64, wn=32, stages=3, passes=3),
+                TensorTile(bm=128, bn=128, bk=16, wm=64, wn=32, stages=3, passes=3),  # mid sizes
+                TensorTile(bm=64, bn=64, bk=16, wm=32, wn=32, stages=4, passes=3, min_blocks=2))  # small products
+TF32_TILES = (TensorTile(bm=128, bn=256, bk=16, wm=64, wn=64, stages=3, passes=1),
+              TensorTile(bm=64, bn=64, bk=16, wm=32, wn=32, stages=4, passes=1, min_blocks=2))
 # ... through Hopper's warpgroup MMA on operands split beforehand (sm_90a): large single products.
-TF32X3_WG = WgTile(128, 128, 3, passes=3)
-TF32_WG = WgTile(128, 256, 4, passes=1)
+TF32X3_WG = WgTile(bm=128, bn=128, stages=3, passes=3)
+TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
-FEW_COLUMNS = (Skinny(1), Skinny(4), Skinny(16))
+FEW_COLUMNS = (Skinny(nmax=1), Skinny(nmax=4), Skinny(nmax=16))
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[KernelConfig, ...] = (
     NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64,
-    WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256, WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
+    WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
+    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
-    *(Skinny(nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
+    *(Skinny(nmax=nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
