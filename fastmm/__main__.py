@@ -139,7 +139,8 @@ def cmd_info(args) -> int:
 
 
 def _command_name(args) -> str:
-    flags = [f"--{f.replace('_', '-')}" for f in ("numpy_hook", "cupy_hook", "dask", "sweep") if getattr(args, f, False)]
+    flags = [f"--{f.replace('_', '-')}" for f in ("numpy_hook", "cupy_hook", "dask", "sweep")
+             if getattr(args, f, False)]
     return " ".join([args.cmd, *flags])
 
 

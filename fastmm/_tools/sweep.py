@@ -172,7 +172,6 @@ def run(problems: list[SweepProblem], *, seed: int, budget_s: float, show_progre
                      "speed": seconds["cublas"] / seconds["fastmm"], "seconds": seconds, "errors": errors,
                      "error_ratio": errors["fastmm"] / errors["cublas"] if errors["cublas"] > 0 else
                      (1.0 if errors["fastmm"] == 0 else math.inf)})
-        del a, b, fa, fb, ref, outs
         bar.update(1)
     bar.close()
     return rows
