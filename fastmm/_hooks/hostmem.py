@@ -1,11 +1,12 @@
 """Host memory for products of NumPy arrays: NumPy's large buffers from a pool that fastmm page-locks for the GPU.
 
 A product offloaded from plain NumPy (`accelerate_numpy`) copies its operands to the GPU and its result back. The GPU
-copies page-locked (pinned) memory directly at the link's speed (about 50 GB/s each way on an H100 host), but
-ordinary memory only through a staging copy on the host, which costs more than the product at 2048^3. So while the
-hook is on, NumPy allocates its large buffers (1 MiB and up) through fastmm's allocator (fastmm/_hooks/hostalloc.c, NumPy's
-NEP 49 handler API, per thread and context like NumPy's own setting): blocks of their own mapping, page-locked the first
-time a product takes one to the GPU, and pooled when freed, still page-locked, for the next array of about that size.
+copies page-locked (pinned) memory directly at the link's speed, but ordinary memory only through a staging copy on
+the host, which at 2048^3 costs more than the product (docs/numpy-hook.md, section 'Measurements behind the
+defaults'). So while the hook is on, NumPy allocates its large buffers (1 MiB and up) through fastmm's allocator
+(fastmm/_hooks/hostalloc.c, NumPy's NEP 49 handler API, per thread and context like NumPy's own setting): blocks of
+their own mapping, page-locked the first time a product takes one to the GPU, and pooled when freed, still
+page-locked, for the next array of about that size.
 `pinned` tells the staging layer which host views it may copy directly.
 
 Leaves the policy to `accelerate_numpy` (which installs and removes the handler) and the copies to `_staged`.

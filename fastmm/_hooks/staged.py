@@ -1,11 +1,10 @@
 """A float32 product of host (NumPy) arrays computed on the GPU: the operands staged through pinned memory by a few
 staging threads, in pieces, while the GPU multiplies the pieces before.
 
-Used by `accelerate_numpy` (fastmm/_hooks/numpy_hook.py), whose loop hands over NumPy's own operand and output buffers, and
-by fastmm.dask for host chunks. Measured on an H100 host (16 cores): the GPU copies from page-locked (pinned) memory
-at 49-54 GB/s each way, and 84-92 GB/s both ways at once, but from ordinary (pageable) memory at 7-12 GB/s; pinning
-the caller's own memory in place (cudaHostRegister) runs at 13-19 GB/s, and one core copies into a pinned buffer at
-7-10 GB/s, while several cores copy 25-47 GB/s. So: four staging threads, each with two small pinned slots that it
+Used by `accelerate_numpy` (fastmm/_hooks/numpy_hook.py), whose loop hands over NumPy's own operand and output
+buffers, and by fastmm.dask for host chunks. The GPU copies page-locked (pinned) memory several times faster than
+ordinary memory, and only several cores together fill pinned buffers at the link's speed (docs/numpy-hook.md,
+section 'Measurements behind the defaults'). So: four staging threads, each with two small pinned slots that it
 fills in turn (a host copy into one while the GPU reads the other), every operand cut into pieces that the threads
 copy side by side, and the product itself cut into pieces (blocks of rows of A and C, or groups of batch items)
 so that uploads, kernels and downloads of consecutive pieces overlap. A piece that does not fit in GPU memory is
@@ -34,22 +33,21 @@ _F4 = 4
 # fastmm.dask stages: pieces stay modest however much memory is free.
 MAX_STAGING_BYTES = 256 << 20
 # One staging copy moves at most this much (a pinned slot's size): small enough that the threads share a 16 MiB
-# operand, large enough that each GPU copy runs at the link's speed (2 MiB pieces were slower on an H100 host).
+# operand, large enough for the link's speed (docs/numpy-hook.md, section 'Measurements behind the defaults').
 _CHUNK_BYTES = 4 << 20
 _MIN_CHUNK_BYTES = 256 << 10
-# Four staging threads: eight copied faster with nothing else running (46 against 33 GB/s), but interleaved with
-# the GPU copies four were faster end to end (4096^3: 12.9 against 15.6-17.2 ms).
+# Four staging threads (at most half the cores): more threads copy faster alone, but are slower end to end while
+# the GPU copies too (docs/numpy-hook.md, section 'Measurements behind the defaults').
 _WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1) // 2))
 # A single product's A and C are cut into blocks of rows of about this many bytes (the wider of the two): the
 # first block's kernel starts once B and that block are up, and each block's result goes down while the next
-# computes. Blocks are whole 128-row tiles, so each block's kernel runs the tiles the whole product would. (On an
-# H100 host, blocks of 4-8 MiB made more, smaller kernels and more waits, and were slower than 16-32 MiB.)
+# computes. Blocks are whole 128-row tiles, so each block's kernel runs the tiles the whole product would; smaller
+# blocks mean more waits (docs/numpy-hook.md, section 'Measurements behind the defaults').
 _BLOCK_BYTES = 32 << 20
 _BLOCK_ROWS = 128
 # ... but where A and C are page-locked (no staging pass on the host), in at least this many blocks: the GPU's copies
-# of one block then overlap the kernel of another (H200 host, page-locked operands, 1/2/4/8 blocks: 2048^3 1.28 /
-# 1.03 / 0.98 / 1.04 ms, 4096^3 6.40 / 5.19 / 4.59 / 4.65 ms).
+# of one block then overlap the kernel of another (docs/numpy-hook.md, section 'Measurements behind the defaults').
 _DIRECT_BLOCKS = 4
 # ... all of whose copies up are queued at once (nothing to wait for on the host), and whose kernels take two streams
 # in turn: a block's kernel (128 tiles of 128x64 at 2048^3, a third of the SMs' room) overlaps the next one's.
@@ -127,9 +125,8 @@ def _up(dst, src, allocated):
     with cp.cuda.Device(device):
         stream = me.stream(device, "up")
         # CuPy's pool hands out memory freed on the allocating stream at once, ordered after that stream's queued
-        # work (which may still read the memory's previous owner); this stream is not ordered after it, so it waits.
-        # (Without the wait, chunk uploads of a Dask graph overwrote operands of products still queued on a busy
-        # GPU: wrong results under load.)
+        # work (which may still read the memory's previous owner); this stream is not ordered after it, so it waits
+        # (docs/history.md, section 'Staged uploads and split-K's sum (2026-11-23)').
         stream.wait_event(allocated)
         i, pin = me.slot(src.shape)
         np.copyto(pin, src)
@@ -219,8 +216,8 @@ class _Inline:
         return future
 
 
-# Products of up to this many bytes (operands and result) are staged by the calling thread alone: on an H100 host
-# the staging threads' hand-overs added about a millisecond per product, more than 1024^3's copies take.
+# Products of up to this many bytes (operands and result) are staged by the calling thread alone: handing pieces to
+# the threads costs more than such copies (docs/numpy-hook.md, section 'Measurements behind the defaults').
 _INLINE_BYTES = 12 << 20
 
 

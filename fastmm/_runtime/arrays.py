@@ -41,8 +41,8 @@ _maker = (None, None)  # (the CuPy module, its quickest way to make an array: ne
 
 def _make_maker(cp):
     """CuPy's compiled array initialiser on a bare object where CuPy has one: what ``cupy.empty`` and CuPy's
-    constructor end in, without their Python frames (``cupy.empty`` costs 1.7 times as much, on every small
-    product); else ``cupy.empty`` and CuPy's constructor."""
+    constructor end in, without their Python frames, which cost more than the initialiser on every small product
+    (docs/dispatch.md, section 'Per-call cost'); else ``cupy.empty`` and CuPy's constructor."""
     global _maker
     base = cupy_base(cp)
     if base is not None and hasattr(base, "_init"):

@@ -2,7 +2,8 @@
 
 fastmm calls the CUDA driver API (cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel) through the bindings
 that CuPy ships (``cupy.cuda.driver``), imported lazily, so importing fastmm, planning and compiling work on any
-machine. Why CuPy's bindings and not PyCUDA's (launch cost, streams, contexts per thread): docs/runtime.md.
+machine. Why CuPy's bindings and not PyCUDA's (launch cost, streams, contexts per thread): docs/runtime.md,
+section 'Threads'.
 
 Contexts and threads. fastmm shares CuPy's context: CuPy uses the CUDA runtime, whose context is the device's
 primary context, and fastmm loads its modules into that same context. A launch runs in the driver's current
@@ -298,7 +299,7 @@ _ARGS = struct.Struct(_ARG_FORMAT)  # native alignment: the same layout as the k
 
 def _pointer_split(fmt: str) -> struct.Struct:
     """A struct of `fmt`'s bytes as the runs between its pointers ('P') and the pointers: a launch packs its three
-    pointers between runs packed once, three values instead of twenty (a third of the cost of packing all)."""
+    pointers between runs packed once, three values instead of twenty (docs/dispatch.md, section 'Per-call cost')."""
     ends = [struct.calcsize(fmt[:i + 1]) for i, ch in enumerate(fmt) if ch == "P"]
     parts, start, pointer = [], 0, struct.calcsize("P")
     for end in ends:
@@ -362,7 +363,8 @@ class Launch:
 
     Everything that depends only on those (the compiled function, grids, strides, launch splits for the
     hardware's grid limits) is computed once; a call packs three pointers and launches. The dispatcher
-    keeps these per call signature, which is what keeps a small product's host cost below CuPy's.
+    keeps these per call signature, which is what keeps a small product's host cost below CuPy's
+    (docs/dispatch.md, section 'Per-call cost').
 
     A Launch may be called from any thread: it runs in the primary context of `device_id` whatever the
     calling thread's current context is, on that thread's current CuPy stream of the device.

@@ -183,17 +183,17 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
 
     The slices are strided views of a and b (no copies); their products land in a (splits, m, n) workspace that
     fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on every run. Every step is a
-    launch of fastmm's own: a replay costs one allocation and two or three launches (CuPy's sum over the
-    workspace's first axis cost more host time than the products it summed: 128x128x65536 ran at 0.64x cuBLAS).
+    launch of fastmm's own: a replay costs one allocation and two or three launches, where a CuPy reduction cost more
+    host time than the products it summed (docs/history.md, section 'Staged uploads and split-K's sum (2026-11-23)').
     """
     cp = _cupy()
     # The plan splits only single products: any batch axes here have size 1 and drop out as views.
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
     # Slices in whole 16-deep steps (every tile's K-tile divides 16), all as one batched launch; where K does not
-    # divide evenly, the few values of K left over run as one shallow launch of their own (a deeper uneven last
-    # slice, at a fraction of the SMs, cost more: K = 4097 in slices of 2056 and 2041 ran a matrix-vector product at
-    # a third of the bandwidth).
+    # divide evenly, the few values of K left over run as one shallow launch of their own: a deeper uneven last slice
+    # runs at a fraction of the SMs (docs/kernels/split-k.md, section 'Ragged edges: peeled off as few-row and
+    # few-column products').
     depth = max(8, k // choice.splits // 16 * 16)
     full = min(choice.splits, k // depth)
     tail = k - full * depth
@@ -217,8 +217,8 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
 
 
 class _Repitch:
-    """The launches that copy an operand into rows padded to 16 bytes (pass_repitch.cu) and write the zero rows past its K
-    where K counts the copy's rows; called with (the operand's address, the copy's)."""
+    """The launches that copy an operand into rows padded to 16 bytes (pass_repitch.cu) and write the zero rows past
+    its K where K counts the copy's rows; called with (the operand's address, the copy's)."""
 
     __slots__ = ("copy", "zeros", "zeros_at")
 
@@ -324,8 +324,8 @@ class _PresplitReplay:
 
 
 def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
-    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (pass_tf32_split.cu) as TF32 parts in swizzled block
-    tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
+    """c = a @ b on a wgmma kernel: A and B^T written by the split pass (pass_tf32_split.cu) as TF32 parts in swizzled
+    block tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
 
     Workspace: A's parts (mp x kp each, 3xTF32 two), B^T's (np x kp each), then 3xTF32's flags (one int per 32 x 32
     tile of A, then of B^T). A batched product runs item by item."""
