@@ -255,10 +255,10 @@ def matmul(x, y, workers=None, **model):
     addresses = _workers(workers)
     if len(addresses) < 2:
         return x @ y
-    product = _block_product(x, y)
-    placement = _plan(x, y, len(addresses), model).placement
+    plan = _plan(x, y, len(addresses), model)
+    product, placement = plan.product, plan.placement
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
-    home_a, home_b = name + "-a", name + "-b"
+    home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
     homes: list[dict] = [{} for _ in addresses]
     tasks: list[dict] = [{} for _ in addresses]
     nk = len(product.depth)
@@ -270,24 +270,23 @@ def matmul(x, y, workers=None, **model):
             homes[placement.b_home(k, j, product)][(home_b, k, j)] = (_identity, (y.name, k, j))
     for i in range(len(product.rows)):
         for j in range(len(product.cols)):
-            w, acc = placement.owner(i, j), name + "-sum"
+            w = placement.owner(i, j)
             tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, 0), (home_b, 0, j))
             for k in range(1, nk):  # K summed in a fixed order, on the owner
                 tasks[w][(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (home_a, i, k), (home_b, k, j))
             tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
+    pins = [{"workers": [address], "allow_other_workers": False} for address in addresses]
     home_layers = []
-    for w, address in enumerate(addresses):  # one layer per GPU: Dask annotates a layer as a whole
-        pin = {"workers": [address], "allow_other_workers": False}
+    for w, pin in enumerate(pins):  # one layer per GPU: Dask annotates a layer as a whole
         if homes[w]:
             layers[f"{name}-home-{w}"] = MaterializedLayer(homes[w], annotations=pin)
             deps[f"{name}-home-{w}"] = {x.name, y.name}
             home_layers.append(f"{name}-home-{w}")
-    for w, address in enumerate(addresses):
+    for w, pin in enumerate(pins):
         if tasks[w]:
-            layers[f"{name}-{w}"] = MaterializedLayer(tasks[w], annotations={"workers": [address],
-                                                                              "allow_other_workers": False})
+            layers[f"{name}-{w}"] = MaterializedLayer(tasks[w], annotations=pin)
             deps[f"{name}-{w}"] = set(home_layers)
     owners = {f"{name}-{w}" for w in range(len(addresses)) if tasks[w]}
     layers[name] = MaterializedLayer({})

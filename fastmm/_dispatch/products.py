@@ -25,7 +25,8 @@ import numpy as np
 from .. import _errors, _plan
 from .._runtime import arrays as _arrays
 from .._runtime import gemm as _gemm
-from .._runtime.arrays import _Meta, _core_layout, _cupy, _meta, cupy_base, empty, owning, problem_for
+from .._runtime.arrays import _Meta, _core_layout, _meta, cupy_base, empty, owning, problem_for
+from .._runtime.arrays import cupy as _cupy
 from ..kernels.configs import Skinny
 from .numpy_rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufunc_keywords, check_out, dot_shapes,
                      einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype, matmul_shapes,

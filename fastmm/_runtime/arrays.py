@@ -33,8 +33,6 @@ def cupy():
     return _cp
 
 
-_cupy = cupy
-
 
 _maker = (None, None)  # (the CuPy module, its quickest way to make an array: new, or over existing memory)
 
@@ -67,12 +65,12 @@ def _make(cp):
 def owning(view):
     """`view`'s memory as a new CuPy array that owns it (no base). For a view of an array that a call made and
     holds alone (a product's result reshaped or transposed), this is the result NumPy and CuPy would give."""
-    return _make(_cupy())(view.shape, view.dtype, view.data, view.strides)
+    return _make(cupy())(view.shape, view.dtype, view.data, view.strides)
 
 
 def empty(shape, dtype=_F32):
     """A new uninitialised C-ordered CuPy array; fastmm's errors for a full or broken device."""
-    cp = _cupy()
+    cp = cupy()
     try:
         return _make(cp)(shape, dtype)
     except cp.cuda.memory.OutOfMemoryError as e:
@@ -126,7 +124,7 @@ def _laid_out(x, name: str):
         return x, layout
     _errors.warn_once(f"copy-{name}", f"operand {name} has no unit-stride axis (strides {x.strides}); fastmm copies "
                       "it to a contiguous array first")
-    x = _cupy().ascontiguousarray(x)
+    x = cupy().ascontiguousarray(x)
     return x, _core_layout(x)
 
 

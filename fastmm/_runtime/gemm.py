@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import _errors, _plan
 from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, Skinny, Split, Variant, WgTile
-from .arrays import _cupy, empty, may_overlap, problem_for
+from .arrays import cupy as _cupy
+from .arrays import empty, may_overlap, problem_for
 
 __all__ = ["gemm", "Recorder", "replay", "signature", "replays", "remember"]
 
