@@ -511,7 +511,7 @@ def test_few_rows_run_the_few_column_kernel_on_the_transposed_product(launched):
     out = _fastmm(np.zeros((8, 1040), np.float32))[:, :1024]  # C's rows 1040 apart
     _dispatch.matmul(a, w, out=out)
     (name, variant, args), = launched.args
-    assert name == "skinny_n16" and variant == "tt_v4"  # W^T's columns are 16-byte aligned: copied 16 bytes at a time
+    assert name == "fewcol_n16" and variant == "tt_v4"  # W^T's columns are 16-byte aligned: copied 16 bytes at a time
     assert (args["m"], args["n"], args["k"]) == (1024, 8, 512)
     assert (args["a_sm"], args["a_sk"], args["b_sk"], args["b_sn"]) == (1, 1024, 1, 512)
     assert (args["c_sm"], args["c_sn"]) == (1, 1040)
@@ -523,8 +523,8 @@ def test_matvec_splits_k_over_a_cluster_in_one_launch(launched):
     v = _fastmm(np.zeros(16384, np.float32))
     _dispatch.matmul(a, v)
     ((name, variant, args),) = launched.args
-    assert (name, variant, args["k"], args["batch"]) == ("skinny_n1_c2", "nn_v4", 16384, 1)
-    assert launched == ["skinny_n1_c2"]
+    assert (name, variant, args["k"], args["batch"]) == ("fewcol_n1_c2", "nn_v4", 16384, 1)
+    assert launched == ["fewcol_n1_c2"]
 
 
 def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
@@ -540,12 +540,12 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     v = _fastmm(np.zeros(4096, np.float32))
     _dispatch.matmul(a, v)
     (name, variant, args), (_, _, tail), (total, _, sums) = launched.args
-    assert name == "skinny_n1" and variant == "nn_v4"  # v's unit stride along k does not make A unaligned
+    assert name == "fewcol_n1" and variant == "nn_v4"  # v's unit stride along k does not make A unaligned
     # Three slices of K in whole 16-deep steps, 1360 deep, as one batch, and the 16 left over as a shallow launch of
     # their own, then fastmm's ordered sum of the four (slices x 2816 x 1) into the result.
     assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (3, 1360, 1, 16)
     assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sk"]) == (4, 2816, 1, 2816)
-    assert launched == ["skinny_n1", "skinny_n1", "slicesum"]
+    assert launched == ["fewcol_n1", "fewcol_n1", "slicesum"]
 
 
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):

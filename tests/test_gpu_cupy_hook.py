@@ -128,7 +128,7 @@ def test_few_column_shapes_run_on_fastmm_under_the_hook(shape, rng, launches):
     assert "leave this product to cuBLAS" not in fastmm.explain(a, b)
     with fastmm.accelerate_cupy():
         got = a @ b
-    assert launches and all(name.startswith("skinny") or name == "slicesum" for name in launches), launches
+    assert launches and all(name.startswith("fewcol") or name == "slicesum" for name in launches), launches
     _close(got, _d(a) @ _d(b))
 
 

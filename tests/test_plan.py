@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -79,7 +80,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
     assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
-    assert choose(4096, 32, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # skinny: the smallest tile
+    assert choose(4096, 32, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # narrow: the smallest tile
     assert choose(768, 768, 256).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"      # K not a multiple of 16
@@ -111,8 +112,8 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     assert choose(300, 300, 65537).splits == 128
     assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
     # Products with an output side of 17 to 31 and a long K split for accuracy too, on the 64x64 tile.
-    skinny = choose(8192, 24, 8192)
-    assert (skinny.rule, skinny.name, skinny.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 16)
+    narrow = choose(8192, 24, 8192)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 16)
     assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
@@ -168,7 +169,7 @@ def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel
     (4113, 4113, 4113, 1),   # 17 rows past 4096: more than a few-column product takes
     (4097, 4097, 4097, 2),   # batched
     (2047, 2049, 2047, 1),   # under 2^33 multiply-adds
-    (4097, 20, 4097, 1),     # skinny
+    (4097, 20, 4097, 1),     # narrow
     (4096, 4096, 4097, 1),   # only K ragged: every tile is whole
     (1537, 1537, 4097, 1),   # 2^33 multiply-adds, but the interior's 72 tiles of 128x256 would leave SMs idle
 ])
@@ -368,7 +369,7 @@ def test_tune_size_classes(size, cls):
     (4096, 4096, 4096, True, None),                 # level with cuBLAS or ahead: fastmm's
     (1024, 1024, 1024, True, None),
     (256, 256, 256, True, None),
-    (64, 1, 64, False, None),                       # skinny but small: the cheaper call wins
+    (64, 1, 64, False, None),                       # narrow but small: the cheaper call wins
     (63, 63, 63, False, None),                      # unaligned but far from a wave
     (65536, 128, 128, True, None),
 ])
@@ -505,16 +506,16 @@ def test_forced_families_and_fallbacks_fit_the_gpu_too(device):
         assert _plan.without_copies(p, device).config.smem_bytes <= device.max_smem_optin
         assert _plan.invalid(_plan.without_copies(p, device).config, device) is None
     assert _plan.choose(_plan.Problem(8192, 8192, 8192), kernel="warptile").name == _plan.tiles.WT256_LOOP  # Hopper
-    with pytest.raises(ValueError, match=r"skinny_n1_c2: needs compute capability 9.0 or newer; this device is 8"):
-        _plan.choose(_plan.Problem(4096, 1, 65536), device, "skinny_n1_c2")
-    assert "needs compute capability 9.0 or newer" in _plan.invalid(configs.get_config("skinny_n16_c8"), device)
-    assert _plan.invalid(configs.get_config("skinny_n16_c8"), _plan.Device()) is None
+    with pytest.raises(ValueError, match=r"fewcol_n1_c2: needs compute capability 9.0 or newer; this device is 8"):
+        _plan.choose(_plan.Problem(4096, 1, 65536), device, "fewcol_n1_c2")
+    assert "needs compute capability 9.0 or newer" in _plan.invalid(configs.get_config("fewcol_n16_c8"), device)
+    assert _plan.invalid(configs.get_config("fewcol_n16_c8"), _plan.Device()) is None
 
 
 def test_compile_command_builds_what_the_architecture_runs():
     from fastmm.__main__ import _all_binaries, _runs_on
 
-    wgmma, cluster, tile = (configs.get_config(n) for n in ("tf32wg_128x256x32_s4", "skinny_n1_c2", _plan.tiles.WT64))
+    wgmma, cluster, tile = (configs.get_config(n) for n in ("tf32wg_128x256x32_s4", "fewcol_n1_c2", _plan.tiles.WT64))
     assert [_runs_on(c, "sm_90") for c in (wgmma, cluster, tile)] == [True, True, True]
     assert [_runs_on(c, "sm_80") for c in (wgmma, cluster, tile)] == [False, False, True]
     assert [_runs_on(c, "sm_89") for c in (wgmma, cluster, tile)] == [False, False, True]
@@ -559,15 +560,15 @@ def test_explain_names_the_mode():
 
 
 @pytest.mark.parametrize("m,n,k,name,splits", [
-    (8192, 1, 8192, "skinny_n1", 1),        # 256 blocks of 32 rows: 0.97 of a wave of 264 as they are
-    (4096, 16, 4096, "skinny_n16_c2", 1),   # 128 blocks: a cluster of two fills one wave (two blocks per SM)
-    (4096, 3, 4096, "skinny_n4", 1),        # up to 4 columns, one block per SM: 256 would be two
-    (64, 1, 64, "skinny_n1", 1),            # never slices thinner than 512
-    (1, 8192, 8192, "skinny_n1", 1),        # few rows: the same kernel on the transposed product
-    (16, 16, 1 << 20, "skinny_n16", 264),   # one block of rows: K cut for two blocks per SM
-    (100, 4, 4096, "skinny_n4_c8", 1),      # 4 blocks of rows, each over a cluster of 8
-    (2048, 1, 16384, "skinny_n1_c2", 1),    # 64 blocks: clusters of two, one block per SM
-    (9600, 4, 4096, "skinny_n4", 1),        # 300 blocks: more than the SMs hold at once, so no slices
+    (8192, 1, 8192, "fewcol_n1", 1),        # 256 blocks of 32 rows: 0.97 of a wave of 264 as they are
+    (4096, 16, 4096, "fewcol_n16_c2", 1),   # 128 blocks: a cluster of two fills one wave (two blocks per SM)
+    (4096, 3, 4096, "fewcol_n4", 1),        # up to 4 columns, one block per SM: 256 would be two
+    (64, 1, 64, "fewcol_n1", 1),            # never slices thinner than 512
+    (1, 8192, 8192, "fewcol_n1", 1),        # few rows: the same kernel on the transposed product
+    (16, 16, 1 << 20, "fewcol_n16", 264),   # one block of rows: K cut for two blocks per SM
+    (100, 4, 4096, "fewcol_n4_c8", 1),      # 4 blocks of rows, each over a cluster of 8
+    (2048, 1, 16384, "fewcol_n1_c2", 1),    # 64 blocks: clusters of two, one block per SM
+    (9600, 4, 4096, "fewcol_n4", 1),        # 300 blocks: more than the SMs hold at once, so no slices
 ])
 def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits):
     c = choose(m, n, k)
@@ -588,11 +589,44 @@ def test_few_column_variants_need_only_the_large_operand_aligned():
     # explain names the binary the launch runs: the layout of the transposed product's own arguments.
     v, w = np.zeros(8192, np.float32), np.zeros((8192, 8192), np.float32)
     text = fastmm.explain(v, w)
-    assert "kernel  skinny_n1_tn_v4" in text and "grid    256 blocks of 256 threads" in text, text  # 8192 rows of W^T, no slices
+    assert "kernel  fewcol_n1_tn_v4" in text and "grid    256 blocks of 256 threads" in text, text  # 8192 rows of W^T, no slices
 
 
 def test_every_family_can_be_forced_on_any_shape():
-    for family in ("naive", "smem", "regtile", "warptile", "tf32x3", "tf32", "skinny"):
+    for family in ("naive", "smem", "regtile", "warptile", "tf32x3", "tf32", "fewcol"):
         for m, n, k in ((4096, 4096, 4096), (8192, 1, 8192), (1, 8192, 8192), (7, 9, 5)):
             c = _plan.choose(_plan.Problem(m, n, k), kernel=family)
             assert c.rule == "forced" and c.config.family == family, (family, m, n, k)
+
+
+def test_out_of_memory_fallbacks_are_the_plans():
+    """Where a choice's workspace does not fit, the plan (not the runtime) names what runs instead: no aligned copies,
+    or the mma.sync tiles of the wgmma kernel's precision; a choice with no workspace has nothing to fall back from."""
+    ragged = _plan.Problem(8191, 8191, 8191, aligned=False, a_aligned=False, b_aligned=False)
+    padded = _plan.choose(ragged)
+    assert padded.pad
+    assert _plan.after_out_of_memory(ragged, _plan.Device(), padded) == _plan.without_copies(ragged, _plan.Device())
+    square = _plan.Problem(8192, 8192, 8192)
+    with _plan.matmul_precision("high"):
+        wg = _plan.choose(square)
+        assert isinstance(wg.config, configs.WgTile)
+        fallback = _plan.after_out_of_memory(square, _plan.Device(), wg)
+    assert fallback.config.family == "tf32x3" and fallback.config.smem_bytes <= _plan.Device().max_smem_optin
+    with pytest.raises(ValueError, match="needs no workspace"):
+        _plan.after_out_of_memory(square, _plan.Device(), _plan.choose(square))
+
+
+@pytest.mark.parametrize("old, new", [("skinny", "fewcol"), ("skinny_n1", "fewcol_n1"), ("skinny_n4_c2", "fewcol_n4_c2")])
+def test_former_kernel_names_still_work_with_a_warning(old, new):
+    """The few-column family was called "skinny": a program or tuned cache that names it keeps working, warned."""
+    problem = _plan.Problem(1, 8192, 8192)
+    with pytest.warns(DeprecationWarning, match=f"'{old}' is now '{new}'"):
+        choice = _plan.choose(problem, kernel=old)
+    assert choice.name.startswith(new) and choice.config.family == "fewcol"
+    with pytest.warns(DeprecationWarning):
+        with _plan.use_kernel(old):
+            assert _plan.forced_kernel() == new
+    with pytest.raises(KeyError, match="unknown kernel 'skinny_n3'"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _plan.choose(problem, kernel="skinny_n3")

@@ -61,4 +61,4 @@ def test_the_summary_reads_the_distribution_and_the_worst():
 def test_the_plan_of_a_problem_names_its_rule_and_kernel():
     a, b = sweep.SweepProblem(4096, 16, 4096).make(np.random.default_rng(0), np)
     rule, kernel = sweep._plan_of(a, b)
-    assert rule == "few-columns" and kernel.startswith("skinny_n16")
+    assert rule == "few-columns" and kernel.startswith("fewcol_n16")

@@ -27,7 +27,7 @@ from .._runtime import arrays as _arrays
 from .._runtime import gemm as _gemm
 from .._runtime.arrays import _Meta, _core_layout, _meta, cupy_base, empty, owning, problem_for
 from .._runtime.arrays import cupy as _cupy
-from ..kernels.configs import Skinny
+from ..kernels.configs import FewColumns
 from .numpy_rules import (_MATMUL_SIG, _fmt, _too_few_dims, check_dot_out, check_gufunc_keywords, check_out, dot_shapes,
                      einsum_as_gemm, einsum_subscripts, gufunc_axes, inner_shapes, input_dtype, matmul_shapes,
                      tensordot_axes, ufunc_dtypes, vector_product_shape)
@@ -591,7 +591,7 @@ def plan_matmul(a, b, device: _plan.Device, kernel=None,
             x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
     problem, _ = problem_for(ma, mb, c)
     choice = _plan.choose(problem, device, kernel, precision=precision)
-    if isinstance(choice.config, Skinny) and _plan.few_rows(problem):
+    if isinstance(choice.config, FewColumns) and _plan.few_rows(problem):
         # The launch's layout: that of the transposed product's own arguments, as `gemm` computes it.
         swapped, _ = problem_for(mb.swapaxes(-1, -2), ma.swapaxes(-1, -2), c.swapaxes(-1, -2))
         choice = dataclasses.replace(choice, variant=swapped.variant_for(choice.config))

@@ -6,7 +6,7 @@ import contextlib
 import contextvars
 from typing import Callable, Iterator
 
-from ..kernels.configs import CONFIGS, FAMILIES, KernelConfig, get_config, validate
+from ..kernels.configs import BY_NAME, CONFIGS, FAMILIES, KernelConfig, current_name, get_config, validate
 from .problem import Device, Problem
 from .tiles import (NAIVE, TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill, _fill_from, _fill_regtile,
                     _few_columns_for, _smem_for)
@@ -23,7 +23,7 @@ _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
     "tf32": _fill_from(TF32_TILES),
     "tf32x3wg": lambda p, d: TF32X3_WG,
     "tf32wg": lambda p, d: TF32_WG,
-    "skinny": _few_columns_for,
+    "fewcol": _few_columns_for,
 }
 
 
@@ -61,12 +61,11 @@ _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_for
 
 
 def _check_name(name: str) -> str:
-    if name != "auto" and name not in FAMILIES:
-        try:
-            get_config(name)
-        except KeyError:
-            raise KeyError(f"unknown kernel {name!r}; valid names: {', '.join(kernel_names())}") from None
-    return name
+    """`name`, checked (KeyError with the valid names) and in this version's spelling (see `current_name`)."""
+    current = current_name(name)
+    if current != "auto" and current not in FAMILIES and current not in BY_NAME:
+        raise KeyError(f"unknown kernel {name!r}; valid names: {', '.join(kernel_names())}")
+    return current
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import dataclasses
 import enum
 from typing import Callable
 
-from ..kernels.configs import Skinny, Variant, KernelConfig
+from ..kernels.configs import FewColumns, Variant, KernelConfig
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RuleName", "few_rows"]
 
@@ -39,7 +39,7 @@ class Problem:
     def variant_for(self, config: KernelConfig) -> Variant:
         """The layout variant `config` runs: the few-column kernel needs only A aligned for its wide loads, and
         for few rows it runs the transposed product, whose A is B^T and whose B is A^T."""
-        if isinstance(config, Skinny):
+        if isinstance(config, FewColumns):
             if few_rows(self):
                 return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned else 1)
             return Variant(self.a_t, self.b_t, 4 if self.a_aligned else 1)
@@ -47,7 +47,7 @@ class Problem:
 
     def blocks(self, config: KernelConfig) -> int:
         """Blocks of `config` one launch needs (the transposed product's, for few rows on the few-column kernel)."""
-        if isinstance(config, Skinny):  # each block of rows over a cluster's blocks (split K) or one
+        if isinstance(config, FewColumns):  # each block of rows over a cluster's blocks (split K) or one
             problem = dataclasses.replace(self, m=self.n, n=self.m) if few_rows(self) else self
             return problem.tiles(config) * config.cluster
         return self.tiles(config)

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from typing import Iterator
 
-from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, get_config
+from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, WgTile, get_config
 from . import tuned as _tuned
 from .forced import _FAMILY_DEFAULT, _check_name, _forced, validated
 from .precision import _WG_MIN_MACS, _WG_MIN_SIDE, _check_precision, _hopper, _macs, _tensor, _wgmma, current_precision
@@ -25,7 +25,7 @@ from .tuned import tune_bucket, tuned_entries
 _log = logging.getLogger("fastmm")
 
 __all__ = ["RULES", "choose", "split_count", "few_columns_splits", "mid_splits", "peel_edges", "pads", "padded_k",
-           "aligned_copies", "on_copies", "summed_in_runs", "without_copies", "interior"]
+           "aligned_copies", "on_copies", "summed_in_runs", "without_copies", "after_out_of_memory", "interior"]
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
@@ -34,7 +34,7 @@ _SPLIT_SLICE = 512
 _SPLIT_MIN_SLICE = 256
 
 
-# Skinny products (an output side below this) with a long K are split too, for accuracy as much as speed
+# FewColumns products (an output side below this) with a long K are split too, for accuracy as much as speed
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k).
 _NARROW = 32
 
@@ -276,6 +276,16 @@ def without_copies(problem: Problem, device: Device) -> Choice:
     return _lighter(_by_rules(problem, device, _RULES_WITHOUT_COPIES), device)
 
 
+def after_out_of_memory(problem: Problem, device: Device, choice: Choice) -> Choice:
+    """What runs where `choice`'s workspace does not fit in the GPU's memory: without aligned copies, the table's
+    next rule; for the wgmma kernels' split operands, the mma.sync tiles of the same precision (no workspace)."""
+    if choice.pad:
+        return without_copies(problem, device)
+    if isinstance(choice.config, WgTile):
+        return choose(problem, device, choice.config.fallback)
+    raise ValueError(f"{choice.name} needs no workspace: nothing to fall back from")
+
+
 def interior(problem: Problem, peel: tuple[int, int]) -> Problem:
     """The product left once `peel` = (rows, columns) of C's bottom and right edges are taken off."""
     return dataclasses.replace(problem, m=problem.m - peel[0], n=problem.n - peel[1])
@@ -312,7 +322,7 @@ RULES: tuple[Rule, ...] = (
          f"{_MID_SUMS_TILES[0]:g} to {_MID_SUMS_TILES[1]:g} per SM), then summed in a fixed order", _idle_sms,
          _mid_kernel, mid_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
-         "past one wave, no mostly idle last wave (64x64 for small and skinny products)", lambda p, d: True, _fill),
+         "past one wave, no mostly idle last wave (64x64 for small and narrow products)", lambda p, d: True, _fill),
 )
 _RULES_WITHOUT_COPIES = tuple(r for r in RULES if not r.pad)
 
@@ -406,7 +416,7 @@ def choose(problem: Problem, device: Device = Device(), kernel: str | None = Non
     hit = _tuned._memo.get(key)
     if hit is not None:
         return hit
-    _check_name(kernel)
+    kernel = _check_name(kernel)
     if kernel == "auto":  # the table, then the precision mode, the GPU's shared memory and the tuned entries
         choice = _lighter(_in_precision(_by_rules(problem, device, RULES), problem, device, precision), device)
         choice = _tuned_instead(choice, problem, device) if tuned else choice

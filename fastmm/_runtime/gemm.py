@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import _errors, _plan
-from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, Skinny, Split, Variant, WgTile
+from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Split, Variant, WgTile
 from .arrays import cupy as _cupy
 from .arrays import empty, may_overlap, problem_for
 
@@ -117,21 +117,21 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             record = None
         try:
             return _padded(*launch["keep"], c, problem, device_id, record)
-        except _errors.OutOfMemoryError:  # no room for the copies: the plan without them
-            choice = _plan.without_copies(problem, device)
+        except _errors.OutOfMemoryError:  # no room for the copies
+            choice = _plan.after_out_of_memory(problem, device, choice)
     if isinstance(choice.config, WgTile):
         if launch["copied"] and record is not None:  # the operands' own copies change address per call
             record.append(None)
             record = None
         try:
             return _presplit(*launch["keep"], c, choice.config, device_id, record)
-        except _errors.OutOfMemoryError:  # no room for the split operands: the mma.sync tiles of the same precision
-            choice = _plan.choose(problem, device, choice.config.fallback)
+        except _errors.OutOfMemoryError:  # no room for the split operands
+            choice = _plan.after_out_of_memory(problem, device, choice)
     if choice.peel != (0, 0):
         return _peeled(a, b, c, choice.peel, record)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, device_id, record)
-    swapped = _plan.few_rows(problem) and isinstance(choice.config, Skinny)
+    swapped = _plan.few_rows(problem) and isinstance(choice.config, FewColumns)
     if swapped:
         # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides).
         a, b, c = b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2)

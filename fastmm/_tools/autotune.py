@@ -33,7 +33,7 @@ def _candidates(problem: _plan.Problem, device: _plan.Device) -> list[str]:
             continue
         if c.precision != "highest":  # the table it tunes is the FP32 one; tensor-core modes are chosen by mode
             continue
-        if c.family == "skinny":  # few-column shapes follow their own rule, which the tuner does not override
+        if c.family == "fewcol":  # few-column shapes follow their own rule, which the tuner does not override
             continue
         if not _plan.invalid(c, device):
             names.append(c.name)

@@ -63,7 +63,7 @@ SHAPES = (
     Shape("8192^3", 8192, 8192, 8192),
     Shape("batch 64x256^3", 256, 256, 256, batch=64),
     Shape("A^T.B 4096^3", 4096, 4096, 4096, a_t=True),
-    # Shapes that starve a tiled kernel of parallelism: skinny outputs, a long K (split-K), a short K.
+    # Shapes that starve a tiled kernel of parallelism: narrow outputs, a long K (split-K), a short K.
     Shape("4096x16x4096", 4096, 16, 4096),
     Shape("matvec 8192x1x8192", 8192, 1, 8192),
     Shape("128x128x65536", 128, 128, 65536),
@@ -87,6 +87,15 @@ SHAPES = (
     Shape("256x256x65536", 256, 256, 65536),
     Shape("512x512x32768", 512, 512, 32768),
 )
+
+def _shape_of(label: str) -> Shape | None:
+    """A shape the table lacks, written MxNxK (A m x k, B k x n, both C-ordered); None for any other label."""
+    parts = label.split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        return None
+    m, n, k = map(int, parts)
+    return Shape(label, m, n, k)
+
 
 # Extra interleaved (cuBLAS, auto) rounds per row; their timings and the first pass's give the medians.
 AUTO_ROUNDS = 4
@@ -175,7 +184,7 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
         for kernel in kernels:
             family = kernel.split("_")[0]
             # The few-column kernels re-read A once per NMAX columns: only few-column (or few-row) shapes.
-            off_shape = family == "skinny" and min(shape.m, shape.n) > 16
+            off_shape = family == "fewcol" and min(shape.m, shape.n) > 16
             if off_shape or shape.flops / (_EXPECTED_TFLOPS.get(family, 30.0) * 1e12) > SLOW_SECONDS:
                 bar.update()
                 continue
@@ -317,7 +326,7 @@ def plot(report: dict, kernels, path: str) -> None:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--shapes", default=None, help="comma-separated labels from the shape table (default: all)")
+    p.add_argument("--shapes", default=None, help="comma-separated labels from the shape table, or MxNxK for any other (default: all)")
     p.add_argument("--kernels", default=None, help="comma-separated kernel configurations (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
@@ -385,10 +394,11 @@ def main(args) -> int:
     shapes = SHAPES
     if args.shapes:
         wanted = args.shapes.split(",")
-        shapes = [s for s in SHAPES if s.label in wanted]
+        shapes = [s for s in SHAPES if s.label in wanted] + [s for s in map(_shape_of, wanted) if s is not None]
         missing = set(wanted) - {s.label for s in shapes}
         if missing:
-            print(f"unknown shapes {sorted(missing)}; known: {[s.label for s in SHAPES]}", file=sys.stderr)
+            print(f"unknown shapes {sorted(missing)}; known: {[s.label for s in SHAPES]}, or MxNxK (e.g. 64x4096x4096)",
+                  file=sys.stderr)
             return 2
     report = run(shapes, kernels, seed=args.seed, progress=not args.no_progress, cpu=not args.no_cpu)
     rng = np.random.default_rng(args.seed + 1)

@@ -156,7 +156,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #if TILE_SUMS
     // Two-level accumulation: each K-tile's products are summed on their own, then added to acc. A long
     // running sum grows, and each rounding error with it (error ~ K, against ~ BK + K / BK here): this keeps
-    // the small tiles, which serve skinny and matrix-vector products with long K, as accurate as cuBLAS.
+    // the small tiles, which serve narrow and matrix-vector products with long K, as accurate as cuBLAS.
     float part[TM][TN];
 #endif
 

@@ -232,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 #if CLUSTER > 1
 __cluster_dims__(1, 1, CLUSTER)
 #endif
-fastmm_skinny(FASTMM_GEMM_PARAMS)
+fastmm_fewcol(FASTMM_GEMM_PARAMS)
 {
     extern __shared__ __align__(16) float smem[];  // STAGES slots of (A's step, B's step)
 

@@ -14,6 +14,7 @@ This module is pure Python (no CUDA imports): the planner and the CPU tests use 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import ClassVar
 
 from .base import MAX_GRID_Y, MAX_GRID_Z, Variant, KernelConfig
@@ -29,7 +30,7 @@ __all__ = [
     "WarpTile",
     "TensorTile",
     "WgTile",
-    "Skinny",
+    "FewColumns",
     "SliceSum",
     "Split",
     "SPLIT",
@@ -40,6 +41,7 @@ __all__ = [
     "Variant",
     "CONFIGS",
     "FAMILIES",
+    "current_name",
     "get_config",
     "validate",
 ]
@@ -391,7 +393,7 @@ class WgTile(_Passes, KernelConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class Skinny(KernelConfig):
+class FewColumns(KernelConfig):
     """Few columns (N <= nmax): bound by memory, each element of A read once, A's and B's 128-deep steps copied into
     a ring of `stages` shared-memory slots ahead of the FMAs, a fixed-order reduction (fastmm/kernels/7_few_columns.cu).
     Few rows run it transposed."""
@@ -401,7 +403,7 @@ class Skinny(KernelConfig):
     min_blocks: int = 2  # blocks per SM the shared memory is planned for: (stages - 1) steps of A in flight each
     # > 1: K split over a thread-block cluster of this many blocks, summed in it (sm_90; single products)
     cluster: int = 1
-    family: ClassVar[str] = "skinny"
+    family: ClassVar[str] = "fewcol"
     source: ClassVar[str] = "7_few_columns.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh",)
     layout_macros: ClassVar[bool] = True
@@ -413,7 +415,7 @@ class Skinny(KernelConfig):
 
     @property
     def name(self) -> str:
-        return (f"skinny_n{self.nmax}" + (f"_s{self.stages}" if self.stages != self.STAGES else "")
+        return (f"fewcol_n{self.nmax}" + (f"_s{self.stages}" if self.stages != self.STAGES else "")
                 + (f"_c{self.cluster}" if self.cluster > 1 else ""))
 
     @property
@@ -486,7 +488,7 @@ WT128x64 = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, mi
 WT128x64_RUNS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=3, min_blocks=3, sub_k=8, flush=512)
 # ... on less than a wave (768^3)
 WT128x64_SUMS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, min_blocks=2, tile_sums=True)
-# small and skinny products, split-K slices
+# small and narrow products, split-K slices
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
 # 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
@@ -501,7 +503,7 @@ TF32_TILES = (TensorTile(bm=128, bn=256, bk=16, wm=64, wn=64, stages=3, passes=1
 TF32X3_WG = WgTile(bm=128, bn=128, stages=3, passes=3)
 TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
-FEW_COLUMNS = (Skinny(nmax=1), Skinny(nmax=4), Skinny(nmax=16))
+FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=16))
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -511,7 +513,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
-    *(Skinny(nmax=nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
+    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
@@ -520,10 +522,25 @@ FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
 BY_NAME = {c.name: c for c in CONFIGS}
 
 
+# Names of an earlier version, still accepted with a DeprecationWarning: the few-column family was "skinny".
+FORMER_NAMES = {"skinny": "fewcol"}
+
+
+def current_name(name: str) -> str:
+    """`name` as this version spells it (a family or configuration name of an earlier version, renamed)."""
+    for old, new in FORMER_NAMES.items():
+        if name == old or name.startswith(old + "_"):
+            renamed = new + name[len(old):]
+            warnings.warn(f"kernel name {name!r} is now {renamed!r}; the old name will stop working in a future "
+                          "version", DeprecationWarning, stacklevel=4)
+            return renamed
+    return name
+
+
 def get_config(name: str) -> KernelConfig:
     """Look a configuration up by its derived name; the KeyError lists the valid names."""
     try:
-        return BY_NAME[name]
+        return BY_NAME[name] if name in BY_NAME else BY_NAME[current_name(name)]
     except KeyError:
         raise KeyError(f"unknown kernel configuration {name!r}; valid names: {', '.join(BY_NAME)}") from None
 

@@ -35,7 +35,7 @@ def test_few_columns_and_rows_are_right_and_deterministic(m, n, k, layout, rng, 
     err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
     assert err < 1e-5, err
     # The few-column kernel, and where K was split, the ordered sum of its slices.
-    assert all(name.startswith("skinny") or name == "slicesum" for name in launches), launches
+    assert all(name.startswith("fewcol") or name == "slicesum" for name in launches), launches
     assert ("slicesum" in launches) == (choice.splits > 1), (launches, choice.splits)
     for _ in range(2):
         assert bool((fastmm.matmul(a, b) == c).all())  # the same slices, summed in the same order
@@ -52,7 +52,7 @@ def test_matrix_vector_forms(rng, launches):
         assert got.shape == want.shape
         err = float(cp.linalg.norm(got - want) / cp.linalg.norm(want))
         assert err < 1e-5, err
-    assert launches and all(name.startswith("skinny") or name == "slicesum" for name in launches), launches
+    assert launches and all(name.startswith("fewcol") or name == "slicesum" for name in launches), launches
 
 
 def test_batched_matrix_vector(rng, launches):
@@ -61,10 +61,10 @@ def test_batched_matrix_vector(rng, launches):
     got = fastmm.matmul(a, v)
     want = cp.matmul(a.astype(cp.float64), v.astype(cp.float64))
     assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < 1e-5
-    assert launches == ["skinny_n1"]  # one launch for the whole batch
+    assert launches == ["fewcol_n1"]  # one launch for the whole batch
 
 
-@pytest.mark.parametrize("kernel", ["skinny_n1", "skinny_n1_c2", "skinny_n1_c8"])
+@pytest.mark.parametrize("kernel", ["fewcol_n1", "fewcol_n1_c2", "fewcol_n1_c8"])
 @pytest.mark.parametrize("m,k,offset", [(97, 1, 1), (97, 2, 3), (97, 3, 2), (300, 5, 1), (300, 131, 1), (129, 4097, 0),
                                         (2048, 4093, 2), (1000, 1001, 0), (64, 384, 3)], ids=str)
 def test_unaligned_rows_of_a_matrix_vector_product(kernel, m, k, offset, rng):
@@ -85,7 +85,7 @@ def test_unaligned_rows_of_a_matrix_vector_product(kernel, m, k, offset, rng):
         assert bool((again == c).all())
 
 
-@pytest.mark.parametrize("kernel", ["skinny_n1", "skinny_n1_c2", "skinny_n1_c8"])
+@pytest.mark.parametrize("kernel", ["fewcol_n1", "fewcol_n1_c2", "fewcol_n1_c8"])
 @pytest.mark.parametrize("k,n,offset", [(1, 97, 1), (5, 300, 1), (131, 300, 2), (4097, 129, 0), (1001, 1000, 0),
                                         (3000, 2048, 3), (64, 33, 3)], ids=str)
 def test_unaligned_columns_of_a_vector_matrix_product(kernel, k, n, offset, rng):
