@@ -630,3 +630,27 @@ def test_former_kernel_names_still_work_with_a_warning(old, new):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             _plan.choose(problem, kernel="skinny_n3")
+
+
+@pytest.mark.parametrize("m,n,k,splits,depth", [
+    (804, 32, 7189, 28, 256),   # 13 tiles of 64x64: 28 slices of 256 and a last launch 21 deep
+    (2, 5, 2392, 9, 256),       # one tile: slices no shallower than 256
+    (64, 4096, 4096, 8, 512),   # 64 rows: 64 tiles of 64x64 (128x64 ones would be half padding), one wave of 512
+    (4944, 97, 52685, 3, None),  # 156 tiles, K over 4x the output's sides: three blocks' worth per SM
+])
+def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
+    """Where even 64x64 tiles leave SMs without a block on a long K, K is cut to fill the block slots, evenly or not."""
+    c = choose(m, n, k)
+    assert (c.rule, c.name, c.splits) == ("split-k-idle", _plan.tiles.WT64, splits)
+    if depth:
+        assert k // splits // 16 * 16 == depth
+    # Not where the tiles already fill the GPU, nor for a K short of two slices.
+    assert choose(1024, 1024, 1024).rule == "tiled" and choose(1000, 1000, 3000).rule == "tiled"
+    assert choose(804, 32, 1000).rule == "tiled"
+
+
+def test_long_k_on_large_tiles_fills_the_slots_when_k_has_no_even_cut():
+    """1000x1000x100000: 32 tiles of 128x256; the only even cut (2) would leave half the SMs idle, so 4 slices, in
+    runs of 512, the last 32 of K as a launch of their own."""
+    c = choose(1000, 1000, 100000)
+    assert (c.rule, c.name, c.splits) == ("split-k", _plan.tiles.WT256_SLICES, 4)

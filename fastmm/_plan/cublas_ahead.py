@@ -28,7 +28,7 @@ class Ahead:
     test: Callable[[Problem, Choice, Device], bool]
 
 
-# FewColumns products below this many multiply-adds per output column are bound by the per-call cost, where fastmm's
+# Narrow products below this many multiply-adds per output column are bound by the per-call cost, where fastmm's
 # path is the cheaper one (docs/kernels/heuristic.md, section 'The heuristic's break-even points', cuBLAS-ahead classes).
 _NARROW_MIN_ELEMENTS = 1 << 22
 

@@ -85,6 +85,7 @@ class RuleName(str, enum.Enum):
     ALIGNED_COPY = "aligned-copy"
     RAGGED_EDGE = "ragged-edge"
     SPLIT_K_MID = "split-k-mid"
+    SPLIT_K_IDLE = "split-k-idle"
     TILED = "tiled"
     TENSOR = "tensor"
     TENSOR_WGMMA = "tensor-wgmma"

@@ -24,7 +24,7 @@ from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
 
-__all__ = ["RULES", "choose", "split_count", "few_columns_splits", "mid_splits", "peel_edges", "pads", "padded_k",
+__all__ = ["RULES", "choose", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "peel_edges", "pads", "padded_k",
            "aligned_copies", "on_copies", "summed_in_runs", "without_copies", "after_out_of_memory", "interior"]
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
@@ -34,7 +34,7 @@ _SPLIT_SLICE = 512
 _SPLIT_MIN_SLICE = 256
 
 
-# FewColumns products (an output side below this) with a long K are split too, for accuracy as much as speed
+# Narrow products (an output side below this) with a long K are split too, for accuracy as much as speed
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k).
 _NARROW = 32
 
@@ -46,8 +46,12 @@ def _narrow_output(problem: Problem) -> bool:
 def _long_k(problem: Problem, device: Device) -> bool:
     if problem.batch != 1 or problem.k < _SPLIT_MIN_K:
         return False
-    few = problem.k >= _SPLIT_K_OVER_MN * max(problem.m, problem.n) and _few_tiles(problem, device)
-    return few or _narrow_output(problem)
+    if _narrow_output(problem):
+        return True
+    if problem.k < _SPLIT_K_OVER_MN * max(problem.m, problem.n):
+        return False
+    tiled = get_config(_fill(problem, device))  # K dwarfs the output: split where its tiles leave block slots empty
+    return _few_tiles(problem, device) or problem.tiles(tiled) < tiled.min_blocks * device.sm_count
 
 
 def _split_for(problem: Problem, device: Device) -> str:
@@ -84,9 +88,12 @@ def split_count(problem: Problem, device: Device) -> int:
     if name != WT64:
         # The large tiles: the most slices that keep every block in one wave, cut in whole 16-deep steps (an uneven
         # last slice runs as a launch of its own).
-        even = _even_splits(problem, config, config.min_blocks * device.sm_count // tiles, _SPLIT_MIN_SLICE)
-        if even:
+        most = config.min_blocks * device.sm_count // tiles
+        even = _even_splits(problem, config, most, _SPLIT_MIN_SLICE)
+        if even and 5 * max(even) >= 3 * most:  # an even cut that fills 60% of the block slots
             return max(even)
+        if name == WT256_SLICES and most >= 2 and problem.k // most >= _SPLIT_MIN_SLICE:
+            return most  # no even cut fills the slots: the rest (under 16 x most deep) runs as one shallow launch
     wave = -(-config.min_blocks * device.sm_count // tiles)
     slices = max(problem.k // _SPLIT_SLICE, min(wave, problem.k // _SPLIT_MIN_SLICE))
     return max(2, slices)
@@ -166,6 +173,8 @@ _MID_SUMS_MOST = 8
 def _idle_sms(problem: Problem, device: Device) -> bool:
     if problem.batch != 1 or _narrow_output(problem) or problem.m * problem.n * problem.k < _MID_MIN_MACS:
         return False
+    if _useful(problem, get_config(WT128x64)) < _MIN_USEFUL and _mid_sums_splits(problem, device) == 1:
+        return False  # 128x64 tiles mostly padding (64 rows): split-k-idle's 64x64 slices
     tiled = get_config(_fill(problem, device))
     return problem.tiles(tiled) < _IDLE_SMS * device.sm_count and mid_splits(problem, device) > 1
 
@@ -195,6 +204,32 @@ def mid_splits(problem: Problem, device: Device) -> int:
     counts = _even_splits(problem, config, problem.k // _MID_MIN_DEPTH, _MID_MIN_DEPTH)
     # The busiest SM's share of the work; on a tie the fewest slices (each adds a slice to the sum's pass).
     return min(counts, key=lambda s: (-(-tiles * s // device.sm_count) * (problem.k // s), s), default=1)
+
+
+# Split-K where even 64x64 tiles fill less than this share of the GPU's block slots (4 per SM) on a long K: a
+# lone block walks K latency-bound, about 0.55 us per 16-deep step on an H100, where a wave of slices shares it
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k-idle).
+_IDLE_SLOTS = 0.5
+_IDLE_MIN_K = 1024
+_IDLE_MIN_SLICE = 256
+_IDLE_K_OVER_MN = 4
+
+
+def _idle_slots(problem: Problem, device: Device) -> bool:
+    if problem.batch != 1 or problem.k < _IDLE_MIN_K:
+        return False
+    tiles = problem.tiles(get_config(WT64))
+    # Some SMs without a block at all, or few blocks per SM on a K that dwarfs the output.
+    return tiles < device.sm_count or (tiles < _IDLE_SLOTS * get_config(WT64).min_blocks * device.sm_count
+                                       and problem.k >= _IDLE_K_OVER_MN * max(problem.m, problem.n))
+
+
+def idle_splits(problem: Problem, device: Device) -> int:
+    """Slices of K that fill one wave of the 64x64 tile's block slots, each at least _IDLE_MIN_SLICE deep (where K
+    does not divide evenly, the rest runs as one shallow launch of its own)."""
+    config = get_config(WT64)
+    slots = config.min_blocks * device.sm_count
+    return max(2, min(slots // problem.tiles(config), problem.k // _IDLE_MIN_SLICE))
 
 
 # A large product's few rows or columns past a multiple of 128 run as few-column products, not as a row of mostly
@@ -321,6 +356,10 @@ RULES: tuple[Rule, ...] = (
          f"with tile sums, {_MID_SUMS_DEPTH} deep or more, at most {_MID_SUMS_MOST}, where those number "
          f"{_MID_SUMS_TILES[0]:g} to {_MID_SUMS_TILES[1]:g} per SM), then summed in a fixed order", _idle_sms,
          _mid_kernel, mid_splits),
+    Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} where even 64x64 tiles would leave SMs without a block (or, with "
+         f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): K cut into slices of 64x64 tiles (sums per K-tile) that fill one wave of them, "
+         f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound)",
+         _idle_slots, WT64, idle_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and narrow products)", lambda p, d: True, _fill),
 )
