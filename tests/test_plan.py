@@ -51,24 +51,22 @@ def test_rules_fire_in_order(m, n, k, batch, rule):
 
 
 def test_tiled_rule_fills_the_gpu():
-    # Long K, a multiple of 32: the 128x256 tile with its sub-tile loop, from one wave up.
-    assert choose(8192, 8192, 8192).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
-    assert choose(2048, 2048, 2048).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"
+    # K from 1024 in whole 16-deep K-tiles, any layout: the 128x256 tile on its sub-tile loop, summing K in runs of 512
+    # (cuBLAS's accuracy; one run over all of K had up to twice its error, and was under 2% faster).
+    assert choose(8192, 8192, 8192).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
+    assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
     # K not a multiple of the stage depth, or short: the unrolled tiles, 32 deep from two waves.
     assert choose(8192, 8192, 8184).name == "warptile_128x256x32_64x64_8x16_s4_spread"
-    # Long K with an operand transposed, or an odd multiple of 16: the 16-deep tile looping over whole K-tiles;
-    # with an operand transposed from K = 4096, the same loop with partial sums over runs of 512 (cuBLAS's accuracy).
     for b_t in (False, True):
         assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == _plan.tiles.WT256_SLICES
     assert choose(4096, 4096, 4096, b_t=True).name == _plan.tiles.WT256_SLICES
-    assert choose(2048, 2048, 2048, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
-    assert choose(4096, 4096, 4080, a_t=True).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
-    assert choose(8192, 8192, 8176).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    for m, n, k, a_t in ((2048, 2048, 2048, True), (4096, 4096, 4080, True), (8192, 8192, 8176, False)):
+        assert choose(m, n, k, a_t=a_t).name == _plan.tiles.WT256_SLICES
     assert choose(16384, 16384, 64).name == "warptile_128x256x32_64x64_8x16_s4_spread"
     assert choose(2048, 2048, 2040).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
     # ... or, K a multiple of 16, the 16-deep tile looping over whole K-tiles.
     assert choose(256, 256, 256, batch=64).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
-    assert choose(2048, 2048, 2032).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
+    assert choose(2048, 2048, 2032).name == _plan.tiles.WT256_SLICES
     assert choose(1280, 1280, 512).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 50 tiles of 128x256: too few
     # 72 tiles: over half the SMs, with per-tile sums below 3/4 of a wave (then split-K over K takes the product)
     assert _plan.tiles._fill(_plan.Problem(768, 768, 4096), H100) == "warptile_128x64x16_32x64_8x8_s4_tsum"
@@ -88,10 +86,10 @@ def test_tiled_rule_fills_the_gpu():
     assert _plan.wave_efficiency(_plan.Problem(3000, 3000, 3000), _plan.tiles.get_config(
         "warptile_128x256x16_64x64_8x16_s4_spread"), _plan.Device()) == pytest.approx(288 / 396)
     assert choose(3000, 3000, 3000).name == "warptile_128x64x16_32x64_8x8_s4"      # 3000 = 187.5 x 16
-    assert choose(6144, 6144, 6144).name == "warptile_128x256x32_64x64_8x16_s4_spread_sub8"  # 8.7 waves: 97% busy
-    # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages (below K = 4096: one sum).
+    assert choose(6144, 6144, 6144).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"  # 8.7 waves: 97% busy
+    # A^T.B (A m-contiguous, both operands copied 16 bytes at a time): the 16-deep stages, K in runs of 512.
     at = _plan.choose(_plan.Problem(2048, 2048, 2048, a_t=True))
-    assert at.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16" and at.variant.a_t
+    assert at.name == _plan.tiles.WT256_SLICES and at.variant.a_t
     # A GPU with fewer SMs fills up with larger tiles sooner.
     few = _plan.choose(_plan.Problem(1024, 1024, 1000), _plan.Device(sm_count=16))
     assert few.name == "warptile_128x256x32_64x64_8x16_s4_spread"
@@ -267,7 +265,7 @@ def test_warptile_configurations_are_checked():
 
 def test_explain_names_kernel_and_rule():
     text = fastmm.explain((4096, 4096), (4096, 4096))
-    assert "warptile_128x256x32_64x64_8x16_s4_spread_sub8_nn_v4" in text and "rule    tiled" in text
+    assert "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512_nn_v4" in text and "rule    tiled" in text
     a = np.zeros((1300, 1200), np.float32)
     assert "warptile" in fastmm.explain(a, a.T) and "float32" in fastmm.explain(a, a.T)
     assert "CuPy" in fastmm.explain(a.astype(np.float64), a.T)
@@ -487,8 +485,8 @@ def test_every_choice_fits_the_gpus_shared_memory(device):
             choice = _plan.choose(p, device, precision=precision)  # validated: raises if the device cannot run it
             assert choice.config.smem_bytes <= device.max_smem_optin, (p, precision, choice.name)
     square = _plan.choose(_plan.Problem(4096, 4096, 4096), device)
-    assert square.name == _plan.tiles.WT256_LOOP16 and "fewer than warptile_128x256x32" in square.reason
-    assert _plan.choose(_plan.Problem(4096, 4096, 4096)).name == _plan.tiles.WT256_LOOP  # Hopper: the measured table
+    assert square.name == _plan.tiles.WT256_LOOP16 and "fewer than warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512" in square.reason
+    assert _plan.choose(_plan.Problem(4096, 4096, 4096)).name == _plan.tiles.WT256_SLICES  # Hopper: the measured table
     long_k = _plan.choose(_plan.Problem(4096, 4096, 4096, a_t=True), device)
     assert long_k.name == _plan.tiles.WT256_LOOP16  # one running sum: the slots of the partial sums need 226 KiB
     few = _plan.choose(_plan.Problem(4096, 12, 4096), device)
@@ -505,7 +503,7 @@ def test_forced_families_and_fallbacks_fit_the_gpu_too(device):
             assert _plan.choose(p, device, family).config.smem_bytes <= device.max_smem_optin, (p, family)
         assert _plan.without_copies(p, device).config.smem_bytes <= device.max_smem_optin
         assert _plan.invalid(_plan.without_copies(p, device).config, device) is None
-    assert _plan.choose(_plan.Problem(8192, 8192, 8192), kernel="warptile").name == _plan.tiles.WT256_LOOP  # Hopper
+    assert _plan.choose(_plan.Problem(8192, 8192, 8192), kernel="warptile").name == _plan.tiles.WT256_SLICES  # Hopper
     with pytest.raises(ValueError, match=r"fewcol_n1_c2: needs compute capability 9.0 or newer; this device is 8"):
         _plan.choose(_plan.Problem(4096, 1, 65536), device, "fewcol_n1_c2")
     assert "needs compute capability 9.0 or newer" in _plan.invalid(configs.get_config("fewcol_n16_c8"), device)
@@ -654,3 +652,20 @@ def test_long_k_on_large_tiles_fills_the_slots_when_k_has_no_even_cut():
     runs of 512, the last 32 of K as a launch of their own."""
     c = choose(1000, 1000, 100000)
     assert (c.rule, c.name, c.splits) == ("split-k", _plan.tiles.WT256_SLICES, 4)
+
+
+@pytest.mark.parametrize("m,n,k,aligned", [(10099, 54648, 2, False), (7021, 3497, 3, False), (4096, 4096, 8, True),
+                                           (5885, 4766, 15, False), (5631, 2923, 105, False)])
+def test_short_k_runs_on_64x64_tiles(m, n, k, aligned):
+    """K of 16 or less, or below 128 on unaligned rows: bound by writing C, where 64x64 tiles beat the large ones."""
+    p = _plan.Problem(m, n, k, aligned=aligned, a_aligned=aligned, b_aligned=aligned)
+    c = _plan.choose(p)
+    assert (c.rule, c.name) == ("tiled", _plan.tiles.WT64)
+    assert choose(16384, 16384, 64).name != _plan.tiles.WT64  # aligned rows and K past 16: the large tile
+
+
+def test_large_tiles_sum_long_k_in_runs():
+    """From K = 1024 on whole 16-deep K-tiles, the 128x256 tile keeps partial sums over runs of 512."""
+    for m, n, k in ((2048, 2048, 2048), (12288, 12288, 12288), (6000, 5000, 7008)):
+        assert choose(m, n, k).name == _plan.tiles.WT256_SLICES, (m, n, k)
+    assert choose(4096, 4096, 4097).name != _plan.tiles.WT256_SLICES  # K not whole tiles: no sub-tile loop

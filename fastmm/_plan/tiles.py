@@ -32,8 +32,9 @@ _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it pays from this many waves
 # on aligned rows, A not m-contiguous (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _DEEP_WAVES = 2
-# Sub-tile loops (bodies that the instruction cache holds) pay from this K, where K is a multiple of the K-tile
-# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+# Sub-tile loops (bodies that the instruction cache holds) pay from this K, where K is a multiple of the K-tile; the
+# 128x256 tiles then sum K in runs of 512 (one FP32 chain over all of K has up to twice cuBLAS's error, runs cost
+# under 2%) (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _LOOP_MIN_K = 1024
 # Past one wave, a large tile whose last wave leaves more than 1 - this of the SMs' time idle gives way to the
 # 128x64 tile, three blocks to an SM (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
@@ -73,9 +74,11 @@ _fill_regtile = _fill_from((RT128, RT128x64, RT64))
 _fill_small_warptile = _fill_from((WT128x64, WT64))
 
 
-# From this K, a product with a transposed operand sums K in runs of 512 (split-K's slice kernel): one FP32 chain
-# over all of K misses cuBLAS's accuracy (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
-_FLUSH_MIN_K = 4096
+# Products with K at most this (any layout), or below the second where A's or B's rows are not 16-byte aligned, are
+# bound by writing C: 64x64 tiles ran them 2-3x faster than 128x256 ones, and the naive and shared-memory kernels at
+# a fifth of cuBLAS (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+_SHORT_K = 16
+_SHORT_K_UNALIGNED = 128
 
 
 def _fill(problem: Problem, device: Device) -> str:
@@ -86,19 +89,15 @@ def _fill(problem: Problem, device: Device) -> str:
     last wave; 64x64 tiles for everything smaller or skinnier. The measurements: docs/kernels/heuristic.md, section
     'The heuristic's break-even points', tiled.
     """
+    if problem.k <= _SHORT_K or (problem.k < _SHORT_K_UNALIGNED and not problem.aligned):
+        return WT64  # bound by writing C: the most blocks, each storing its tile soonest
     big = get_config(WT256)
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
     if _fits(problem, device, WT256) and not ragged:
         long_k = problem.k >= _LOOP_MIN_K
-        if long_k and problem.runs and _whole_k_tiles(problem, WT256_SLICES):
-            return WT256_SLICES  # on K-padded copies: cuBLAS's accuracy on ragged products (see aligned_copies)
-        if long_k and not problem.a_t and not problem.b_t and _whole_k_tiles(problem, WT256_LOOP):
-            return WT256_LOOP
-        if long_k and _whole_k_tiles(problem, WT256_LOOP16):  # a transposed operand, or K an odd multiple of 16
-            if (problem.a_t or problem.b_t) and problem.k >= _FLUSH_MIN_K:
-                return WT256_SLICES  # partial sums over runs of 512: cuBLAS's accuracy (see _FLUSH_MIN_K)
-            return WT256_LOOP16
+        if long_k and _whole_k_tiles(problem, WT256_SLICES):
+            return WT256_SLICES  # K summed in runs of 512: cuBLAS's accuracy, within 2% of one run (see _LOOP_MIN_K)
         if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t and problem.aligned:
             return WT256_32
         return WT256_LOOP16 if _whole_k_tiles(problem, WT256_LOOP16) else WT256
