@@ -82,3 +82,11 @@ def test_graphs_concatenate_metas_without_a_gpu():
 def test_a_0d_meta_is_never_a_fastmm_array_over_no_memory():
     m = fd.meta(np.float32, 0)
     assert m.shape == () and (type(m) is np.ndarray or m.data.ptr != 0)
+
+
+def test_dask_bench_measures_one_two_four_and_all_gpus():
+    from fastmm._tools.dask_bench import KINDS, gpu_counts
+
+    assert gpu_counts(1) == [1] and gpu_counts(2) == [1, 2] and gpu_counts(4) == [1, 2, 4]
+    assert gpu_counts(6) == [1, 2, 4, 6] and gpu_counts(8) == [1, 2, 4, 8]
+    assert KINDS == ("fastmm", "cupy", "planned")

@@ -4,10 +4,11 @@
 2. One GPU, out of core: the same product from host operands through a Dask graph of fastmm chunks, with CuPy's
    memory pool capped below what operands and result need together (``--dask-gpu-limit``, GiB): the product cannot
    be held on the GPU at once, and chunks stream through it.
-3. One GPU and several on a local cluster (one worker per GPU: dask-cuda's ``LocalCUDACluster`` when installed,
-   else one ``distributed`` nanny per GPU with ``CUDA_VISIBLE_DEVICES`` set, which is what it does), data created on
-   the workers' GPUs, with fastmm chunks and with plain CuPy chunks (cuBLAS) as the reference; the scaling
-   efficiency is (rate on g GPUs) / (g x rate on one).
+3. One GPU, two, four ... all on a local cluster (one worker per GPU: dask-cuda's ``LocalCUDACluster`` when
+   installed, else one ``distributed`` nanny per GPU with ``CUDA_VISIBLE_DEVICES`` set, which is what it does), data
+   created on the workers' GPUs: Dask's own graph with fastmm chunks and with plain CuPy chunks (cuBLAS) as the
+   reference, and ``fastmm.dask.matmul``'s planned graph; the scaling efficiency is (rate on g GPUs) / (g x rate on
+   one).
 
 Times are wall-clock seconds of the whole graph (what a user waits for), after a warm-up run of the same graph;
 results are checked against a float64 product on a sample of rows.
@@ -26,6 +27,16 @@ import numpy as np
 # Tasks at once in the out-of-core product: each holds its output chunk's partial products (n / chunk of them), the
 # chunk itself and its 2 n / chunk input chunks, 3.3 GiB at 32768^3 in 8192^2 chunks; four ran out of a 10 GiB pool.
 OOC_WORKERS = 2
+
+
+# The cluster's products: Dask's own graph (da.matmul) on fastmm chunks and on CuPy chunks (cuBLAS), and
+# fastmm.dask.matmul's planned graph on fastmm chunks.
+KINDS = ("fastmm", "cupy", "planned")
+
+
+def gpu_counts(most: int) -> list[int]:
+    """1, 2, 4, ... up to `most` GPUs, and `most` itself."""
+    return sorted({1 << i for i in range(most.bit_length()) if 1 << i <= most} | {most})
 
 
 def _cluster(gpus: int):
@@ -128,12 +139,12 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     # 3. A local cluster: one GPU and up to max_gpus, fastmm chunks and CuPy chunks.
     from distributed import Client, wait
 
-    for gpus in sorted({1, max_gpus}):
+    for gpus in gpu_counts(max_gpus):
         with _cluster(gpus) as cluster, Client(cluster) as client:
             for n in n_cluster:
-                for kind in ("fastmm", "cupy"):
+                for kind in KINDS if gpus > 1 else KINDS[:2]:  # one GPU: fastmm.dask.matmul is x @ y
                     x = _on_gpus(n, chunk, seed=3)
-                    if kind == "fastmm":
+                    if kind != "cupy":
                         x = fd.from_array(x)
                     x = x.persist()
                     wait(x)
@@ -142,7 +153,7 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                         # Keys of its own per run: a second persist of the same graph would be served from the
                         # first one's results, still in the workers' memory (it read 0.01 s at 16384^3).
                         xi = x.map_blocks(_same, name=f"fastmm-bench-{kind}-{n}-{run}", meta=x._meta, dtype=x.dtype)
-                        y = (xi @ xi.T).persist()
+                        y = (fd.matmul(xi, xi.T) if kind == "planned" else xi @ xi.T).persist()
                         wait(y)
                         client.run(_synchronize)  # a task is done when its kernels are queued, not run
                         client.cancel(y)
