@@ -553,3 +553,39 @@ def test_kernel_that_never_loads_is_a_clear_error(tmp_path):
         check(fa @ fb, a, b, "naive_32x8 once nvcc is right again")
     ''', {"FASTMM_CACHE_DIR": str(tmp_path)})
     assert_clean(p)
+
+
+def test_fastmm_kernels_off_runs_cupys_product(tmp_path):
+    """Under $FASTMM_KERNELS=off float32 products (matmul, dot, out=, a batch) are CuPy's (cuBLAS), bit for bit on
+    matrices, and no fastmm kernel is launched."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import cupy as cp, numpy as np, fastmm
+from fastmm._runtime import cuda as _cuda
+launches = []
+real = _cuda.Launch
+class Counting(real):
+    def __init__(self, *a, **k):
+        launches.append(a[0].name)
+        super().__init__(*a, **k)
+_cuda.Launch = Counting
+rng = cp.random.default_rng(0)
+a, b = rng.standard_normal((300, 517), dtype=cp.float32), rng.standard_normal((517, 129), dtype=cp.float32)
+fa, fb = fastmm.asarray(a), fastmm.asarray(b)
+want = cp.matmul(a, b)
+assert bool((np.matmul(fa, fb) == want).all())
+assert bool((np.dot(fa, fb) == cp.dot(a, b)).all())
+out = fastmm.asarray(cp.full((300, 129), cp.nan, cp.float32))
+np.matmul(fa, fb, out=out)
+assert bool((out == want).all())
+x = rng.standard_normal((4, 64, 33), dtype=cp.float32)
+assert bool(cp.allclose(np.matmul(fastmm.asarray(x), fb[:33]), cp.matmul(x, b[:33]), rtol=1e-5, atol=1e-5))
+assert launches == [], launches
+print("ok")
+"""
+    env = dict(os.environ, FASTMM_KERNELS="off")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr

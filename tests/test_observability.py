@@ -68,3 +68,21 @@ def test_the_numpy_hook_says_at_install_that_it_will_do_nothing_without_a_gpu():
     assert p.returncode == 0, p.stderr
     assert "accelerate_numpy() is on, but no CUDA GPU can run fastmm's kernels here" in p.stdout
     assert "NumPy computes every product itself" in p.stdout
+
+
+def test_fastmm_kernels_off_is_read_at_import_and_explained():
+    """$FASTMM_KERNELS=off turns fastmm's kernels off for a quick comparison (CuPy's product runs instead), and
+    `explain` says so; a value that is neither on nor off warns and leaves them on."""
+    import os
+
+    code = ("import warnings, fastmm; from fastmm import _plan; "
+            "print(_plan.kernels_on()); print(fastmm.explain((64, 64), (64, 64)).splitlines()[-1])")
+    for value, on in (("off", False), ("OFF ", False), ("on", True), ("", True), ("cublas", True)):
+        env = dict(os.environ, FASTMM_KERNELS=value)
+        p = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        first, last = p.stdout.splitlines()[:2]
+        assert first == str(on), (value, p.stdout)
+        assert ("$FASTMM_KERNELS=off" in last) == (not on), (value, last)
+        assert ("neither 'on' nor 'off'" in p.stderr) == (value == "cublas"), (value, p.stderr)

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import warnings
 from typing import Callable, Iterator
 
-from ..kernels.configs import BY_NAME, CONFIGS, FAMILIES, KernelConfig, current_name, get_config, validate
+from ..kernels.configs import BY_NAME, CONFIGS, FAMILIES, KernelConfig, current_name, validate
 from .problem import Device, Problem
 from .tiles import (NAIVE, TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill, _fill_from, _fill_regtile,
                     _few_columns_for, _smem_for)
 
-__all__ = ["kernel_names", "use_kernel", "forced_kernel", "invalid", "validated"]
+__all__ = ["kernel_names", "use_kernel", "forced_kernel", "invalid", "validated", "kernels_on"]
+
+def _kernels_from_environment() -> bool:
+    """$FASTMM_KERNELS: "off" runs every float32 product on CuPy (cuBLAS) instead of fastmm's kernels, for a quick
+    comparison of a whole program with and without them; "on" (or unset) is the default. Read once, at import."""
+    value = os.environ.get("FASTMM_KERNELS", "").strip().lower()
+    if value in ("", "on"):
+        return True
+    if value == "off":
+        return False
+    warnings.warn(f"FASTMM_KERNELS={value!r} is neither 'on' nor 'off'; fastmm's kernels stay on", RuntimeWarning,
+                  stacklevel=2)
+    return True
+
+
+_KERNELS_ON = _kernels_from_environment()
+
+
+def kernels_on() -> bool:
+    """False where $FASTMM_KERNELS=off: float32 products run on CuPy (cuBLAS), as every other dtype does."""
+    return _KERNELS_ON
+
 
 # What `kernel="<family>"` means: the table restricted to one family.
 _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {

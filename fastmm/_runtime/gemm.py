@@ -88,6 +88,8 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
     m, n = c.shape[-2:]
     if c.size == 0:
         return
+    if not _plan.kernels_on():  # $FASTMM_KERNELS=off: CuPy's product (cuBLAS), for comparison
+        return _on_cupy(a, b, c, record)
     if a.shape[-1] == 0:  # an empty sum: zeros, with no kernel (and no layout to speak of)
         c.fill(0)
         if record is not None:
@@ -391,6 +393,15 @@ def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None) -> None:
         gemm(a[..., :mm, :], b[..., nn:], c[..., :mm, nn:], None, record)
     if rows:
         gemm(a[..., mm:, :], b, c[..., mm:, :], None, record)
+
+
+def _on_cupy(a, b, c, record) -> None:
+    """c[...] = a @ b by CuPy's own matmul (cuBLAS), on plain CuPy views of the three arrays; never replayed."""
+    cp = _cupy()
+    a, b, c = (cp.ndarray(x.shape, x.dtype, x.data, x.strides) for x in (a, b, c))
+    c[...] = cp.matmul(a, b)
+    if record is not None:
+        record.append(None)
 
 
 def _via_temporary(a, b, c, kernel, record):
