@@ -277,7 +277,9 @@ def matmul(x, y, workers=None, **model):
             tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
-    pins = [{"workers": [address], "allow_other_workers": False} for address in addresses]
+    # The plan's worker, as a restriction that holds while that worker runs: where it dies (or its nanny restarts it
+    # at a new address), Dask runs its tasks on the others instead of waiting for an address that never returns.
+    pins = [{"workers": [address], "allow_other_workers": True} for address in addresses]
     home_layers = []
     for w, pin in enumerate(pins):  # one layer per GPU: Dask annotates a layer as a whole
         if homes[w]:

@@ -90,3 +90,16 @@ def test_dask_bench_measures_one_two_four_and_all_gpus():
     assert gpu_counts(1) == [1] and gpu_counts(2) == [1, 2] and gpu_counts(4) == [1, 2, 4]
     assert gpu_counts(6) == [1, 2, 4, 6] and gpu_counts(8) == [1, 2, 4, 8]
     assert KINDS == ("fastmm", "cupy", "planned")
+
+
+def test_dask_bench_names_a_protocol_it_cannot_use():
+    from fastmm._tools.dask_bench import protocol_missing
+
+    assert protocol_missing("tcp") is None
+    assert "valid: tcp, ucx" in protocol_missing("inproc")
+    try:
+        import distributed_ucxx  # noqa: F401
+    except ImportError:
+        assert "pip install 'fastmm[ucx]'" in protocol_missing("ucx")
+    else:
+        assert protocol_missing("ucx") is None

@@ -140,3 +140,34 @@ def test_on_a_cluster_each_block_is_computed_where_the_plan_put_it(rng):
             for key in row:
                 assert list(who[key]) == [addresses[placement.owner(key[1], key[2])]]
         assert np.allclose(z.compute(), a @ b, rtol=1e-12, atol=1e-10)
+
+
+def _dies_once(block, flag=None, block_info=None):
+    """The block as it is, except that the first call for block (1, 0) kills its worker's process (a GPU lost, an
+    out-of-memory kill): `flag` records that it happened, for the retry on another worker to pass."""
+    import os
+
+    if block_info[None]["chunk-location"] == (1, 0) and not os.path.exists(flag):
+        open(flag, "w").close()
+        os._exit(1)
+    return block
+
+
+def test_a_worker_that_dies_mid_graph_costs_a_retry_not_the_result(rng, tmp_path):
+    """The plan pins each task to a worker while that worker lives: where one dies (its nanny restarts it at a new
+    address), Dask runs its tasks on the others and the product is still right, instead of waiting forever."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    a = rng.standard_normal((300, 200))
+    b = rng.standard_normal((200, 240))
+    flag = str(tmp_path / "died")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        x = da.from_array(a, chunks=100).map_blocks(_dies_once, flag=flag, dtype=a.dtype)
+        y = da.from_array(b, chunks=(100, 120))
+        z = fd.matmul(x, y, flops_per_s=1e3)  # compute made dear: the plan splits even this product
+        assert fd._plan(*fd._operands(x, y), 2, {"flops_per_s": 1e3}).placement.kind != "one"
+        result = client.compute(z).result(timeout=120)
+    import os
+
+    assert os.path.exists(flag)  # a worker did die
+    assert np.allclose(result, a @ b, rtol=1e-12, atol=1e-10)

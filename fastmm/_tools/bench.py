@@ -355,6 +355,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-gpu-limit", type=float, default=10.0,
                    help="--dask: GiB of GPU memory the out-of-core product may use (CuPy's pool limit; default 10)")
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
+    p.add_argument("--dask-protocol", default="tcp,ucx",
+                   help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 

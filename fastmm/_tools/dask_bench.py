@@ -39,12 +39,25 @@ def gpu_counts(most: int) -> list[int]:
     return sorted({1 << i for i in range(most.bit_length()) if 1 << i <= most} | {most})
 
 
-def _cluster(gpus: int):
-    """A local cluster with one single-threaded worker per GPU."""
+def protocol_missing(protocol: str) -> str | None:
+    """Why the cluster cannot talk `protocol` here ("tcp" always can; "ucx" needs distributed-ucxx), or None."""
+    if protocol == "tcp":
+        return None
+    if protocol != "ucx":
+        return f"unknown protocol {protocol!r}; valid: tcp, ucx"
+    try:
+        import distributed_ucxx  # noqa: F401
+    except ImportError:
+        return "UCX needs distributed-ucxx: pip install 'fastmm[ucx]'"
+    return None
+
+
+def _cluster(gpus: int, protocol: str = "tcp"):
+    """A local cluster with one single-threaded worker per GPU, talking `protocol` (tcp, or ucx over NVLink)."""
     try:
         from dask_cuda import LocalCUDACluster
 
-        return LocalCUDACluster(n_workers=gpus, threads_per_worker=1)
+        return LocalCUDACluster(n_workers=gpus, threads_per_worker=1, protocol=protocol)
     except ImportError:
         from distributed import Nanny, Scheduler, SpecCluster
 
@@ -54,7 +67,10 @@ def _cluster(gpus: int):
         workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": 0,
                                                  "env": {"CUDA_VISIBLE_DEVICES": str(i)}}}
                    for i in range(gpus)}
-        return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}})
+        for spec in workers.values():
+            spec["options"]["protocol"] = protocol
+        return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None,
+                                                                                    "protocol": protocol}})
 
 
 def _on_gpus(n: int, chunk: int, seed: int):
@@ -90,7 +106,8 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int) -> list[dict]:
+def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
+        protocols: tuple[str, ...] = ("tcp",)) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -139,8 +156,12 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     # 3. A local cluster: one GPU and up to max_gpus, fastmm chunks and CuPy chunks.
     from distributed import Client, wait
 
-    for gpus in gpu_counts(max_gpus):
-        with _cluster(gpus) as cluster, Client(cluster) as client:
+    for protocol, gpus in ((p, g) for p in protocols for g in gpu_counts(max_gpus)):
+        missing = protocol_missing(protocol)
+        if missing:
+            print(f"  cluster over {protocol}: not measured ({missing})", flush=True)
+            continue
+        with _cluster(gpus, protocol) as cluster, Client(cluster) as client:
             for n in n_cluster:
                 for kind in KINDS if gpus > 1 else KINDS[:2]:  # one GPU: fastmm.dask.matmul is x @ y
                     x = _on_gpus(n, chunk, seed=3)
@@ -162,8 +183,8 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                     t0 = time.perf_counter()
                     product(1)
                     secs = time.perf_counter() - t0
-                    add({"what": f"cluster, {gpus} GPU(s), {n}^3, {kind} chunks", "gpus": gpus, "n": n,
-                         "kind": kind, "seconds": secs})
+                    add({"what": f"cluster ({protocol}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
+                         "kind": kind, "protocol": protocol, "seconds": secs})
                     client.cancel(x)
     return rows
 
@@ -175,10 +196,14 @@ def print_table(rows) -> None:
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}")
     for r in rows:
         if r.get("gpus", 1) > 1:
-            one = next((o for o in rows if o.get("kind") == r["kind"] and o["n"] == r["n"] and o["gpus"] == 1), None)
+            # Against one GPU on the same protocol, fastmm chunks (the planned graph on one GPU is Dask's own).
+            base = "fastmm" if r["kind"] == "planned" else r["kind"]
+            one = next((o for o in rows if o.get("kind") == base and o["n"] == r["n"] and o["gpus"] == 1
+                        and o.get("protocol") == r.get("protocol")), None)
             if one:
                 eff = r["tflops"] / (r["gpus"] * one["tflops"])
-                print(f"  scaling, {r['n']}^3 {r['kind']} chunks: {r['gpus']} GPUs at {eff:.0%} of {r['gpus']}x one")
+                print(f"  scaling, {r['n']}^3 {r['kind']} over {r.get('protocol')}: {r['gpus']} GPUs "
+                      f"{r['tflops'] / one['tflops']:.2f}x one, {eff:.0%} efficiency")
 
 
 def main(args) -> int:
@@ -198,7 +223,7 @@ def main(args) -> int:
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",")], args.dask_chunk,
-                   args.dask_gpu_limit, gpus)
+                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")))
     print_table(rows)
     if args.json:
         import json
