@@ -276,6 +276,8 @@ def _astype(self, dtype, order="K", casting=None, subok=None, copy=True):
 
 _astype.__name__, _astype.__doc__ = "astype", _cupy_astype.__doc__
 ndarray.astype = _astype
+# How code that cannot import this module (the CuPy hook, beside it) hands a product of fastmm arrays back as one.
+ndarray.__fastmm_result__ = staticmethod(_wrap)
 
 for _name in ("all", "any", "argmax", "argmin", "argpartition", "argsort", "choose", "clip", "compress",
               "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal", "flatten", "max", "mean", "min",

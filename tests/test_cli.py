@@ -38,3 +38,12 @@ def test_shapes_that_cannot_multiply_are_numpys_error_in_one_line():
 
 def test_completion_finds_the_lazily_loaded_names():
     assert {"asarray", "ndarray", "matmul", "einsum", "explain"} <= set(dir(fastmm))
+
+
+def test_bench_plot_without_matplotlib_says_so_before_measuring(tmp_path):
+    """`bench --plot` checks for matplotlib first (a bench run takes minutes), and names the extra that has it."""
+    code = ("import sys; sys.modules['matplotlib'] = None; sys.argv = ['fastmm', 'bench', '--plot', 'x.png']; "
+            "from fastmm.__main__ import main; sys.exit(main())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and "pip install 'fastmm[bench]'" in p.stderr, p.stdout + p.stderr
+    assert not (tmp_path / "x.png").exists()

@@ -26,6 +26,8 @@ from fastmm import _plan
 from fastmm._dispatch import products as _dispatch  # noqa: E402
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+# fastmm's array type loaded now, before any stand-in replaces a dispatch function it binds at import.
+FASTMM_ARRAY = fastmm.ndarray
 FUNCTIONS = ("matmul", "dot", "inner", "vdot", "tensordot", "einsum")
 
 
@@ -375,3 +377,16 @@ def test_a_failed_install_raises_its_own_error_and_leaves_cupy_as_it_was(monkeyp
     with pytest.raises(KeyboardInterrupt):
         fastmm.accelerate_cupy()
     assert same(before, snapshot()) and hook._state.saved == {} and not fastmm.cupy_hook_status()["active"]
+
+
+def test_fastmm_arrays_reach_fastmm_through_cupys_names_too(calls):
+    """`cupy.matmul` on fastmm arrays (array_api_compat's `xp.matmul` on them) runs fastmm's kernels under the hook;
+    another library's subclass keeps CuPy's (above)."""
+    a = array((8, 8)).view(FASTMM_ARRAY)
+    with fastmm.accelerate_cupy():
+        assert cupy.matmul(a, a) == ("fastmm", "matmul")
+        assert cupy.tensordot(a, array((8, 8)), axes=1) == ("fastmm", "tensordot")
+        assert cupy.matmul(a, array((8, 8), F64)) == ("cupy", "matmul")  # not float32: CuPy's
+    compat = pytest.importorskip("array_api_compat", reason="array_api_compat is not installed")
+    with fastmm.accelerate_cupy():
+        assert compat.array_namespace(a).matmul(a, a) == ("fastmm", "matmul")

@@ -70,7 +70,7 @@ def test_docs_build_without_warnings(built_site):
     for page in ("index", "api", "cli", "gpu-machine", "measuring", "kernels/index", "dispatch", "runtime",
                  "benchmarks"):
         assert (built_site / f"{page}.html").is_file(), f"{page} is not in the site"
-    assert (built_site / "_images" / "ladder.png").is_file(), "the kernel ladder's plot is missing"
+    assert (built_site / "_images" / "bench.png").is_file(), "the bench figure is missing"
 
 
 def test_api_reference_covers_every_public_name(built_site):
@@ -133,7 +133,7 @@ def test_link_extraction_finds_links_and_leaves_out_code():
     # The checker checks something: a guard against a regular expression that silently matches nothing.
     targets = link_targets(ROOT / "README.md")
     assert "docs/kernels/index.md" in targets and "docs/index.md" in targets
-    assert "ladder.png" in link_targets(DOCS / "index.md")
+    assert "bench.png" in link_targets(DOCS / "index.md")
     assert "measuring.md" in link_targets(DOCS / "benchmarks.md")
 
 

@@ -202,6 +202,20 @@ def test_array_api_namespace_reaches_fastmm(rng, launches):
     _close(v, cp.sum(_d(a) * _d(a[::-1]), axis=-1))
 
 
+def test_array_api_namespace_on_fastmm_arrays_reaches_fastmm(rng, launches):
+    """array_api_compat resolves a fastmm array to CuPy's namespace: under the hook its products run fastmm's
+    kernels, and give fastmm arrays, as np.matmul on them does."""
+    compat = pytest.importorskip("array_api_compat", reason="array_api_compat is not installed")
+    a, b = fastmm.asarray(_f32(rng, M, K)), fastmm.asarray(_f32(rng, K, N))
+    xp = compat.array_namespace(a)
+    with fastmm.accelerate_cupy():
+        got = [xp.matmul(a, b), xp.tensordot(a, b, axes=1), cp.matmul(a, b)]
+    assert len(launches) >= 3
+    for g in got:
+        assert type(g) is fastmm.ndarray
+        _close(g, _d(a) @ _d(b))
+
+
 def test_scikit_learn_array_api_products_run_on_fastmm():
     """In a child process (SciPy's array-API mode must be set before SciPy is imported): scikit-learn's pairwise
     kernels on float32 CuPy data, with and without the hook, counting fastmm's launches. rbf_kernel makes no

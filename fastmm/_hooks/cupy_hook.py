@@ -13,7 +13,8 @@ names those calls go through, and nothing else:
 * two methods of ``cupy.ndarray`` (a Python class over CuPy's compiled base, so its attributes can be set):
   ``__matmul__`` (``x @ y``, and ``x @= y``, which CuPy computes as ``x = x @ y``) and ``dot``.
 
-Each replacement takes only float32 operands that are ``cupy.ndarray``s on the current device, in the call forms
+Each replacement takes only float32 operands that are ``cupy.ndarray``s (or fastmm arrays, whose results stay fastmm
+arrays) on the current device, in the call forms
 fastmm's dispatch implements with CuPy's semantics; anything else goes to the original, untouched. A product
 that the plan knows to trail cuBLAS (`fastmm._plan.CUBLAS_AHEAD`) is handed to CuPy before any launch, and a
 failure inside fastmm is retried by CuPy, with one `PerformanceWarning`; an error CuPy would raise (a shape
@@ -70,21 +71,28 @@ _in_cupy: contextvars.ContextVar[bool] = contextvars.ContextVar("fastmm_cupy_hoo
 
 
 def _takes(*arrays) -> bool:
-    """Every argument is a float32 plain CuPy array on the current device (or None, for an absent `out`).
+    """Every argument is a float32 plain CuPy array or fastmm array on the current device (or None, for an absent
+    `out`).
 
-    Plain: a subclass (a fastmm array, another library's) keeps what CuPy does with it, its own methods included."""
+    Another library's subclass keeps what CuPy does with it, its own methods included; a fastmm array was made for
+    fastmm's kernels, so ``cupy.matmul`` on it (``array_api_compat``'s ``xp.matmul``) runs them too."""
     cp = _dispatch._cupy()
     device = None
     for x in arrays:
         if x is None:
             continue
-        if type(x) is not cp.ndarray or x.dtype != _F32:
+        if type(x) is not cp.ndarray and _fastmm_result(x) is None or x.dtype != _F32:
             return False
         if device is None:
             device = _state.device()
         if x.data.device_id != device:
             return False
     return True
+
+
+def _fastmm_result(x):
+    """For a fastmm array, what makes a CuPy result one (its type's ``__fastmm_result__``); else None."""
+    return getattr(type(x), "__fastmm_result__", None)
 
 
 def _cupy(cupys):
@@ -185,7 +193,10 @@ def _replacement(original, pick, ours):
         if _on_off.active and not _in_cupy.get():
             arrays = pick(args, kwargs)
             if arrays is not None and _takes(*arrays):
-                return _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs))
+                result = _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs))
+                # Operands that are fastmm arrays give one, as NumPy's functions on them do.
+                wrap = next((w for w in map(_fastmm_result, arrays) if w is not None), None)
+                return result if wrap is None else wrap(result)
         return original(*args, **kwargs)
     return hooked
 

@@ -290,39 +290,51 @@ def format_table(report: dict, kernels) -> str:
 
 
 def plot(report: dict, kernels, path: str) -> None:
-    """TFLOP/s against size for each kernel, auto and cuBLAS over the square rows of the table (a PNG)."""
+    """A PNG of TFLOP/s against size over the square rows of the table: the FP32 kernels of the ladder, auto and
+    cuBLAS on the left; the precision modes ("highest", "high", "medium") and cuBLAS's SGEMM and TF32 on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
 
     # Square rows at multiples of 256 (the ragged 1000 and 4097 rows would draw a vertical jump next to 1024/4096).
     rows = sorted((r for r in report["rows"] if r["m"] == r["n"] == r["k"] and r["m"] % 256 == 0
                    and r["batch"] == 1 and not r["a_t"]), key=lambda r: r["m"])
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    # One line style per family (the ladder's rungs), distinct colours within the figure.
-    family_style = {"naive": ":", "smem": "-.", "regtile": "--", "warptile": "-"}
-    colours = iter(plt.cm.tab20.colors)
-    for name in ["cublas", *kernels, "auto"]:
+    fig, (ladder, modes) = plt.subplots(1, 2, figsize=(14, 5.5))
+
+    def line(ax, name, label, **style):
         pts = [(r["m"], r["results"][name]["tflops"]) for r in rows if name in r["results"]]
         if pts:
             xs, ys = zip(*pts)
-            if name == "cublas":
-                style = dict(lw=2.5, color="black")
-            elif name == "auto":
-                style = dict(ls=(0, (1, 1)), lw=3, color="red", marker="s")
-            else:
-                style = dict(ls=family_style.get(name.split("_")[0], "-"), lw=1.5, color=next(colours))
-            ax.plot(xs, ys, marker=style.pop("marker", "o"), label="cuBLAS (cupy.matmul)" if name == "cublas" else name,
-                    **style)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M = N = K")
-    ax.set_ylabel("TFLOP/s (2MNK / median time)")
-    ax.set_title(f"fastmm SGEMM kernels on {report.get('device', 'GPU')}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+            ax.plot(xs, ys, marker=style.pop("marker", "o"), label=label, **style)
+
+    # One line style per family (the ladder's rungs), distinct colours within the figure.
+    family_style = {"naive": ":", "smem": "-.", "regtile": "--", "warptile": "-"}
+    colours = iter(plt.cm.tab20.colors)
+    line(ladder, "cublas", "cuBLAS SGEMM (cupy.matmul)", lw=2.5, color="black")
+    for name in kernels:
+        if name.split("_")[0] in family_style:
+            line(ladder, name, name, ls=family_style[name.split("_")[0]], lw=1.5, color=next(colours))
+    line(ladder, "auto", "auto", ls=(0, (1, 1)), lw=3, color="red", marker="s")
+    line(modes, "cublas", "cuBLAS SGEMM", lw=2.5, color="black")
+    line(modes, "cublas tf32", "cuBLAS TF32 (CUPY_TF32=1)", lw=2, color="grey", ls="--")
+    line(modes, "auto", 'fastmm "highest" (FP32, the default)', lw=2.5, color="red", marker="s")
+    line(modes, "auto high", 'fastmm "high" (3xTF32: FP32 accuracy)', lw=2.5, color="tab:blue", marker="D")
+    line(modes, "auto medium", 'fastmm "medium" (one TF32 pass)', lw=2, color="tab:green", marker="^", ls="--")
+    for ax, title in ((ladder, "the FP32 kernels of the ladder"), (modes, "precision modes")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M = N = K")
+        ax.set_ylabel("TFLOP/s (2MNK / median time)")
+        ax.set_title(f"{title}, {report.get('device', 'GPU')}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    modes.set_yscale("log")
+    modes.set_yticks([1, 2, 5, 10, 20, 50, 100, 200, 400])
+    modes.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    modes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def add_arguments(p) -> None:
@@ -361,6 +373,12 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    if getattr(args, "plot", None):  # before minutes of measuring, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("bench --plot needs matplotlib: pip install 'fastmm[bench]'", file=sys.stderr)
+            return 2
     if getattr(args, "sweep", 0):
         from . import sweep
 
