@@ -93,7 +93,8 @@ def explain(a, b, kernel=None, precision=None) -> str:
     -------
     str
         For a float32 product, lines naming the problem (sizes, layouts, alignment, device), the kernel (and
-        split-K slices), the rule of the table with its reason, and the launch grid. For other dtypes, one
+        split-K slices), the rule of the table with its reason, the launch grid, and the longest run of terms
+        added into one FP32 sum (the plan's side of accuracy). For other dtypes, one
         line saying which CuPy path runs. The ``mode`` line names the arithmetic (the precision mode).
 
     Raises
@@ -123,6 +124,7 @@ def explain(a, b, kernel=None, precision=None) -> str:
       mode    highest: FP32 FMAs ...
       rule    forced: kernel 'regtile_128x128x8_8x8' was requested
       grid    64 blocks of 256 threads for ... SMs
+      sums    at most 1024 terms in one FP32 running sum (K = 1024)
     """
     import numpy as np
 

@@ -669,3 +669,49 @@ def test_large_tiles_sum_long_k_in_runs():
     for m, n, k in ((2048, 2048, 2048), (12288, 12288, 12288), (6000, 5000, 7008)):
         assert choose(m, n, k).name == _plan.tiles.WT256_SLICES, (m, n, k)
     assert choose(4096, 4096, 4097).name != _plan.tiles.WT256_SLICES  # K not whole tiles: no sub-tile loop
+
+
+@pytest.mark.parametrize("m,n,k,run", [
+    (1024, 1024, 1024, 1024),      # one running sum over K
+    (4096, 4096, 4096, 512),       # the 128x256 tile: runs of 512
+    (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and the 4 slices' sum)
+    (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
+    (8192, 4, 8192, 256),          # few columns: 4 terms per lane and step, over 64 steps
+    (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run
+    (804, 32, 7189, 29),           # split-k-idle: 28 slices and a shallow last launch
+    (768, 768, 768, 16),           # split-k-mid: 6 slices of 128 on sums per 16-deep K-tile
+])
+def test_each_plan_states_its_longest_running_sum(m, n, k, run):
+    """The plan's side of accuracy: the longest run of terms one FP32 accumulator adds (explain prints it)."""
+    p = _plan.Problem(m, n, k)
+    assert _plan.serial_run(_plan.choose(p), p) == run
+    assert f"at most {run} terms in one FP32 running sum (K = {k})" in fastmm.explain((m, k), (k, n))
+
+
+def _exceeds_for_a_known_reason(p, c):
+    """Where the plans still sum more than SERIAL_RUN_BOUND terms in one accumulator (docs/kernels/heuristic.md,
+    'Accuracy: the longest running sum'): K not in whole 16-deep K-tiles (no sub-tile loop, so no runs), the 128x64
+    tiles (runs cost them 3-8%), sums per K-tile past K = 16 x the bound, and the few-column kernel's per-lane sums
+    (measured at or below cuBLAS's error)."""
+    name = c.config.name
+    if c.pad or c.peel != (0, 0):
+        inner = _plan.aligned_copies(p) if c.pad else _plan.interior(p, c.peel)
+        return _exceeds_for_a_known_reason(inner, _plan.choose(inner))
+    return (p.k % 16 != 0 or name.startswith(("warptile_128x64", "fewcol")) or
+            getattr(c.config, "tile_sums", False) and p.k > 16 * _plan.SERIAL_RUN_BOUND)
+
+
+def test_plans_past_the_running_sum_bound_are_the_known_classes():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(20000):
+        m, n, k = (int(2 ** rng.uniform(0, 15)) for _ in range(3))
+        if rng.random() < 0.3:
+            k = int(2 ** rng.uniform(12, 17.5))
+        aligned = rng.random() < 0.5
+        p = _plan.Problem(m, n, k, a_t=rng.random() < 0.3, b_t=rng.random() < 0.3, aligned=aligned,
+                          a_aligned=aligned, b_aligned=aligned)
+        c = _plan.choose(p)
+        if _plan.serial_run(c, p) > _plan.SERIAL_RUN_BOUND:
+            assert _exceeds_for_a_known_reason(p, c), (p, c.rule, c.name, _plan.serial_run(c, p))

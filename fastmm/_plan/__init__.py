@@ -5,6 +5,7 @@ describes each product as a `Problem`; `choose` looks it up in the table (`RULES
 test holds names the kernel), unless a kernel is forced or an autotuned entry covers it.
 """
 
+from .accuracy import SERIAL_RUN_BOUND, serial_run
 from .describe import describe, settings
 from .cublas_ahead import CUBLAS_AHEAD, CublasAhead, cublas_ahead, yield_to_cublas, yielding_to_cublas
 from .forced import forced_kernel, invalid, kernel_names, kernels_on, use_kernel, validated
@@ -16,7 +17,7 @@ from .table import (RULES, after_out_of_memory, aligned_copies, choose, interior
 from .tiles import wave_efficiency
 from .tuned import on_reload, reload_tuned, tune_bucket, tune_cache_path, tuned_entries
 
-__all__ = ["Problem", "Device", "Choice", "Rule", "RuleName", "RULES", "choose", "describe", "settings", "use_kernel",
+__all__ = ["serial_run", "SERIAL_RUN_BOUND", "Problem", "Device", "Choice", "Rule", "RuleName", "RULES", "choose", "describe", "settings", "use_kernel",
            "forced_kernel", "kernel_names", "kernels_on", "invalid", "validated", "tune_bucket", "tune_cache_path", "tuned_entries",
            "reload_tuned", "on_reload", "wave_efficiency", "few_rows", "aligned_copies", "interior", "on_copies",
            "padded_k", "summed_in_runs", "without_copies", "after_out_of_memory", "CUBLAS_AHEAD", "cublas_ahead", "CublasAhead",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .cublas_ahead import _yield
+from .accuracy import serial_run
 from .forced import _forced, kernels_on
 from .precision import PRECISIONS, current_precision
 from .problem import Choice, Device, Problem
@@ -40,10 +41,12 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
         problem = interior(problem, choice.peel)
         split = (f" on the {problem.m}x{problem.n} interior; the last {choice.peel[0]} rows and {choice.peel[1]} "
                  "columns on the few-column kernel")
+    run = serial_run(choice, problem, device)
+    sums = f"\n  sums    at most {run} terms in one FP32 running sum (K = {problem.k})"
     off = "" if kernels_on() else "\n  note    $FASTMM_KERNELS=off: CuPy (cuBLAS) computes it instead of this kernel"
     return (f"{shape} float32 ({layout}) on {device.name}:\n"
             f"  kernel  {choice.config.binary_name(choice.variant)}{split}\n"
             f"  mode    {choice.config.precision}: {PRECISIONS[choice.config.precision]}\n"
             f"  rule    {choice.rule}: {choice.reason}\n"
             f"  grid    {problem.blocks(choice.config) * choice.splits} blocks of {choice.config.threads} threads "
-            f"for {device.sm_count} SMs{off}")
+            f"for {device.sm_count} SMs{sums}{off}")

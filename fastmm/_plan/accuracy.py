@@ -1,0 +1,62 @@
+"""How long a run of K each plan sums into one FP32 accumulator: the plan's side of accuracy.
+
+A float32 sum of n products has a rounding error that grows with n (about sqrt(n) ulps for random data, n in the
+worst case), so the longest run of terms added into one accumulator is what a plan decides about accuracy. The
+kernels shorten it in three ways: partial sums over runs of K (`flush`), sums per K-tile (`tile_sums`), and
+split-K (slices summed in a fixed order); the few-column kernel spreads K over a warp's lanes and folds their sums.
+docs/kernels/heuristic.md, section 'Accuracy: the longest running sum', has the measurements behind the bound.
+"""
+
+from __future__ import annotations
+
+from ..kernels.configs import FewColumns, WarpTile
+from .problem import Choice, Device, Problem
+from .table import aligned_copies, choose, interior
+
+__all__ = ["serial_run", "SERIAL_RUN_BOUND"]
+
+# A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
+SERIAL_RUN_BOUND = 4096
+
+# The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where A has unit
+# stride along M: a warp takes every 8th k); a matrix-vector product restarts its sums every 8 steps (FOLD) and
+# adds those blocks in order.
+_STEP, _FOLD = 128, 8
+
+
+def _run_of(config, k: int, a_t: bool = False) -> int:
+    """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound)."""
+    if isinstance(config, FewColumns):
+        per_step = 16 if a_t else 4
+        steps = -(-k // (_STEP * config.cluster))
+        if config.nmax == 1:
+            return max(1, min(steps, _FOLD) * per_step, -(-steps // _FOLD))
+        return max(1, steps * per_step)
+    if isinstance(config, WarpTile) and config.flush and k > config.flush:
+        return max(config.flush, -(-k // config.flush))  # runs of `flush`, then the runs' sums in order
+    if isinstance(config, WarpTile) and config.tile_sums:
+        return max(config.bk, -(-k // config.bk))  # sums per K-tile, then those in order
+    return k
+
+
+def serial_run(choice: Choice, problem: Problem, device: Device = Device()) -> int:
+    """The longest run of terms that `choice` adds into one FP32 accumulator for `problem`.
+
+    Split-K counts its deepest slice and the slices' sum (in order); a product on aligned copies or with its ragged
+    edges peeled off counts the plan of the copies or of the interior (the edges' few-column runs are shorter)."""
+    if problem.k == 0:
+        return 0
+    if choice.pad:
+        copies = aligned_copies(problem)
+        return serial_run(choose(copies, device, "auto"), copies, device)
+    if choice.peel != (0, 0):
+        inside = interior(problem, choice.peel)
+        return serial_run(choose(inside, device, "auto"), inside, device)
+    k, splits = problem.k, choice.splits
+    if splits > 1:
+        depth = max(8, k // splits // 16 * 16)  # the runtime's cut (fastmm/_runtime/gemm.py, _split_k)
+        full = min(splits, k // depth)
+        tail = k - full * depth
+        return max(_run_of(choice.config, depth, choice.variant.a_t),
+                   _run_of(choice.config, tail, choice.variant.a_t) if tail else 0, full + (tail > 0))
+    return _run_of(choice.config, k, choice.variant.a_t)
