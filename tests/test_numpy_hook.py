@@ -616,3 +616,25 @@ def test_a_product_during_interpreter_exit_is_staged_by_its_own_thread(lazy_gpu,
     c = np.full((1, 60, 60), np.nan, np.float32)
     _staged.matmul_host(a, a.swapaxes(1, 2), c)
     np.testing.assert_allclose(c, _ref(a, a.swapaxes(1, 2)), rtol=1e-6, atol=1e-5)
+
+
+def test_status_counts_what_the_hook_took_and_kept_and_why(gpu):
+    """numpy_hook_status()["by_dtype"]: per dtype, the products the GPU took and those NumPy kept, by reason."""
+    model = hook.HostModel(host=1e11, link=1e9, gpu=1e14, overhead=0.0)  # a slow link: square products from ~600^3
+    fastmm.accelerate_numpy(model)
+
+    def counts():
+        f32 = fastmm.numpy_hook_status()["by_dtype"]["float32"]
+        return (f32["on_gpu"], f32["kept_on_cpu"]["below_threshold"], f32["kept_on_cpu"]["host_predicted_faster"],
+                f32["kept_on_cpu"]["after_failure"])
+
+    before = counts()
+    small = np.ones((8, 8), np.float32)
+    small @ small                                                   # too little work: the loop keeps it
+    np.ones((4096, 4096), np.float32) @ np.ones((4096, 16), np.float32)  # enough work, but 64 MiB over a slow link
+    big = np.ones((700, 700), np.float32)
+    big @ big                                                       # the GPU's
+    np.ones((700, 700)) @ np.ones((700, 700))                       # float64: NumPy's own, not counted
+    after = counts()
+    assert [x - y for x, y in zip(after, before)] == [1, 1, 1, 0], (before, after)
+    assert "float32 products only" in fastmm.numpy_hook_status()["by_dtype"]["other dtypes"]

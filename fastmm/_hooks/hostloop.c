@@ -41,6 +41,7 @@ enum { DECLINED = 0, DONE = 1, INTERRUPTED = 2 };
 static loop_t numpy_loop;
 static offload_t offload; /* NULL while the hook is off */
 static double min_flops = 1e300;
+static long long below_threshold; /* products the hook left to NumPy without asking fastmm (too little work) */
 static struct python_api python;
 
 void fastmm_set_numpy_loop(loop_t loop)
@@ -68,6 +69,11 @@ static int error_pending(void)
     return pending;
 }
 
+long long fastmm_below_threshold(void)
+{
+    return __atomic_load_n(&below_threshold, __ATOMIC_RELAXED);
+}
+
 void fastmm_configure(offload_t callback, double flops)
 {
     __atomic_store(&min_flops, &flops, __ATOMIC_RELEASE);
@@ -84,6 +90,8 @@ void fastmm_matmul_loop(char **args, npy_intp const *dimensions, npy_intp const 
     int outcome = DECLINED;
     if (callback != NULL && flops >= threshold && !error_pending())
         outcome = callback(args, dimensions, steps);
+    else if (callback != NULL && flops < threshold)
+        __atomic_add_fetch(&below_threshold, 1, __ATOMIC_RELAXED);
     if (outcome == DONE)
         return;
     loop_t loop;

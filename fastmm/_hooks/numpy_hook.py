@@ -230,6 +230,7 @@ class _Shim:
                                                              api.PyErr_Occurred, api.PyErr_SetNone)),
                 ctypes.c_void_p.in_dll(api, "PyExc_KeyboardInterrupt"))
             self.address = ctypes.cast(self.lib.fastmm_matmul_loop, ctypes.c_void_p).value
+            self.lib.fastmm_below_threshold.restype = ctypes.c_longlong
         else:
             self.kind = "ctypes"
             self._numpy = None
@@ -237,6 +238,11 @@ class _Shim:
             self.address = ctypes.cast(self._loop, ctypes.c_void_p).value
         self.min_flops = math.inf
         self.on = False
+        self._below = 0  # the ctypes loop's count of products below the threshold (the C loop keeps its own)
+
+    def below_threshold(self) -> int:
+        """Products the loop left to NumPy without asking fastmm: too little work for the GPU."""
+        return self.lib.fastmm_below_threshold() if self.lib is not None else self._below
 
     def set_numpy_loop(self, address: int) -> None:
         self.numpy_loop = address
@@ -258,6 +264,8 @@ class _Shim:
         outcome = _DECLINED
         if self.on and 2.0 * dims[0] * dims[1] * dims[2] * dims[3] >= self.min_flops:
             outcome = _offload(args, dims, steps)
+        elif self.on:
+            self._below += 1
         if outcome != _DONE:
             self._numpy(args, dims, steps, data)
         if outcome == _INTERRUPTED:
@@ -297,6 +305,7 @@ def _offload(args, dims, steps) -> int:
         batch, m, k, n = dims[0], dims[1], dims[2], dims[3]
         sa, sb = steps[0], steps[1]
         if not _state.model.offloads(batch, m, k, n, 1 if sa == 0 else batch, 1 if sb == 0 else batch):
+            _state.host_faster += 1
             if _log.isEnabledFor(logging.DEBUG):
                 _log.debug("numpy hook: %dx%dx%d batch %d stays on NumPy (the model predicts the host faster)",
                            m, n, k, batch)
@@ -343,6 +352,7 @@ class _State:
         self.product = _gpu_product  # tests put a stand-in GPU here
         self.offloaded = 0
         self.declined = 0
+        self.host_faster = 0  # products the model kept on the host (its prediction, past the loop's threshold)
 
 
 _state = _State()
@@ -471,9 +481,11 @@ def numpy_hook_status() -> dict:
     dict
         ``active`` (bool), ``loop`` (``"C"``, ``"ctypes"`` or None before the first install), ``threshold`` (a
         sentence, while active), ``offloaded`` (products computed on the GPU), ``declined_after_failure``
-        (products NumPy computed because the GPU path failed), ``pinned_allocator`` (whether this thread's new large
-        arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held and pooled, bytes
-        pooled and page-locked, reuses, mappings).
+        (products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took
+        and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; dtypes
+        other than float32 are NumPy's own), ``pinned_allocator`` (whether this thread's new large arrays come from
+        fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held and pooled, bytes pooled and
+        page-locked, reuses, mappings). The counts are the process's, since the first install.
 
     See Also
     --------
@@ -485,10 +497,15 @@ def numpy_hook_status() -> dict:
     --------
     >>> import fastmm
     >>> sorted(fastmm.numpy_hook_status())
-    ['active', 'declined_after_failure', 'loop', 'offloaded', 'pinned_allocator', 'pool', 'threshold']
+    ['active', 'by_dtype', 'declined_after_failure', 'loop', 'offloaded', 'pinned_allocator', 'pool', 'threshold']
     """
     with _on_off.lock:
+        below = _state.shim.below_threshold() if _state.shim else 0
+        by_dtype = {"float32": {"on_gpu": _state.offloaded,
+                                "kept_on_cpu": {"below_threshold": below, "host_predicted_faster": _state.host_faster,
+                                                "after_failure": _state.declined}},
+                    "other dtypes": "NumPy's own loops: the hook takes float32 products only"}
         return {"active": _on_off.active, "loop": _state.shim.kind if _state.shim else None,
                 "threshold": _state.model.threshold_text() if _on_off.active else None,
-                "offloaded": _state.offloaded, "declined_after_failure": _state.declined,
+                "offloaded": _state.offloaded, "declined_after_failure": _state.declined, "by_dtype": by_dtype,
                 "pinned_allocator": _hostmem.allocator_active(), "pool": _hostmem.allocator_stats()}
