@@ -18,6 +18,8 @@ Examples
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 try:
@@ -193,14 +195,11 @@ def explain(x, y, workers=None, **model) -> str:
 
 
 def _keep_placement(dsk, keys, **kwargs):
-    """Dask's array optimizations but the low-level fusion, which would merge tasks pinned to different GPUs and drop
-    their placement: the graph stays one of layers, each pinned to its worker."""
-    from dask.array.optimization import fuse_roots, optimize_blockwise
+    """The graph culled to what the keys need, and not otherwise optimized: Dask's fusions (low-level, blockwise,
+    roots) rebuild layers without their annotations, which would drop where each task is planned to run."""
     from dask.core import flatten
 
     keys = list(flatten(keys if isinstance(keys, (list, set)) else [keys]))
-    dsk = optimize_blockwise(dsk, keys=keys)
-    dsk = fuse_roots(dsk, keys=keys)
     return dsk.cull(set(keys))
 
 
@@ -209,6 +208,19 @@ class _Placed(_da.Array):
 
     __slots__ = ()
     __dask_optimize__ = staticmethod(_keep_placement)
+
+
+def _made_at(layer, name: str, addresses: list[str], home):
+    """A copy of the layer that makes an operand's chunks, each chunk's task preferring the worker `home(i, j)` names
+    (a preference, as for the product's own tasks: see `matmul`); the layer's other keys are left to Dask."""
+    def workers(key):
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == name:
+            return [addresses[home(key[1], key[2])]]
+        return None
+
+    pinned = copy.copy(layer)
+    pinned.annotations = {**(layer.annotations or {}), "workers": workers, "allow_other_workers": True}
+    return pinned
 
 
 def _multiply_add(c, a, b):
@@ -277,6 +289,10 @@ def matmul(x, y, workers=None, **model):
             tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
+    # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).
+    layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: placement.a_home(i, k, product))
+    if y.name != x.name:
+        layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: placement.b_home(k, j, product))
     # The plan's worker, as a restriction that holds while that worker runs: where it dies (or its nanny restarts it
     # at a new address), Dask runs its tasks on the others instead of waiting for an address that never returns.
     pins = [{"workers": [address], "allow_other_workers": True} for address in addresses]
