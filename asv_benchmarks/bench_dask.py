@@ -8,6 +8,10 @@ import time
 from . import common
 
 
+def dask_bench_same(block):
+    return block
+
+
 class DaskChunked:
     """(8192 x 8192) @ (8192 x 8192) in chunks, operands on the GPU, result kept on the GPU."""
 
@@ -42,5 +46,57 @@ class DaskChunked:
         self.product.compute(scheduler="threads")
         self.sync()
         return 2 * 8192**3 / (time.perf_counter() - t0) / 1e12
+
+    track_tflops.unit = "TFLOP/s"
+
+
+class DaskSeveralGPUs:
+    """(16384 x 16384) @ (16384 x 16384)^T in 4096^2 chunks made on the workers, on a local cluster of every GPU
+    (one worker each): Dask's own graph on fastmm chunks and on CuPy chunks, and fastmm.dask.matmul's planned graph.
+    Skipped where the machine has fewer than two GPUs or no distributed."""
+
+    params = (["fastmm", "cupy", "planned"],)
+    param_names = ["graph"]
+    timeout = 600
+    N, CHUNK = 16384, 4096
+
+    def setup(self, kind):
+        cp, _ = common.require_gpu()
+        gpus = cp.cuda.runtime.getDeviceCount()
+        if gpus < 2:
+            raise common.SkipNotImplemented(f"needs two GPUs; this machine has {gpus}")
+        try:
+            from distributed import Client, wait
+
+            import fastmm.dask as fd
+            from fastmm._tools import dask_bench
+        except ImportError as e:
+            raise common.SkipNotImplemented(f"Dask's distributed is not installed: {e}") from None
+        self.cluster = dask_bench._cluster(gpus)
+        self.client = Client(self.cluster)
+        x = dask_bench._on_gpus(self.N, self.CHUNK, seed=3)
+        self.x = (x if kind == "cupy" else fd.from_array(x)).persist()
+        wait(self.x)
+        self.kind, self.wait, self.fd, self.sync_workers, self.runs = kind, wait, fd, dask_bench._synchronize, 0
+        self.product()  # warm-up: kernels compiled on every worker
+
+    def teardown(self, kind):
+        self.client.close()
+        self.cluster.close()
+
+    def product(self):
+        # Keys of its own per run: a second persist of the same graph would be served from the first one's results.
+        self.runs += 1
+        xi = self.x.map_blocks(dask_bench_same, name=f"asv-several-{self.kind}-{self.runs}", meta=self.x._meta,
+                               dtype=self.x.dtype)
+        y = (self.fd.matmul(xi, xi.T) if self.kind == "planned" else xi @ xi.T).persist()
+        self.wait(y)
+        self.client.run(self.sync_workers)  # a task is done when its kernels are queued, not run
+        self.client.cancel(y)
+
+    def track_tflops(self, kind):
+        t0 = time.perf_counter()
+        self.product()
+        return 2 * self.N**3 / (time.perf_counter() - t0) / 1e12
 
     track_tflops.unit = "TFLOP/s"
