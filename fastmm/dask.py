@@ -158,6 +158,23 @@ def _workers(workers):
     return sorted(client.scheduler_info()["workers"])
 
 
+def _holders(arrays, addresses: list[str]) -> dict:
+    """For the chunks of `arrays` already in a cluster's memory (persisted operands), the indices of the workers that
+    hold each; {} where there is no client or nothing is held."""
+    try:
+        from distributed import futures_of, get_client
+
+        client = get_client()
+    except (ImportError, ValueError):
+        return {}
+    index = {address: w for w, address in enumerate(addresses)}
+    held = {}
+    for array in arrays:
+        if futures_of(array):  # persisted: its chunks are futures
+            held.update({key: [index[a] for a in who if a in index] for key, who in client.who_has(array).items()})
+    return held
+
+
 def _operands(x, y):
     if x.ndim != 2 or y.ndim != 2:
         raise ValueError(f"fastmm.dask.matmul multiplies 2-D Dask arrays (got {x.ndim}-D and {y.ndim}-D); "
@@ -273,13 +290,22 @@ def matmul(x, y, workers=None, **model):
     home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
     homes: list[dict] = [{} for _ in addresses]
     tasks: list[dict] = [{} for _ in addresses]
-    nk = len(product.depth)
-    for i in range(len(product.rows)):
-        for k in range(nk):
-            homes[placement.a_home(i, k, product)][(home_a, i, k)] = (_identity, (x.name, i, k))
-    for k in range(nk):
-        for j in range(len(product.cols)):
-            homes[placement.b_home(k, j, product)][(home_b, k, j)] = (_identity, (y.name, k, j))
+    nk, rows, cols = len(product.depth), range(len(product.rows)), range(len(product.cols))
+    # A chunk already held by a worker that needs it (a persisted operand) stays there: it moves to the others that
+    # need it as it would from the plan's home, and not first to that home.
+    held = _holders((x, y), addresses)
+
+    def home(key, planned: int, needers: set[int]) -> int:
+        return next((w for w in held.get(key, ()) if w in needers), planned)
+
+    a_homes = {(i, k): home((x.name, i, k), placement.a_home(i, k, product), {placement.owner(i, j) for j in cols})
+               for i in rows for k in range(nk)}
+    b_homes = {(k, j): home((y.name, k, j), placement.b_home(k, j, product), {placement.owner(i, j) for i in rows})
+               for k in range(nk) for j in cols}
+    for (i, k), w in a_homes.items():
+        homes[w][(home_a, i, k)] = (_identity, (x.name, i, k))
+    for (k, j), w in b_homes.items():
+        homes[w][(home_b, k, j)] = (_identity, (y.name, k, j))
     for i in range(len(product.rows)):
         for j in range(len(product.cols)):
             w = placement.owner(i, j)
@@ -290,9 +316,9 @@ def matmul(x, y, workers=None, **model):
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).
-    layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: placement.a_home(i, k, product))
+    layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: a_homes[i, k])
     if y.name != x.name:
-        layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: placement.b_home(k, j, product))
+        layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: b_homes[k, j])
     # The plan's worker, as a restriction that holds while that worker runs: where it dies (or its nanny restarts it
     # at a new address), Dask runs its tasks on the others instead of waiting for an address that never returns.
     pins = [{"workers": [address], "allow_other_workers": True} for address in addresses]

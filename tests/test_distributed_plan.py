@@ -195,3 +195,40 @@ def test_on_a_cluster_the_bytes_that_move_are_the_plans():
         got = client.run(_incoming_bytes)
         assert [got[a] for a in addresses] == list(plan.received)
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
+
+
+def test_persisted_operands_move_only_to_the_workers_that_need_them():
+    """Chunks already in the workers' memory stay where they are when that worker needs them: no move to the plan's
+    home first, so the total that moves is the plan's."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
+    y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
+    model = {"flops_per_s": 1e3}
+    with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        addresses = sorted(client.scheduler_info()["workers"])
+        x, y = client.persist(x), client.persist(y)
+        distributed.wait([x, y])
+        client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+        plan = fd._plan(*fd._operands(x, y), len(addresses), model)
+        who = {**client.who_has(x), **client.who_has(y)}  # before the product copies chunks to other workers
+        z = client.persist(fd.matmul(x, y, workers=addresses, **model))
+        distributed.wait(z)
+        moved = sum(client.run(_incoming_bytes).values())
+        # Dask spreads the persisted chunks as it likes: those on a worker that does not need them move once more.
+        misplaced = sum(nbytes for key, nbytes, needers in _needers(x, y, plan)
+                        if not set(who[key]) & {addresses[w] for w in needers})
+        assert moved == sum(plan.received) + misplaced
+        assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
+
+
+def _needers(x, y, plan):
+    """(key, bytes, workers that need it) for every operand chunk under `plan`."""
+    p, product = plan.placement, plan.product
+    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
+    for i in rows:
+        for k in depth:
+            yield (x.name, i, k), product.a_bytes(i, k), {p.owner(i, j) for j in cols}
+    for k in depth:
+        for j in cols:
+            yield (y.name, k, j), product.b_bytes(k, j), {p.owner(i, j) for i in rows}
