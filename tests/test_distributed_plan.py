@@ -58,6 +58,7 @@ def test_a_bad_worker_count_is_a_clear_error():
 # ---- the Dask graph ------------------------------------------------------------------------------------------
 
 da = pytest.importorskip("dask.array", reason="Dask is not installed: pip install 'fastmm[dask]'")
+dask = pytest.importorskip("dask", reason="Dask is not installed: pip install 'fastmm[dask]'")
 pytest.importorskip("cupy", reason="fastmm.dask imports fastmm's array type, which needs CuPy (no GPU)")
 
 import fastmm.dask as fd  # noqa: E402
@@ -185,7 +186,9 @@ def test_on_a_cluster_the_bytes_that_move_are_the_plans():
     x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
     y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
     model = {"flops_per_s": 1e3}
-    with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+    # Without work stealing, which may move a task whose placement is a preference (see matmul): the plan's own bytes.
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
             distributed.Client(c) as client:
         addresses = sorted(client.scheduler_info()["workers"])
         plan = fd._plan(*fd._operands(x, y), len(addresses), model)
@@ -204,7 +207,8 @@ def test_persisted_operands_move_only_to_the_workers_that_need_them():
     x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
     y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
     model = {"flops_per_s": 1e3}
-    with distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
             distributed.Client(c) as client:
         addresses = sorted(client.scheduler_info()["workers"])
         x, y = client.persist(x), client.persist(y)
