@@ -103,3 +103,23 @@ def test_dask_bench_names_a_protocol_it_cannot_use():
         assert "pip install 'fastmm[ucx]'" in protocol_missing("ucx")
     else:
         assert protocol_missing("ucx") is None
+
+
+def test_dask_bench_counts_the_bytes_that_cross_between_workers():
+    """What `bench --dask` reports as moved between GPUs: the workers' own transfer logs, reset before a run."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    import dask.array as da
+
+    from fastmm._tools.dask_bench import clear_moved, moved
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        a, b = client.scheduler_info()["workers"]
+        x = client.persist(da.random.random((1000, 100), chunks=(500, 100)), workers=[a])
+        distributed.wait(x)
+        clear_moved(client)
+        assert moved(client) == 0
+        total = client.submit(lambda blocks: sum(block.sum() for block in blocks), distributed.futures_of(x),
+                              workers=[b])
+        assert total.result() > 0
+        assert moved(client) == 1000 * 100 * 8  # both chunks, from a to b

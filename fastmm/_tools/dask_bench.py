@@ -89,6 +89,24 @@ def _on_gpus(n: int, chunk: int, seed: int):
                          meta=meta)
 
 
+def _clear_log(dask_worker) -> None:
+    dask_worker.transfer_incoming_log.clear()
+
+
+def _incoming(dask_worker) -> int:
+    return sum(entry["total"] for entry in dask_worker.transfer_incoming_log)
+
+
+def clear_moved(client) -> None:
+    """Forget the transfers the workers have logged (their log is bounded; a run's own transfers fit in it)."""
+    client.run(_clear_log)
+
+
+def moved(client) -> int:
+    """Bytes the workers received from each other since `clear_moved`: what crossed between GPUs."""
+    return sum(client.run(_incoming).values())
+
+
 def _same(chunk):
     return chunk
 
@@ -180,11 +198,12 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                         client.cancel(y)
 
                     product(0)  # warm-up
+                    clear_moved(client)
                     t0 = time.perf_counter()
                     product(1)
                     secs = time.perf_counter() - t0
                     add({"what": f"cluster ({protocol}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
-                         "kind": kind, "protocol": protocol, "seconds": secs})
+                         "kind": kind, "protocol": protocol, "seconds": secs, "moved": moved(client)})
                     client.cancel(x)
     return rows
 
@@ -193,7 +212,8 @@ def print_table(rows) -> None:
     print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up; TFLOP/s = 2 n^3 / seconds")
     for r in rows:
         err = f"  rel error {r['rel_error']:.1e}" if "rel_error" in r else ""
-        print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}")
+        moved_ = f"  {r['moved'] / 2**30:6.2f} GiB between GPUs" if r.get("gpus", 1) > 1 and "moved" in r else ""
+        print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}")
     for r in rows:
         if r.get("gpus", 1) > 1:
             # Against one GPU on the same protocol, fastmm chunks (the planned graph on one GPU is Dask's own).
