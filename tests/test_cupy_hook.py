@@ -390,3 +390,11 @@ def test_fastmm_arrays_reach_fastmm_through_cupys_names_too(calls):
     compat = pytest.importorskip("array_api_compat", reason="array_api_compat is not installed")
     with fastmm.accelerate_cupy():
         assert compat.array_namespace(a).matmul(a, a) == ("fastmm", "matmul")
+
+
+def test_an_out_given_with_fastmm_operands_is_returned_itself(calls, monkeypatch):
+    a = array((8, 8)).view(FASTMM_ARRAY)
+    out = array((8, 8))  # a plain CuPy array
+    monkeypatch.setattr(_dispatch, "matmul", lambda x, y, out=None: out)
+    with fastmm.accelerate_cupy():
+        assert cupy.matmul(a, a, out=out) is out

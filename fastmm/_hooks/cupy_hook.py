@@ -194,9 +194,12 @@ def _replacement(original, pick, ours):
             arrays = pick(args, kwargs)
             if arrays is not None and _takes(*arrays):
                 result = _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs))
-                # Operands that are fastmm arrays give one, as NumPy's functions on them do.
+                # Operands that are fastmm arrays give one, as NumPy's functions on them do; an `out` is returned
+                # itself, whatever its type, as CuPy returns it.
                 wrap = next((w for w in map(_fastmm_result, arrays) if w is not None), None)
-                return result if wrap is None else wrap(result)
+                if wrap is None or any(result is x for x in arrays):
+                    return result
+                return wrap(result)
         return original(*args, **kwargs)
     return hooked
 
