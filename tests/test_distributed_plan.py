@@ -4,6 +4,8 @@ workers counted from the graph itself), and the graph computed on a CPU cluster 
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,7 @@ dask = pytest.importorskip("dask", reason="Dask is not installed: pip install 'f
 pytest.importorskip("cupy", reason="fastmm.dask imports fastmm's array type, which needs CuPy (no GPU)")
 
 import fastmm.dask as fd  # noqa: E402
+from fastmm._tools import dask_bench  # noqa: E402
 
 WORKERS = [f"tcp://gpu{i}:1" for i in range(4)]
 
@@ -175,27 +178,29 @@ def test_a_worker_that_dies_mid_graph_costs_a_retry_not_the_result(rng, tmp_path
     assert np.allclose(result, a @ b, rtol=1e-12, atol=1e-10)
 
 
-def _incoming_bytes(dask_worker):
-    return sum(e["total"] for e in dask_worker.transfer_incoming_log)
+@contextlib.contextmanager
+def _four_workers():
+    """A 4-worker CPU cluster without work stealing (which may move a task whose placement is a preference, see
+    matmul), two random operands and a time model that makes compute dear, so the plan splits even this product:
+    (distributed, client, the workers' addresses, x, y, model)."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
+    y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        yield distributed, client, sorted(client.scheduler_info()["workers"]), x, y, {"flops_per_s": 1e3}
 
 
 def test_on_a_cluster_the_bytes_that_move_are_the_plans():
     """Counted on the workers themselves: each operand chunk is made where the plan keeps it and each output block
     computed where its inputs meet, so the bytes each worker receives are exactly those `explain` states."""
-    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
-    x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
-    y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
-    model = {"flops_per_s": 1e3}
-    # Without work stealing, which may move a task whose placement is a preference (see matmul): the plan's own bytes.
-    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as client:
-        addresses = sorted(client.scheduler_info()["workers"])
+    with _four_workers() as (distributed, client, addresses, x, y, model):
         plan = fd._plan(*fd._operands(x, y), len(addresses), model)
         assert plan.placement.kind == "grid"
         z = client.persist(fd.matmul(x, y, workers=addresses, **model))
         distributed.wait(z)
-        got = client.run(_incoming_bytes)
+        got = client.run(dask_bench._incoming)
         assert [got[a] for a in addresses] == list(plan.received)
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
 
@@ -203,22 +208,15 @@ def test_on_a_cluster_the_bytes_that_move_are_the_plans():
 def test_persisted_operands_move_only_to_the_workers_that_need_them():
     """Chunks already in the workers' memory stay where they are when that worker needs them: no move to the plan's
     home first, so the total that moves is the plan's."""
-    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
-    x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
-    y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
-    model = {"flops_per_s": 1e3}
-    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            distributed.LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
-            distributed.Client(c) as client:
-        addresses = sorted(client.scheduler_info()["workers"])
+    with _four_workers() as (distributed, client, addresses, x, y, model):
         x, y = client.persist(x), client.persist(y)
         distributed.wait([x, y])
-        client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+        dask_bench.clear_moved(client)
         plan = fd._plan(*fd._operands(x, y), len(addresses), model)
         who = {**client.who_has(x), **client.who_has(y)}  # before the product copies chunks to other workers
         z = client.persist(fd.matmul(x, y, workers=addresses, **model))
         distributed.wait(z)
-        moved = sum(client.run(_incoming_bytes).values())
+        moved = dask_bench.moved(client)
         # Dask spreads the persisted chunks as it likes: those on a worker that does not need them move once more.
         misplaced = sum(nbytes for key, nbytes, needers in _needers(x, y, plan)
                         if not set(who[key]) & {addresses[w] for w in needers})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..kernels.configs import FewColumns, WarpTile
 from .problem import Choice, Device, Problem
-from .table import aligned_copies, choose, interior
+from .table import aligned_copies, choose, interior, split_cut
 
 __all__ = ["serial_run", "SERIAL_RUN_BOUND"]
 
@@ -54,9 +54,7 @@ def serial_run(choice: Choice, problem: Problem, device: Device = Device()) -> i
         return serial_run(choose(inside, device, "auto"), inside, device)
     k, splits = problem.k, choice.splits
     if splits > 1:
-        depth = max(8, k // splits // 16 * 16)  # the runtime's cut (fastmm/_runtime/gemm.py, _split_k)
-        full = min(splits, k // depth)
-        tail = k - full * depth
+        depth, full, tail = split_cut(k, splits)
         return max(_run_of(choice.config, depth, choice.variant.a_t),
                    _run_of(choice.config, tail, choice.variant.a_t) if tail else 0, full + (tail > 0))
     return _run_of(choice.config, k, choice.variant.a_t)

@@ -24,8 +24,9 @@ from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
 
-__all__ = ["RULES", "choose", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "peel_edges", "pads", "padded_k",
-           "aligned_copies", "on_copies", "summed_in_runs", "without_copies", "after_out_of_memory", "interior"]
+__all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits",
+           "peel_edges", "pads", "padded_k", "aligned_copies", "on_copies", "summed_in_runs", "without_copies",
+           "after_out_of_memory", "interior"]
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
@@ -99,6 +100,16 @@ def split_count(problem: Problem, device: Device) -> int:
     return max(2, slices)
 
 
+
+
+def split_cut(k: int, splits: int) -> tuple[int, int, int]:
+    """How split-K cuts K into `splits` slices: (depth, full slices of that depth, the K left over). Slices are
+    whole 16-deep steps (every tile's K-tile divides 16), so that they run as one batched launch; the rest runs as
+    one shallow launch of its own (docs/kernels/split-k.md, section 'Ragged edges: peeled off as few-row and
+    few-column products')."""
+    depth = max(8, k // splits // 16 * 16)
+    full = min(splits, k // depth)
+    return depth, full, k - full * depth
 
 
 def _few_columns(problem: Problem) -> bool:
@@ -357,7 +368,8 @@ RULES: tuple[Rule, ...] = (
          f"{_MID_SUMS_TILES[0]:g} to {_MID_SUMS_TILES[1]:g} per SM), then summed in a fixed order", _idle_sms,
          _mid_kernel, mid_splits),
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} where even 64x64 tiles would leave SMs without a block (or, with "
-         f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): K cut into slices of 64x64 tiles (sums per K-tile) that fill one wave of them, "
+         f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): "
+         "K cut into slices of 64x64 tiles (sums per K-tile) that fill one wave of them, "
          f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound)",
          _idle_slots, WT64, idle_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "

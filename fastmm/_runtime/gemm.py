@@ -193,13 +193,8 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
     # The plan splits only single products: any batch axes here have size 1 and drop out as views.
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
-    # Slices in whole 16-deep steps (every tile's K-tile divides 16), all as one batched launch; where K does not
-    # divide evenly, the few values of K left over run as one shallow launch of their own: a deeper uneven last slice
-    # runs at a fraction of the SMs (docs/kernels/split-k.md, section 'Ragged edges: peeled off as few-row and
-    # few-column products').
-    depth = max(8, k // choice.splits // 16 * 16)
-    full = min(choice.splits, k // depth)
-    tail = k - full * depth
+    # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
+    depth, full, tail = _plan.split_cut(k, choice.splits)
     ws = empty((full + (tail > 0), m, n))
     strided = cp.lib.stride_tricks.as_strided
     a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))

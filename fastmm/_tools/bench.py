@@ -338,7 +338,8 @@ def plot(report: dict, kernels, path: str) -> None:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--shapes", default=None, help="comma-separated labels from the shape table, or MxNxK for any other (default: all)")
+    p.add_argument("--shapes", default=None,
+                   help="comma-separated labels from the shape table, or MxNxK for any other (default: all)")
     p.add_argument("--kernels", default=None, help="comma-separated kernel configurations (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--json", default=None, help="also write the full results as JSON to this path")
