@@ -616,3 +616,20 @@ def test_unaligned_operands_are_copied_aligned_then_multiplied(launched, monkeyp
     monkeypatch.setattr(_gemm, "replays", {})
     _dispatch.matmul(_fastmm(np.zeros((301, 303), np.float32)), _fastmm(np.zeros((303, 305), np.float32)))
     assert len(launched) == 1 and launched.args[0][1].endswith("_v1")  # no copies: the product on 4-byte copies
+
+
+def test_the_copies_product_and_its_pieces_sum_k_in_runs(launched, monkeypatch):
+    """The product on aligned copies is planned as such (the runtime passes `runs` down explicitly, to the pieces of a
+    peeled or split plan too): on 128x64 tiles with K >= 1024, the configuration that sums K in runs of 512."""
+    from fastmm import _plan
+
+    monkeypatch.setattr(_plan.table, "_PAD_MIN_MACS", 1 << 20)
+    monkeypatch.setattr(_plan.tuned, "_memo", {})
+    a = _fastmm(np.zeros((1000, 1031), np.float32))
+    b = _fastmm(np.zeros((1031, 1000), np.float32))
+    _dispatch.matmul(a, b)
+    products = [name for name in launched if name != "repitch"]
+    assert products == ["warptile_128x64x16_32x64_8x8_s3_sub8_f512"], launched
+    launched.clear()
+    _dispatch.matmul(_fastmm(np.zeros((1000, 1040), np.float32)), _fastmm(np.zeros((1040, 1000), np.float32)))
+    assert launched == ["warptile_128x64x16_32x64_8x8_s4_sub8"]  # aligned: no copies, one running sum

@@ -7,11 +7,8 @@ docs/kernels/heuristic.md, section 'The heuristic's break-even points'.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import logging
-from typing import Iterator
 
 from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, WgTile, get_config
 from . import tuned as _tuned
@@ -25,7 +22,7 @@ from .tuned import tune_bucket, tuned_entries
 _log = logging.getLogger("fastmm")
 
 __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits",
-           "peel_edges", "pads", "padded_k", "aligned_copies", "on_copies", "summed_in_runs", "without_copies",
+           "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
            "after_out_of_memory", "interior"]
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
@@ -288,24 +285,6 @@ def aligned_copies(problem: Problem) -> Problem:
     summed in runs where the kernel allows."""
     return dataclasses.replace(problem, k=padded_k(problem.k), aligned=True, a_aligned=True, b_aligned=True,
                                runs=True)
-
-
-# Set while the dispatcher multiplies the aligned copies: the products it then describes sum K in runs.
-_on_copies: contextvars.ContextVar[bool] = contextvars.ContextVar("fastmm_on_copies", default=False)
-
-
-@contextlib.contextmanager
-def on_copies() -> Iterator[None]:
-    """Within: the products are the aligned copies' (see aligned_copies), and sum K in runs where a kernel does."""
-    token = _on_copies.set(True)
-    try:
-        yield
-    finally:
-        _on_copies.reset(token)
-
-
-def summed_in_runs() -> bool:
-    return _on_copies.get()
 
 
 def _auto(problem: Problem, device: Device) -> Choice:

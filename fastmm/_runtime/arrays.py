@@ -146,8 +146,9 @@ def _batch_dims(c_batch, *operands) -> list[tuple[int, list[int]]]:
     return dims
 
 
-def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
-    """Describe ``c = a @ b`` (float32 device arrays, c with unit stride along n) for the plan and the launch."""
+def problem_for(a, b, c, runs: bool = False) -> tuple[_plan.Problem, dict]:
+    """Describe ``c = a @ b`` (float32 device arrays, c with unit stride along n) for the plan and the launch; `runs`:
+    the operands are aligned copies, on which the kernels may sum K in runs (see `_plan.aligned_copies`)."""
     a0, b0 = a, b
     a, (a_t, lda) = _laid_out(a, "a") if not isinstance(a, _Meta) else (a, _core_layout(a))
     b, (b_t, ldb) = _laid_out(b, "b") if not isinstance(b, _Meta) else (b, _core_layout(b))
@@ -170,8 +171,7 @@ def problem_for(a, b, c) -> tuple[_plan.Problem, dict]:
     a_aligned, b_aligned = (ptrs[i] % 16 == 0 and all(s % 4 == 0 for s in (strides[i], s0[i], s1[i],
                                                                             *(st[i] for _, st in outer)))
                             for i in (0, 1))
-    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned,
-                            _plan.summed_in_runs())
+    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned, runs)
     # C's stride along n: 1 for every kernel but the few-column one, which also writes C^T (for few rows).
     c_sn = c.strides[-1] // 4 if n > 1 else 1
     args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,

@@ -78,10 +78,11 @@ def _replay(steps, pa: int, pb: int, pc: int) -> None:
             step(pa, pb, pc)
 
 
-def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
+def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = False) -> None:
     """c[...] = a @ b for float32 device arrays a (..., m, k), b (..., k, n), c (batch..., m, n).
 
-    With `record`, the steps are recorded for replay (see `Recorder`).
+    With `record`, the steps are recorded for replay (see `Recorder`). `runs`: a and b are the aligned copies of a
+    larger product (see `_padded`), on which the plan may sum K in runs; the pieces of this product inherit it.
     """
     from . import cuda as _cuda
 
@@ -96,15 +97,15 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
             record.append(None)
         return
     if may_overlap(c, a) or may_overlap(c, b):
-        return _via_temporary(a, b, c, kernel, record)
+        return _via_temporary(a, b, c, kernel, record, runs)
     sm, sn = c.strides[-2:]
     if not (sn == 4 or n == 1):
         if sm == 4 or m == 1:  # C is column-major: C^T = B^T A^T is row-major
             if record is not None:
                 record.append(None)  # operands swap roles: not a replay of (a, b, c)
-            return gemm(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2), kernel)
-        return _via_temporary(a, b, c, kernel, record)
-    problem, launch = problem_for(a, b, c)
+            return gemm(b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2), kernel, runs=runs)
+        return _via_temporary(a, b, c, kernel, record, runs)
+    problem, launch = problem_for(a, b, c, runs)
     # The current device runs the product (CuPy's rule); operands elsewhere were checked for peer access.
     device_id = _cupy().cuda.runtime.getDevice()
     device = _cuda.device(device_id)
@@ -130,14 +131,14 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None) -> None:
         except _errors.OutOfMemoryError:  # no room for the split operands
             choice = _plan.after_out_of_memory(problem, device, choice)
     if choice.peel != (0, 0):
-        return _peeled(a, b, c, choice.peel, record)
+        return _peeled(a, b, c, choice.peel, record, runs)
     if choice.splits > 1:
-        return _split_k(a, b, c, choice, device_id, record)
+        return _split_k(a, b, c, choice, device_id, record, runs)
     swapped = _plan.few_rows(problem) and isinstance(choice.config, FewColumns)
     if swapped:
         # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides).
         a, b, c = b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2)
-        problem, launch = problem_for(a, b, c)
+        problem, launch = problem_for(a, b, c, runs)
     args = launch["args"]
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
     # The layout the arguments describe (the plan's own variant, except on a transposed launch, where a size-1
@@ -181,7 +182,7 @@ def _slice_sum(ws, c, device_id: int):
                         batch_strides=(0,) * 6)
 
 
-def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) -> None:
+def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, runs: bool = False) -> None:
     """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
 
     The slices are strided views of a and b (no copies); their products land in a (splits, m, n) workspace that
@@ -201,9 +202,9 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None) ->
     b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
     # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
     sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
-    gemm(a_slices, b_slices, ws[:full], choice.config.name, sub)
+    gemm(a_slices, b_slices, ws[:full], choice.config.name, sub, runs=runs)
     if tail:
-        gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name, sub)
+        gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name, sub, runs=runs)
     total = _slice_sum(ws, c, device_id)
     total(ws.data.ptr, 0, c.data.ptr)
     if record is not None:
@@ -292,8 +293,7 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
             copies.append((shape, copy))
             operands.append(view)
     sub = Recorder(operands[0].data.ptr, operands[1].data.ptr, c.data.ptr) if record is not None else None
-    with _plan.on_copies():
-        gemm(operands[0], operands[1], c, None, sub)
+    gemm(operands[0], operands[1], c, None, sub, runs=True)
     if record is not None:
         if None in sub:
             record.append(None)
@@ -377,17 +377,17 @@ def _batch_item(x, index: tuple[int, ...]):
     return x[tuple(i if size > 1 else 0 for i, size in zip(own, x.shape[:-2]))]
 
 
-def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None) -> None:
+def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None, runs: bool = False) -> None:
     """c = a @ b as the interior on whole tiles and its last `rows` rows and `cols` columns as few-row and
     few-column products (each planned on its own; all are views of a, b and c, so a replay runs them again)."""
     rows, cols = peel
     m, n = c.shape[-2:]
     mm, nn = m - rows, n - cols
-    gemm(a[..., :mm, :], b[..., :nn], c[..., :mm, :nn], None, record)
+    gemm(a[..., :mm, :], b[..., :nn], c[..., :mm, :nn], None, record, runs=runs)
     if cols:
-        gemm(a[..., :mm, :], b[..., nn:], c[..., :mm, nn:], None, record)
+        gemm(a[..., :mm, :], b[..., nn:], c[..., :mm, nn:], None, record, runs=runs)
     if rows:
-        gemm(a[..., mm:, :], b, c[..., mm:, :], None, record)
+        gemm(a[..., mm:, :], b, c[..., mm:, :], None, record, runs=runs)
 
 
 def _on_cupy(a, b, c, record) -> None:
@@ -399,9 +399,9 @@ def _on_cupy(a, b, c, record) -> None:
         record.append(None)
 
 
-def _via_temporary(a, b, c, kernel, record):
+def _via_temporary(a, b, c, kernel, record, runs: bool = False):
     tmp = empty(c.shape)
-    gemm(a, b, tmp, kernel)
+    gemm(a, b, tmp, kernel, runs=runs)
     c[...] = tmp
     if record is not None:
         record.append(None)
