@@ -49,6 +49,13 @@ __all__ = [
     "NvccNotFoundError", "OutOfMemoryError", "PerformanceWarning",
 ]
 
+# In a process already running Dask's distributed (a worker, which imports fastmm when it first unpickles a fastmm
+# array's type), chunks received from other workers arrive as fastmm arrays (fastmm/_serialize.py).
+if "distributed.protocol" in __import__("sys").modules:
+    from . import _serialize
+
+    _serialize.register()
+
 _ARRAY_NAMES = {"ndarray", "asarray", "asnumpy"}
 _LINALG_NAMES = {"matmul", "dot", "inner", "vdot", "tensordot", "einsum", "matvec", "vecmat", "vecdot"}
 

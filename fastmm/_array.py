@@ -381,3 +381,4 @@ def asnumpy(a, out=None) -> np.ndarray:
            [2., 2.]], dtype=float32)
     """
     return _cp.asnumpy(a, out=out)
+

@@ -29,7 +29,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     raise ImportError("fastmm.dask needs Dask: pip install 'fastmm[dask]' (dask[array], and distributed for a "
                       "cluster)") from e
 
-from . import _array, linalg
+from . import _array, _serialize, linalg
 from ._dispatch import products as _dispatch
 
 __all__ = ["from_array", "meta", "to_host", "matmul", "explain"]
@@ -149,6 +149,7 @@ def _empty(*args, **kwargs):
 
 
 concatenate_lookup.register(_array.ndarray, _concatenate)
+_serialize.register()  # chunks sent between workers stay fastmm arrays
 tensordot_lookup.register(_array.ndarray, linalg.tensordot)
 einsum_lookup.register(_array.ndarray, _einsum)
 empty_lookup.register(_array.ndarray, _empty)

@@ -123,3 +123,21 @@ def test_dask_bench_counts_the_bytes_that_cross_between_workers():
                               workers=[b])
         assert total.result() > 0
         assert moved(client) == 1000 * 100 * 8  # both chunks, from a to b
+
+
+def test_fastmm_arrays_have_serializers_of_their_own():
+    """Chunks sent between workers must arrive as fastmm arrays (CuPy's deserializer, found through the base class,
+    makes plain CuPy arrays, whose products are cuBLAS's); registered by fastmm.dask, and by fastmm itself in a
+    process already running distributed (a worker), as its first unpickling of a fastmm array's type imports it."""
+    pytest.importorskip("distributed")
+    from distributed.protocol import cuda_deserialize, cuda_serialize, dask_deserialize, dask_serialize
+
+    from fastmm import _serialize
+
+    for family in (cuda_serialize, cuda_deserialize, dask_serialize, dask_deserialize):
+        assert family.dispatch(fastmm.ndarray).__module__ == "fastmm._serialize"
+    code = ("import pickle, distributed.protocol as p, fastmm._array as a\n"
+            "from distributed.protocol import dask_deserialize as d\n"
+            "print(d.dispatch(a.ndarray).__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "fastmm._serialize", out.stderr

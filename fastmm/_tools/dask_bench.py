@@ -58,7 +58,10 @@ def _cluster(gpus: int, protocol: str = "tcp"):
         from dask_cuda import LocalCUDACluster
 
         return LocalCUDACluster(n_workers=gpus, threads_per_worker=1, protocol=protocol)
-    except ImportError:
+    except Exception as e:  # noqa: BLE001 - not installed, or a version that does not start here: said, then the same
+        if not isinstance(e, ImportError):
+            print(f"  dask-cuda's LocalCUDACluster did not start ({type(e).__name__}: {e}); one distributed nanny "
+                  "per GPU instead", flush=True)
         from distributed import Nanny, Scheduler, SpecCluster
 
         # memory_limit=0: Dask counts a CuPy chunk's device bytes as the worker's memory, and against the host's
@@ -180,6 +183,7 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
             print(f"  cluster over {protocol}: not measured ({missing})", flush=True)
             continue
         with _cluster(gpus, protocol) as cluster, Client(cluster) as client:
+            print(f"  {type(cluster).__name__}, {gpus} worker(s), {protocol}", flush=True)
             for n in n_cluster:
                 for kind in KINDS if gpus > 1 else KINDS[:2]:  # one GPU: fastmm.dask.matmul is x @ y
                     x = _on_gpus(n, chunk, seed=3)
