@@ -72,27 +72,31 @@ def test_streaming_a_host_memmap_through_the_gpu(rng, tmp_path):
     _close(np.asarray(out), a.astype(np.float64) @ a.astype(np.float64).T)
 
 
-def test_two_gpus_with_a_local_cluster(rng):
-    """One worker per GPU (dask-cuda's LocalCUDACluster, or the same made of distributed's nannies)."""
-    if cp.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip(f"needs two GPUs; this machine has {cp.cuda.runtime.getDeviceCount()}")
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_products_on_a_local_cluster_of_gpus(gpus, rng):
+    """One worker per GPU (dask-cuda's LocalCUDACluster, or the same made of distributed's nannies): Dask's own graph
+    and the planned product, ragged chunks, a transposed operand."""
+    if cp.cuda.runtime.getDeviceCount() < gpus:
+        pytest.skip(f"needs {gpus} GPUs; this machine has {cp.cuda.runtime.getDeviceCount()}")
     pytest.importorskip("distributed", reason="distributed is not installed: pip install 'fastmm[dask]'")
     from dask.distributed import Client
 
     from fastmm._tools.dask_bench import _cluster
 
-    a = rng.standard_normal((4096, 2048)).astype(np.float32)
-    with _cluster(2) as cluster, Client(cluster) as client:
-        assert len(client.scheduler_info()["workers"]) == 2
-        x = fd.from_array(a, chunks=(1024, 2048))
-        got = client.compute(fd.to_host(x @ x.T)).result()
-        # The planned product: half of each GPU's operand chunks come from the other worker, and arrive as fastmm
-        # arrays (fastmm/_serialize.py), so its output chunks are fastmm's products, fastmm arrays again.
-        blocks = client.compute(fd.matmul(x, x.T).to_delayed().ravel().tolist(), sync=True)
-    want = a.astype(np.float64) @ a.astype(np.float64).T
+    a = rng.standard_normal((4000, 2000)).astype(np.float32)
+    b = rng.standard_normal((3000, 2000)).astype(np.float32)
+    with _cluster(gpus) as cluster, Client(cluster) as client:
+        assert len(client.scheduler_info()["workers"]) == gpus
+        x = fd.from_array(a, chunks=(1000, 700))  # K in 700, 700, 600; y.T's columns in 900 x 3 and 300
+        y = fd.from_array(b, chunks=(900, 700))
+        got = client.compute(fd.to_host(x @ y.T)).result()
+        # The planned product: operand chunks come from other workers, and arrive as fastmm arrays
+        # (fastmm/_serialize.py), so its output chunks are fastmm's products, fastmm arrays again.
+        blocks = client.compute(fd.matmul(x, y.T).to_delayed().tolist(), sync=True)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
     _close(got, want)
-    assert {type(b) for b in blocks} == {fastmm.ndarray}
-    _close(cp.block([blocks[i * 4:(i + 1) * 4] for i in range(4)]), want)
+    assert {type(blk) for row in blocks for blk in row} == {fastmm.ndarray}
+    _close(np.block([[cp.asnumpy(blk) for blk in row] for row in blocks]), want)
 
 
 @pytest.mark.parametrize("family", ["dask", "cuda"])
