@@ -266,13 +266,36 @@ def _identity(x):
     return x
 
 
+def _chained(x, y) -> _da.Array:
+    """``x @ y`` on one GPU (or Dask's local scheduler), each output block's K summed in a fixed order, one block
+    product after another into the block: Dask's own graph makes all of a block's partial products side by side
+    and then adds them, which holds K / chunk of them in GPU memory at once (an out-of-core product's budget)."""
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    name = "fastmm-matmul-" + tokenize(x, y)
+    acc, nk = name + "-sum", len(x.chunks[1])
+    tasks: dict = {}
+    for i in range(len(x.chunks[0])):
+        for j in range(len(y.chunks[1])):
+            tasks[(acc, i, j, 0)] = (np.matmul, (x.name, i, 0), (y.name, 0, j))
+            for k in range(1, nk):
+                tasks[(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (x.name, i, k), (y.name, k, j))
+            tasks[(name, i, j)] = (_identity, (acc, i, j, nk - 1))
+    graph = HighLevelGraph.from_collections(name, tasks, dependencies=[x, y])
+    return _da.Array(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype),
+                     meta=getattr(x, "_meta", None))
+
+
 def matmul(x, y, workers=None, **model):
     """``x @ y`` for 2-D Dask arrays, with each output block computed on a planned GPU of a distributed cluster.
 
     The plan (see `explain`) puts each input block on one GPU and computes each output block, K summed in a fixed
     order, on the GPU that holds its inputs' rows or columns: a 2-D grid of GPUs, a 1-D split with the smaller
     operand sent to every GPU once, or one GPU where splitting would not pay for the bytes it moves. Without a
-    distributed client (Dask's local scheduler) it is ``x @ y``.
+    distributed client (Dask's local scheduler, an out-of-core product on one GPU), or with one worker, it is
+    ``x @ y`` with each output block's K summed in a fixed order into the block, one block product at a time, where
+    Dask's own graph holds all of a block's partial products at once.
 
     Parameters
     ----------
@@ -299,7 +322,7 @@ def matmul(x, y, workers=None, **model):
     x, y = _operands(x, y)
     addresses = _workers(workers)
     if len(addresses) < 2:
-        return x @ y
+        return _chained(x, y)
     plan = _plan(x, y, len(addresses), model)
     product, placement = plan.product, plan.placement
     name = "fastmm-matmul-" + tokenize(x, y, addresses)

@@ -111,10 +111,18 @@ def test_the_graph_pins_each_task_and_moves_what_the_plan_says(rng):
     assert "a 2 x 2 grid of GPUs" in fd.explain(x, y, WORKERS, **model)
 
 
-def test_without_a_cluster_it_is_daskss_own_product(rng):
-    x = da.from_array(rng.standard_normal((64, 32)), chunks=16)
-    z = fd.matmul(x, x.T)
-    assert np.allclose(z.compute(scheduler="threads"), (x @ x.T).compute(scheduler="threads"))
+def test_without_a_cluster_each_block_sums_k_in_a_fixed_order(rng):
+    """No client: x @ y, each output block's K summed in order into the block (no partial products held side by
+    side); ragged chunks, K re-chunked to x's blocks."""
+    x = da.from_array(rng.standard_normal((70, 45)), chunks=(16, 10))
+    y = da.from_array(rng.standard_normal((45, 33)), chunks=(12, 8))
+    z = fd.matmul(x, y)
+    assert z.chunks == (x.chunks[0], y.chunks[1])
+    want = x.compute() @ y.compute()
+    assert np.allclose(z.compute(scheduler="threads"), want)
+    assert np.allclose(fd.matmul(x, x.T).compute(scheduler="sync"), x.compute() @ x.compute().T)
+    names = {key[0] for key in dict(z.__dask_graph__()) if isinstance(key, tuple)}
+    assert not any("sum-aggregate" in n or n.startswith("matmul-") for n in names), names
 
 
 def test_operands_that_cannot_multiply_are_numpys_error():
