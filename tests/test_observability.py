@@ -55,6 +55,16 @@ def test_without_a_gpu_the_tools_say_why_and_what_works(args):
     assert "Without a GPU: python -m fastmm info" in p.stderr
 
 
+@pytest.mark.parametrize("args", [["bench"], ["autotune"]])
+def test_without_cupy_the_tools_name_the_extra_that_brings_it(args, tmp_path):
+    """README's test install has no CuPy: bench and autotune say what to install, not ModuleNotFoundError."""
+    code = f"import sys; sys.modules['cupy'] = None; from fastmm.__main__ import main; sys.exit(main({args!r}))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "CuPy is not installed" in p.stderr and "pip install 'fastmm[cuda13]'" in p.stderr, p.stderr
+    assert "Without a GPU: python -m fastmm info" in p.stderr
+
+
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="this machine has a GPU: the hook has work to do")
 def test_the_numpy_hook_says_at_install_that_it_will_do_nothing_without_a_gpu():
     code = ("import warnings, numpy as np, fastmm\n"
