@@ -42,7 +42,7 @@ exclude_patterns = ["_build"]
 # object, code where it does not (parameter names, NumPy's functions: no intersphinx, see below).
 default_role = "py:obj"
 
-autodoc_mock_imports = ["cupy", "pycuda", "dask"]  # dask: fastmm.dask is an optional extra
+autodoc_mock_imports = ["cupy", "pycuda", "dask", "distributed"]  # fastmm.dask's extra: Dask and distributed
 autodoc_typehints = "none"            # the numpydoc Parameters sections carry the types
 autodoc_member_order = "bysource"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,6 +42,26 @@ def _default_arch() -> str:
         return "sm_90"
 
 
+def _arch(text: str) -> str:
+    """--arch's type: sm_ and the compute capability's digits (sm_90 for 9.0)."""
+    if re.fullmatch(r"sm_\d{2,3}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"takes sm_ and the compute capability's digits (sm_90 for H100 and H200, "
+                                     f"sm_89, sm_80), got {text!r}; fastmm adds the 'a' of sm_90a itself where a "
+                                     "kernel needs it")
+
+
+def _positive(text: str) -> int:
+    """A count of 1 or more (--jobs, --batch)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def cmd_compile(args) -> int:
     import time
 
@@ -64,6 +85,13 @@ def cmd_compile(args) -> int:
             try:
                 r = fut.result()
             except build.CompileError as e:
+                if "Unsupported gpu architecture" in str(e):  # every binary would say so: say it once
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    if sys.stderr.isatty():
+                        print("\r" + " " * 72 + "\r", end="", file=sys.stderr)
+                    print(f"python -m fastmm compile: error: this nvcc ({build.find_nvcc()}) does not compile for "
+                          f"{args.arch}: nvcc --list-gpu-arch lists those it does", file=sys.stderr)
+                    return 2
                 failed += 1
                 print(f"{name:36s} COMPILE ERROR\n{e}", file=sys.stderr)
                 continue
@@ -179,16 +207,16 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="GPU, driver, library versions, kernels")
     c = sub.add_parser("compile", help="compile every kernel binary with nvcc and report ptxas resources")
-    c.add_argument("--arch", default=None,
+    c.add_argument("--arch", default=None, type=_arch,
                    help="GPU architecture to compile for (default: the GPU present's, else sm_90: H100/H200)")
-    c.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
+    c.add_argument("--jobs", type=_positive, default=os.cpu_count() or 2,
                    help="nvcc processes in parallel (default: one per CPU core)")
     c.add_argument("--no-cache", action="store_true", help="recompile even when a cached cubin exists")
     e = sub.add_parser("explain", help="which kernel runs for an M x N x K product, and why")
     e.add_argument("m", type=int, help="rows of A and C")
     e.add_argument("n", type=int, help="columns of B and C")
     e.add_argument("k", type=int, help="columns of A, rows of B")
-    e.add_argument("--batch", type=int, default=1, help="a stack of BATCH products, A batched, B shared (default: 1)")
+    e.add_argument("--batch", type=_positive, default=1, help="a stack of BATCH products, A batched, B shared (default: 1)")
     e.add_argument("--kernel", default=None, help="plan with this kernel forced (a name from fastmm.kernel_names())")
     e.add_argument("--precision", default=None, choices=["highest", "high", "medium"],
                    help="plan in this precision mode (default: the current one, 'highest')")

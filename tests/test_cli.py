@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import fastmm
+from conftest import nvcc_unavailable_reason
 
 
 def _run(*args):
@@ -47,3 +50,24 @@ def test_bench_plot_without_matplotlib_says_so_before_measuring(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 2 and "pip install 'fastmm[bench]'" in p.stderr, p.stdout + p.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_counts_below_one_are_refused_in_one_line():
+    for args in (["explain", "64", "64", "64", "--batch", "0"], ["compile", "--jobs", "0"]):
+        p = _run(*args)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.splitlines()[-1].endswith("must be 1 or more, got 0"), p.stderr
+
+
+def test_an_architecture_not_of_the_form_sm_xy_is_refused_before_nvcc_runs():
+    p = _run("compile", "--arch", "sm_90a")
+    assert p.returncode == 2 and not p.stdout, p.stdout
+    assert "argument --arch: takes sm_ and the compute capability's digits" in p.stderr.splitlines()[-1]
+
+
+@pytest.mark.skipif(nvcc_unavailable_reason() is not None, reason="needs nvcc")
+def test_an_architecture_nvcc_does_not_know_is_said_once():
+    p = _run("compile", "--arch", "sm_20", "--jobs", "2")
+    assert p.returncode == 2 and "COMPILE ERROR" not in p.stderr, p.stderr
+    line, = p.stderr.strip().splitlines()
+    assert line.startswith("python -m fastmm compile: error: this nvcc (") and "does not compile for sm_20" in line

@@ -9,6 +9,7 @@ namespaces exactly as they were. The kernels themselves are tested under the hoo
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -284,6 +285,24 @@ def test_where_cublas_is_ahead_cupy_computes_without_a_warning(calls, monkeypatc
         assert a @ a == ("cupy", "__matmul__")
     assert seen == [True] and not _plan.yielding_to_cublas()  # only inside the hook's call
     assert fastmm.cupy_hook_status()["left_to_cupy"] == before + 1
+
+
+def test_each_decision_is_logged_at_debug(calls, monkeypatch, caplog):
+    """On the `fastmm` logger, as the NumPy hook's: the product, and where it ran and why."""
+    a = array((8, 16))
+    with fastmm.accelerate_cupy(), caplog.at_level(logging.DEBUG, logger="fastmm"):
+        cupy.matmul(a, array((16, 4)))
+        monkeypatch.setattr(_dispatch, "matmul", calls.stand_in("fastmm", "matmul",
+                                                                 raises=_plan.CublasAhead("partial wave")))
+        a @ array((16, 4))
+        monkeypatch.setattr(_dispatch, "dot", calls.stand_in("fastmm", "dot", raises=TypeError("no")))
+        cupy.dot(a, array((16, 2)))
+        cupy.matmul(array((8, 8), F64), array((8, 8), F64))  # not the hook's: nothing to log
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("cupy hook:")] == [
+        "cupy hook: matmul of 8x16, 16x4 on fastmm's kernels",
+        "cupy hook: __matmul__ of 8x16, 16x4 left to CuPy (cuBLAS is ahead: partial wave)",
+        "cupy hook: dot of 8x16, 16x2 left to CuPy (a call form fastmm does not take)",
+    ]
 
 
 def test_array_api_compat_reaches_the_hook(calls):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 import threading
 
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = ["accelerate_cupy", "restore_cupy", "cupy_hook_status"]
 
 _F32 = np.dtype(np.float32)
 _ABSENT = object()
+_log = logging.getLogger("fastmm")
 
 
 class _State:
@@ -103,23 +105,33 @@ def _cupy(cupys):
         _in_cupy.reset(token)
 
 
-def _run(ours, cupys):
+def _what(name, arrays) -> str:
+    """The product a log line names: the rebound name and the operands' shapes (``out`` included)."""
+    return f"{name} of {', '.join('x'.join(map(str, x.shape)) for x in arrays if x is not None)}"
+
+
+def _run(ours, cupys, name="product", arrays=()):
     """`ours()` on fastmm's kernels; CuPy's `cupys()` where the plan yields to cuBLAS or fastmm failed."""
-    failure = None
+    failure = why = None
     try:
         with _plan.yield_to_cublas():
             result = ours()
-    except _plan.CublasAhead:
-        pass
+    except _plan.CublasAhead as e:
+        why = f"cuBLAS is ahead: {e}"
     except (ValueError, TypeError):
         # fastmm refused the arguments: a form CuPy may accept (then CuPy's result, no failure to report) or
         # refuse (then CuPy's own error, raised by CuPy).
-        pass
+        why = "a call form fastmm does not take"
     except Exception as e:  # noqa: BLE001 - anything else: a failure inside fastmm; CuPy computes the product
         failure = e
+        why = f"after fastmm failed: {type(e).__name__}"
     else:
         _state.count("fastmm")
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("cupy hook: %s on fastmm's kernels", _what(name, arrays))
         return result
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("cupy hook: %s left to CuPy (%s)", _what(name, arrays), why)
     # Outside the except blocks, so that CuPy's error (for a call CuPy refuses too) is raised as CuPy raises it.
     result = _cupy(cupys)
     if failure is None:
@@ -193,7 +205,8 @@ def _replacement(original, pick, ours):
         if _on_off.active and not _in_cupy.get():
             arrays = pick(args, kwargs)
             if arrays is not None and _takes(*arrays):
-                result = _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs))
+                result = _run(lambda: ours(*args, **kwargs), lambda: original(*args, **kwargs),
+                              getattr(original, "__name__", "product"), arrays)
                 # Operands that are fastmm arrays give one, as NumPy's functions on them do; an `out` is returned
                 # itself, whatever its type, as CuPy returns it.
                 wrap = next((w for w in map(_fastmm_result, arrays) if w is not None), None)
@@ -262,7 +275,8 @@ class accelerate_cupy(Hook):
     ``cupy.tensordot``, ``cupy.einsum`` and the ``@`` operator and ``dot`` method of ``cupy.ndarray`` to
     versions that send products of float32 CuPy arrays through fastmm's dispatch and kernels. Every other dtype,
     call form and function runs CuPy's own code. Array-API libraries that use CuPy's namespace (scikit-learn with
-    ``array_api_dispatch=True``) reach fastmm this way. Results are plain ``cupy.ndarray``s, as CuPy's are.
+    ``array_api_dispatch=True``) reach fastmm this way. Results are plain ``cupy.ndarray``s, as CuPy's are (fastmm
+    arrays where an operand is one).
     Idempotent and thread-safe; `restore_cupy` undoes it. As a context manager (``with fastmm.accelerate_cupy():``)
     it keeps the hook on for the block: blocks in several threads may overlap, and the hook stays on until the
     last one exits, or for good if a plain call turned it on.
