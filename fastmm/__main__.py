@@ -182,6 +182,14 @@ def cmd_bench(args) -> int:
             print("python -m fastmm bench: error: --plot needs matplotlib: pip install 'fastmm[bench]'",
                   file=sys.stderr)
             return 2
+    if args.dask:
+        from ._tools.dask_bench import parse_kinds
+
+        try:
+            parse_kinds(args.dask_kinds)
+        except ValueError as e:
+            print(f"python -m fastmm bench: error: {e}", file=sys.stderr)
+            return 2
     if no_gpu(_command_name(args)):
         return 2
     from ._tools import bench as _bench

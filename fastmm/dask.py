@@ -73,7 +73,7 @@ def _to_fastmm(block):
 
     if isinstance(block, np.ndarray) and block.dtype == np.float32 and block.ndim >= 1 and \
             0 < block.nbytes <= _staged.MAX_STAGING_BYTES:  # (pinned memory is the whole machine's: bounded)
-        return _array._wrap(_staged._put(block))
+        return _array._wrap(_staged.put_chunk(block))
     return _array.asarray(block)
 
 
@@ -210,9 +210,19 @@ def _block_product(x, y):
                         np.result_type(x.dtype, y.dtype).itemsize)
 
 
-def _plan(x, y, count: int, model: dict):
+def _link_rate(addresses: list[str]) -> float:
+    """The time model's rate into each GPU for the cluster's protocol: UCX's where every worker talks it, else
+    TCP's (through host memory); UCX's for a cluster not yet started (a number of GPUs)."""
+    from ._plan.distributed import LINK_BYTES_PER_S
+
+    tcp = addresses and not all(a.startswith("ucx") for a in addresses)
+    return LINK_BYTES_PER_S["tcp" if tcp else "ucx"]
+
+
+def _plan(x, y, count: int, model: dict, addresses: list[str] = ()):
     from ._plan.distributed import plan_distributed
 
+    model = {"link_bytes_per_s": _link_rate(list(addresses)), **model}
     return plan_distributed(_block_product(x, y), count, **model)
 
 
@@ -223,8 +233,9 @@ def explain(x, y, workers=None, **model) -> str:
     from ._plan.distributed import describe_distributed
 
     x, y = _operands(x, y)
-    count = workers if isinstance(workers, int) else max(1, len(_workers(workers)))
-    return describe_distributed(_plan(x, y, count, model))
+    addresses = [] if isinstance(workers, int) else _workers(workers)
+    count = workers if isinstance(workers, int) else max(1, len(addresses))
+    return describe_distributed(_plan(x, y, count, model, addresses))
 
 
 def _keep_placement(dsk, keys, **kwargs):
@@ -306,8 +317,9 @@ def matmul(x, y, workers=None, **model):
         The workers' addresses, one per GPU (dask-cuda's LocalCUDACluster starts one worker per GPU). Default: the
         current distributed client's workers.
     flops_per_s, link_bytes_per_s : float, optional
-        The time model's rate of one GPU and of the links between GPUs (defaults: an H100's FP32 rate through
-        fastmm's kernels, 100 GB/s); set them to your GPUs' and interconnect's.
+        The time model's rate of one GPU, and the rate at which a GPU takes in blocks from the others (defaults: an
+        H100's FP32 rate through fastmm's kernels; 15 GB/s where the workers talk UCX, 1 GB/s over TCP, as measured
+        on four H100s joined by NVLink); set them to your GPUs' and interconnect's.
 
     Returns
     -------
@@ -323,7 +335,7 @@ def matmul(x, y, workers=None, **model):
     addresses = _workers(workers)
     if len(addresses) < 2:
         return _chained(x, y)
-    plan = _plan(x, y, len(addresses), model)
+    plan = _plan(x, y, len(addresses), model, addresses)
     product, placement = plan.product, plan.placement
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
     home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
@@ -348,9 +360,14 @@ def matmul(x, y, workers=None, **model):
     for i in range(len(product.rows)):
         for j in range(len(product.cols)):
             w = placement.owner(i, j)
-            tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, 0), (home_b, 0, j))
-            for k in range(1, nk):  # K summed in a fixed order, on the owner
-                tasks[w][(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (home_a, i, k), (home_b, k, j))
+            # K summed in a fixed order, on the owner: the blocks it holds first, so that its GPU starts while the
+            # others' blocks are on their way, then skewed by (i + j) as in Cannon's algorithm, so that the blocks
+            # of one GPU do not all wait for the same block.
+            ks = sorted(range(nk), key=lambda k: ((a_homes[i, k] != w) + (b_homes[k, j] != w), (k - i - j) % nk))
+            tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, ks[0]), (home_b, ks[0], j))
+            for step in range(1, nk):
+                k = ks[step]
+                tasks[w][(acc, i, j, step)] = (_multiply_add, (acc, i, j, step - 1), (home_a, i, k), (home_b, k, j))
             tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)

@@ -141,3 +141,11 @@ def test_fastmm_arrays_have_serializers_of_their_own():
             "print(d.dispatch(a.ndarray).__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "fastmm._serialize", out.stderr
+
+
+def test_dask_bench_refuses_an_unknown_graph_kind_before_any_work():
+    code = ("import sys, runpy; sys.argv = ['fastmm', 'bench', '--dask', '--dask-kinds', 'planned,foo']; "
+            "runpy.run_module('fastmm', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2, out
+    assert "--dask-kinds: unknown graph kind(s) ['foo']; valid: fastmm, cupy, planned" in out.stderr, out.stderr

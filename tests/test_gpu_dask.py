@@ -72,6 +72,23 @@ def test_streaming_a_host_memmap_through_the_gpu(rng, tmp_path):
     _close(np.asarray(out), a.astype(np.float64) @ a.astype(np.float64).T)
 
 
+def test_a_chunk_reuses_memory_only_after_the_kernels_that_read_its_last_owner(rng):
+    """fastmm.dask's uploads take memory that freed chunks held as soon as those chunks' readers have run, not after
+    everything queued since (fastmm/_hooks/staged.py, put_chunk): a product queued behind busy work still reads the
+    chunk it was given, though the chunk is freed and its memory refilled before the product runs."""
+    a, b = (rng.standard_normal((4096, 4096)).astype(np.float32) for _ in range(2))
+    big = fastmm.asarray(rng.standard_normal((8192, 8192)).astype(np.float32))
+    for _ in range(4):
+        x = fd._to_fastmm(a)
+        for _ in range(3):
+            big @ big  # the GPU busy for tens of milliseconds
+        out = x @ x  # queued behind them, reading x
+        del x
+        y = fd._to_fastmm(b)  # freed x's memory, most likely
+        _close(out, a.astype(np.float64) @ a.astype(np.float64))
+        _close(y, b)
+
+
 @pytest.mark.parametrize("gpus", [2, 4])
 def test_products_on_a_local_cluster_of_gpus(gpus, rng):
     """One worker per GPU (dask-cuda's LocalCUDACluster, or the same made of distributed's nannies): Dask's own graph

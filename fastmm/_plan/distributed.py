@@ -17,9 +17,11 @@ import dataclasses
 __all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "plan_distributed",
            "describe_distributed"]
 
-# Defaults of the time model: an H100's FP32 rate through fastmm's tiles and a GPU-to-GPU link's payload rate.
+# Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which a GPU took in its
+# operands' blocks in planned products on four H100s joined by NVLink, by the cluster's protocol: UCX (device to
+# device) and TCP (through host memory on both sides). Measured, with the products' own times, in docs/dask.md.
 FLOPS_PER_S = 50e12
-LINK_BYTES_PER_S = 100e9
+LINK_BYTES_PER_S = {"ucx": 15e9, "tcp": 1e9}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +123,7 @@ def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: f
 
 
 def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float = FLOPS_PER_S,
-                     link_bytes_per_s: float = LINK_BYTES_PER_S) -> DistributedPlan:
+                     link_bytes_per_s: float = LINK_BYTES_PER_S["ucx"]) -> DistributedPlan:
     """The candidate placement with the least predicted time (the fewest bytes moved on a tie)."""
     if workers < 1:
         raise ValueError(f"a distributed product needs at least one GPU (got workers={workers})")
@@ -161,4 +163,4 @@ def describe_distributed(plan: DistributedPlan) -> str:
             f"  moved   {_size(plan.moved)} between GPUs, at most {_size(per)} into one GPU\n"
             f"  model   {gain:.2f}x one GPU's speed: {plan.compute_seconds * 1e3:.1f} ms of compute on the busiest GPU "
             f"and {per / plan.link_bytes_per_s * 1e3:.1f} ms to receive its inputs "
-            f"(assumed: {FLOPS_PER_S / 1e12:.0f} TFLOP/s a GPU, {plan.link_bytes_per_s / 1e9:.0f} GB/s links)")
+            f"(assumed: {FLOPS_PER_S / 1e12:.0f} TFLOP/s a GPU, {plan.link_bytes_per_s / 1e9:.0f} GB/s into each GPU)")

@@ -359,9 +359,9 @@ def add_arguments(p) -> None:
     p.add_argument("--hook-d", type=int, default=1024, help="--cupy-hook: features (default: 1024)")
     p.add_argument("--dask", action="store_true",
                    help="instead: Dask graphs of fastmm chunks (in memory, out of core, one GPU and several), one run")
-    p.add_argument("--dask-n-memory", type=int, default=32768, help="--dask: the in-memory product's size")
+    p.add_argument("--dask-n-memory", type=int, default=32768, help="--dask: the in-memory product's size (0: skipped)")
     p.add_argument("--dask-n-ooc", type=int, default=32768, help="--dask: the out-of-core product's size")
-    p.add_argument("--dask-n", default="32768,49152", help="--dask: sizes on the local cluster (comma-separated)")
+    p.add_argument("--dask-n", default="32768,49152", help="--dask: sizes on the local cluster (comma-separated; \"\": none)")
     p.add_argument("--dask-chunk", type=int, default=8192, help="--dask: chunk side (default: 8192)")
     # 10 GiB: below the 12 GiB that 32768^3's operands and result need together, above what four tasks hold at once
     # (8 GiB ran out on an H200: a task's sum of four 8192^2 products on top of its operands' chunks).
@@ -370,6 +370,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
     p.add_argument("--dask-protocol", default="tcp,ucx",
                    help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
+    p.add_argument("--dask-kinds", default="fastmm,cupy,planned",
+                   help="--dask: the cluster's graphs, comma-separated: fastmm (Dask's graph, fastmm chunks), cupy "
+                        "(the same, CuPy chunks), planned (fastmm.dask.matmul); default: all three")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 

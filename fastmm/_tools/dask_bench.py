@@ -34,6 +34,15 @@ OOC_WORKERS = 3
 KINDS = ("fastmm", "cupy", "planned")
 
 
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """--dask-kinds's graphs; ValueError naming the valid ones for any other."""
+    kinds = tuple(k for k in text.split(",") if k)
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"--dask-kinds: unknown graph kind(s) {unknown or [text]}; valid: {', '.join(KINDS)}")
+    return kinds
+
+
 def gpu_counts(most: int) -> list[int]:
     """1, 2, 4, ... up to `most` GPUs, and `most` itself."""
     return sorted({1 << i for i in range(most.bit_length()) if 1 << i <= most} | {most})
@@ -128,7 +137,7 @@ def _timed(fn) -> float:
 
 
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
-        protocols: tuple[str, ...] = ("tcp",)) -> list[dict]:
+        protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -142,16 +151,17 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
         rows.append(row)
         print(f"  {row['what']:62s} {row['seconds']:8.2f} s  {row['tflops']:7.1f} TFLOP/s", flush=True)
 
-    # 1. In memory, one GPU.
-    rng = cp.random.default_rng(0)
-    a = rng.standard_normal((n_in, n_in), dtype=cp.float32)
-    fa = fastmm.asarray(a)
-    secs = _timed(lambda: (fa @ fa.T, cp.cuda.Device().synchronize()))
-    add({"what": f"in memory, 1 GPU, {n_in}^3", "gpus": 1, "n": n_in, "seconds": secs})
-    secs = _timed(lambda: (a @ a.T, cp.cuda.Device().synchronize()))
-    add({"what": f"in memory, 1 GPU, {n_in}^3, cuBLAS", "gpus": 1, "n": n_in, "seconds": secs})
-    a = fa = None  # freed before the next part
-    cp.get_default_memory_pool().free_all_blocks()
+    # 1. In memory, one GPU (--dask-n-memory 0: skipped).
+    if n_in > 0:
+        rng = cp.random.default_rng(0)
+        a = rng.standard_normal((n_in, n_in), dtype=cp.float32)
+        fa = fastmm.asarray(a)
+        secs = _timed(lambda: (fa @ fa.T, cp.cuda.Device().synchronize()))
+        add({"what": f"in memory, 1 GPU, {n_in}^3", "gpus": 1, "n": n_in, "seconds": secs})
+        secs = _timed(lambda: (a @ a.T, cp.cuda.Device().synchronize()))
+        add({"what": f"in memory, 1 GPU, {n_in}^3, cuBLAS", "gpus": 1, "n": n_in, "seconds": secs})
+        a = fa = None  # freed before the next part
+        cp.get_default_memory_pool().free_all_blocks()
 
     # 2. Out of core: host operands, a capped pool (--dask-n-ooc 0: skipped).
     if n_ooc > 0:
@@ -177,7 +187,9 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
             pool.set_limit(size=0)
         host = out = None
 
-    # 3. A local cluster: one GPU and up to max_gpus, fastmm chunks and CuPy chunks.
+    # 3. A local cluster: one GPU and up to max_gpus, fastmm chunks and CuPy chunks (--dask-n "": skipped).
+    if not n_cluster:
+        return rows
     from distributed import Client, wait
 
     for protocol, gpus in ((p, g) for p in protocols for g in gpu_counts(max_gpus)):
@@ -188,7 +200,7 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
         with _cluster(gpus, protocol) as cluster, Client(cluster) as client:
             print(f"  {type(cluster).__name__}, {gpus} worker(s), {protocol}", flush=True)
             for n in n_cluster:
-                for kind in KINDS:
+                for kind in kinds:
                     x = _on_gpus(n, chunk, seed=3)
                     if kind != "cupy":
                         x = fd.from_array(x)
@@ -244,12 +256,13 @@ def main(args) -> int:
 
     from .timing import no_gpu
 
+    kinds = parse_kinds(args.dask_kinds)
     if no_gpu("bench --dask"):
         return 2
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
-        rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",")], args.dask_chunk,
-                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")))
+        rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
+                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds)
     print_table(rows)
     if args.json:
         import json
