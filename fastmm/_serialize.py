@@ -92,7 +92,7 @@ def _dask_deserialize(header, frames):
     host = np.frombuffer(frame, np.uint8)
     nbytes, dtype = host.nbytes, np.dtype(header["dtype"])
     if _staged(nbytes, dtype):
-        dev = staged.put_chunk(host.view(np.float32)).view(np.uint8)
+        dev = staged._put(host.view(np.float32)).view(np.uint8)
     else:
         dev = cupy.asarray(host)
     return _array_from(header, dev)

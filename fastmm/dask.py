@@ -73,7 +73,7 @@ def _to_fastmm(block):
 
     if isinstance(block, np.ndarray) and block.dtype == np.float32 and block.ndim >= 1 and \
             0 < block.nbytes <= _staged.MAX_STAGING_BYTES:  # (pinned memory is the whole machine's: bounded)
-        return _array._wrap(_staged.put_chunk(block))
+        return _array._wrap(_staged._put(block))
     return _array.asarray(block)
 
 
@@ -360,14 +360,9 @@ def matmul(x, y, workers=None, **model):
     for i in range(len(product.rows)):
         for j in range(len(product.cols)):
             w = placement.owner(i, j)
-            # K summed in a fixed order, on the owner: the blocks it holds first, so that its GPU starts while the
-            # others' blocks are on their way, then skewed by (i + j) as in Cannon's algorithm, so that the blocks
-            # of one GPU do not all wait for the same block.
-            ks = sorted(range(nk), key=lambda k: ((a_homes[i, k] != w) + (b_homes[k, j] != w), (k - i - j) % nk))
-            tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, ks[0]), (home_b, ks[0], j))
-            for step in range(1, nk):
-                k = ks[step]
-                tasks[w][(acc, i, j, step)] = (_multiply_add, (acc, i, j, step - 1), (home_a, i, k), (home_b, k, j))
+            tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, 0), (home_b, 0, j))
+            for k in range(1, nk):  # K summed in a fixed order, on the owner
+                tasks[w][(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (home_a, i, k), (home_b, k, j))
             tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)

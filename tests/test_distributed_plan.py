@@ -111,29 +111,6 @@ def test_the_graph_pins_each_task_and_moves_what_the_plan_says(rng):
     assert "a 2 x 2 grid of GPUs" in fd.explain(x, y, WORKERS, **model)
 
 
-def test_each_block_starts_its_k_sum_with_the_blocks_its_gpu_holds(rng):
-    """An output block's K sum takes first the K blocks whose inputs live on its GPU (its GPU starts while the rest
-    travel), in a fixed order; the result is the product whatever the order."""
-    a = rng.standard_normal((96, 96)).astype(np.float32)
-    x = da.from_array(a, chunks=16)
-    z = fd.matmul(x, x.T, workers=WORKERS, flops_per_s=1e3)
-    where, deps = _pinned(z.dask)
-    graph = dict(z.dask)
-    steps: dict = {}
-    for key, task in graph.items():
-        if isinstance(key, tuple) and key[0].endswith("-sum"):
-            inputs = [d for d in deps[key] if not d[0].endswith("-sum")]
-            steps.setdefault(key[1:3], []).append((key[3], sum(where[d] == where[key] for d in inputs)))
-    assert len(steps) == 36
-    started_local = 0
-    for block, held in steps.items():
-        held = [n for _, n in sorted(held)]
-        assert held == sorted(held, reverse=True), (block, held)  # the blocks held first
-        started_local += held[0] > 0
-    assert started_local == 36
-    assert z.chunks == ((16,) * 6, (16,) * 6)
-
-
 def test_over_tcp_the_plan_keeps_a_product_on_one_gpu_that_ucx_would_split():
     """The link's default rate follows the workers' protocol: blocks between GPUs cost 15 times more through host
     memory (TCP) than device to device (UCX), so 32768^3 in 8192^2 blocks splits over UCX and stays whole over TCP."""

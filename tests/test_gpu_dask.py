@@ -73,9 +73,8 @@ def test_streaming_a_host_memmap_through_the_gpu(rng, tmp_path):
 
 
 def test_a_chunk_reuses_memory_only_after_the_kernels_that_read_its_last_owner(rng):
-    """fastmm.dask's uploads take memory that freed chunks held as soon as those chunks' readers have run, not after
-    everything queued since (fastmm/_hooks/staged.py, put_chunk): a product queued behind busy work still reads the
-    chunk it was given, though the chunk is freed and its memory refilled before the product runs."""
+    """A product queued behind busy work still reads the chunk it was given, though the chunk is freed and another
+    uploaded (most likely into its memory) before the product runs."""
     a, b = (rng.standard_normal((4096, 4096)).astype(np.float32) for _ in range(2))
     big = fastmm.asarray(rng.standard_normal((8192, 8192)).astype(np.float32))
     for _ in range(4):

@@ -292,64 +292,6 @@ def _put(host: np.ndarray):
     return dev
 
 
-class _Fence:
-    """Owns the device memory of a chunk `put_chunk` uploaded. When the chunk is freed, the memory goes back to
-    CuPy's pool only after its allocating stream waits for an event recorded then on the legacy default stream
-    (which follows every blocking stream): the kernels queued to read the chunk before it was freed."""
-
-    __slots__ = ("mem", "stream")
-
-    def __init__(self, mem, stream):
-        self.mem, self.stream = mem, stream
-
-    def __del__(self):
-        try:
-            cp = _arrays.cupy()
-            with cp.cuda.Device(self.mem.device_id):
-                freed = cp.cuda.Event(disable_timing=True)
-                freed.record(cp.cuda.Stream.null)
-                self.stream.wait_event(freed)
-        except Exception:  # noqa: BLE001 - the interpreter is exiting, or the context is gone: nothing to order
-            pass
-        self.mem = None  # to CuPy's pool, in this stream's arena
-
-
-_alloc_streams: dict = {}
-
-
-def put_chunk(host: np.ndarray):
-    """`_put` for a chunk that kernels on blocking streams will read (fastmm.dask's chunks, Dask's transfers): its
-    memory comes from CuPy's pool in an arena of its own, reused after the kernels that read its previous owner.
-    `_put`'s memory, from the current stream's arena, is reused after all the work queued there, so an upload
-    waited for the products queued by other threads, which should have run while it copied (docs/dask.md)."""
-    cp = _arrays.cupy()
-    device = cp.cuda.runtime.getDevice()
-    with _pool_lock:
-        stream = _alloc_streams.get(device)
-        if stream is None:
-            stream = _alloc_streams[device] = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        mem = cp.cuda.alloc(max(host.nbytes, 1))
-    allocated = _event()
-    allocated.record(stream)
-    owner = _Fence(mem, stream)
-    dev = cp.ndarray(host.shape, np.float32,
-                     memptr=cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(mem.ptr, host.nbytes, owner, device), 0))
-    pool = _stagers(host.nbytes)
-    jobs: list = []
-    try:
-        if _direct(host):
-            jobs.append(_Inline.submit(_up_direct, dev, host, allocated))
-        else:
-            jobs.extend(_submit(pool, _up, d, h, allocated) for d, h in _split(dev, host, _chunk_bytes(host.nbytes, pool)))
-        for f in jobs:
-            f.result().synchronize()
-    except BaseException:
-        _settle(jobs)
-        raise
-    return dev
-
-
 def _get(dev, host: np.ndarray) -> None:
     """``host[...] = dev`` (NumPy broadcasting, any strides), after the work queued on the current stream."""
     cp = _arrays.cupy()
