@@ -149,3 +149,13 @@ def test_dask_bench_refuses_an_unknown_graph_kind_before_any_work():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2, out
     assert "--dask-kinds: unknown graph kind(s) ['foo']; valid: fastmm, cupy, planned" in out.stderr, out.stderr
+
+
+def test_each_bench_worker_sees_every_gpu_its_own_first(monkeypatch):
+    """As dask-cuda sets CUDA_VISIBLE_DEVICES: the worker's current device is its GPU, and UCX can map the others'
+    memory over NVLink (a worker that sees one GPU receives chunks through host memory)."""
+    from fastmm._tools.dask_bench import host_gpus, visible_devices
+
+    assert [visible_devices(i, ["0", "1", "2", "3"]) for i in range(4)] == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, 7")
+    assert host_gpus() == ["5", "7"] and visible_devices(1, host_gpus()) == "7,5"

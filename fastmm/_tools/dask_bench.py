@@ -5,7 +5,7 @@
    memory pool capped below what operands and result need together (``--dask-gpu-limit``, GiB): the product cannot
    be held on the GPU at once, and chunks stream through it.
 3. One GPU, two, four ... all on a local cluster (one worker per GPU: dask-cuda's ``LocalCUDACluster`` when
-   installed, else one ``distributed`` nanny per GPU with ``CUDA_VISIBLE_DEVICES`` set, which is what it does), data
+   installed, else one ``distributed`` nanny per GPU with ``CUDA_VISIBLE_DEVICES`` set as it sets it), data
    created on the workers' GPUs: Dask's own graph with fastmm chunks and with plain CuPy chunks (cuBLAS) as the
    reference, and ``fastmm.dask.matmul``'s planned graph; the scaling efficiency is (rate on g GPUs) / (g x rate on
    one).
@@ -61,6 +61,23 @@ def protocol_missing(protocol: str) -> str | None:
     return None
 
 
+def host_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (all of the host's when it is unset)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    import cupy as cp
+
+    return [str(d) for d in range(cp.cuda.runtime.getDeviceCount())]
+
+
+def visible_devices(i: int, host: list[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for the worker of GPU i, as dask-cuda sets it: every GPU of the host, its own first. The
+    worker's current device is its own, and UCX can still map the others' memory (CUDA IPC over NVLink); a worker
+    that sees only its own GPU receives every chunk through host memory."""
+    return ",".join(host[(i + d) % len(host)] for d in range(len(host)))
+
+
 def _cluster(gpus: int, protocol: str = "tcp"):
     """A local cluster with one single-threaded worker per GPU, talking `protocol` (tcp, or ucx over NVLink)."""
     try:
@@ -76,8 +93,9 @@ def _cluster(gpus: int, protocol: str = "tcp"):
         # memory_limit=0: Dask counts a CuPy chunk's device bytes as the worker's memory, and against the host's
         # limit (7.9 GiB per worker on our GPU host) spilled 32768^3's chunks to disk (2 TFLOP/s); LocalCUDACluster
         # sets its own device-aware limits.
+        host = host_gpus()
         workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": 0,
-                                                 "env": {"CUDA_VISIBLE_DEVICES": str(i)}}}
+                                                 "env": {"CUDA_VISIBLE_DEVICES": visible_devices(i, host)}}}
                    for i in range(gpus)}
         for spec in workers.values():
             spec["options"]["protocol"] = protocol
