@@ -638,3 +638,29 @@ def test_status_counts_what_the_hook_took_and_kept_and_why(gpu):
     after = counts()
     assert [x - y for x, y in zip(after, before)] == [1, 1, 1, 0], (before, after)
     assert "float32 products only" in fastmm.numpy_hook_status()["by_dtype"]["other dtypes"]
+
+
+@pytest.mark.parametrize("loop", ["C", "ctypes"])
+def test_status_says_where_the_products_time_went(gpu, loop, monkeypatch):
+    """by_dtype's seconds: on fastmm's path, in NumPy's loop (the share of a program's time in products is read from
+    here, with a model that offloads nothing), and in fastmm's part for products it declined."""
+    if loop == "ctypes":
+        monkeypatch.setattr(hook, "_compile_c_loop", lambda: None)
+        monkeypatch.setattr(hook._state, "shim", None)
+    fastmm.accelerate_numpy(NOTHING)
+    assert fastmm.numpy_hook_status()["loop"] == loop
+
+    def seconds():
+        return dict(fastmm.numpy_hook_status()["by_dtype"]["float32"]["seconds"])
+
+    a = np.ones((600, 600), np.float32)
+    before = seconds()
+    for _ in range(3):
+        a @ a                                           # NumPy's loop: the model offloads nothing
+    kept = seconds()
+    assert kept["kept_on_cpu"] - before["kept_on_cpu"] > 0 and kept["on_gpu"] == before["on_gpu"]
+    fastmm.accelerate_numpy(EVERYTHING)
+    a @ a                                               # the stand-in GPU's
+    taken = seconds()
+    assert taken["on_gpu"] > kept["on_gpu"] and taken["kept_on_cpu"] == kept["kept_on_cpu"]
+    fastmm.restore_numpy()

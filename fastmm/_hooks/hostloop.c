@@ -17,6 +17,7 @@
  */
 #include <sched.h>
 #include <stddef.h>
+#include <time.h>
 
 typedef ptrdiff_t npy_intp;
 typedef void (*loop_t)(char **args, npy_intp const *dimensions, npy_intp const *steps, void *data);
@@ -43,6 +44,24 @@ static offload_t offload; /* NULL while the hook is off */
 static double min_flops = 1e300;
 static long long below_threshold; /* products the hook left to NumPy without asking fastmm (too little work) */
 static struct python_api python;
+/* Where the products' time goes (nanoseconds, and how many products): on fastmm's path (the GPU, staging included),
+ * in NumPy's own loop, and in fastmm's part for products it then declined. Two clock reads a product (tens of ns):
+ * a program's share of time in products, and the hook's, are read from here. */
+enum { GPU_NS, GPU_COUNT, NUMPY_NS, NUMPY_COUNT, DECLINED_NS, TIMES };
+static long long times[TIMES];
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+void fastmm_loop_times(long long *out)
+{
+    for (int i = 0; i < TIMES; i++)
+        out[i] = __atomic_load_n(&times[i], __ATOMIC_RELAXED);
+}
 
 void fastmm_set_numpy_loop(loop_t loop)
 {
@@ -88,17 +107,25 @@ void fastmm_matmul_loop(char **args, npy_intp const *dimensions, npy_intp const 
     double flops = 2.0 * (double)dimensions[0] * (double)dimensions[1] * (double)dimensions[2] *
                    (double)dimensions[3];
     int outcome = DECLINED;
-    if (callback != NULL && flops >= threshold && !error_pending())
+    long long start = now_ns(), asked = start;
+    if (callback != NULL && flops >= threshold && !error_pending()) {
         outcome = callback(args, dimensions, steps);
-    else if (callback != NULL && flops < threshold)
+        asked = now_ns();
+    } else if (callback != NULL && flops < threshold)
         __atomic_add_fetch(&below_threshold, 1, __ATOMIC_RELAXED);
-    if (outcome == DONE)
+    if (outcome == DONE) {
+        __atomic_add_fetch(&times[GPU_NS], asked - start, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&times[GPU_COUNT], 1, __ATOMIC_RELAXED);
         return;
+    }
+    __atomic_add_fetch(&times[DECLINED_NS], asked - start, __ATOMIC_RELAXED);
     loop_t loop;
     /* Only between the first install's swap and fastmm_set_numpy_loop (microseconds) can this be NULL. */
     while ((loop = __atomic_load_n(&numpy_loop, __ATOMIC_ACQUIRE)) == NULL)
         sched_yield();
     loop(args, dimensions, steps, data);
+    __atomic_add_fetch(&times[NUMPY_NS], now_ns() - asked, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&times[NUMPY_COUNT], 1, __ATOMIC_RELAXED);
     if (outcome == INTERRUPTED) {
         int state = python.ensure();
         python.set_none(python.keyboard_interrupt);

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import platform
+import time
 
 import numpy as np
 
@@ -231,6 +232,7 @@ class _Shim:
                 ctypes.c_void_p.in_dll(api, "PyExc_KeyboardInterrupt"))
             self.address = ctypes.cast(self.lib.fastmm_matmul_loop, ctypes.c_void_p).value
             self.lib.fastmm_below_threshold.restype = ctypes.c_longlong
+            self.lib.fastmm_loop_times.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
         else:
             self.kind = "ctypes"
             self._numpy = None
@@ -239,10 +241,22 @@ class _Shim:
         self.min_flops = math.inf
         self.on = False
         self._below = 0  # the ctypes loop's count of products below the threshold (the C loop keeps its own)
+        self._times = [0] * 5  # the ctypes loop's times, as the C loop's (fastmm_loop_times)
 
     def below_threshold(self) -> int:
         """Products the loop left to NumPy without asking fastmm: too little work for the GPU."""
         return self.lib.fastmm_below_threshold() if self.lib is not None else self._below
+
+    def times(self) -> dict:
+        """Seconds and products, since the first install: on fastmm's path (the GPU, staging included), in NumPy's
+        own loop, and in fastmm's part for products it then declined."""
+        if self.lib is not None:
+            raw = (ctypes.c_longlong * 5)()
+            self.lib.fastmm_loop_times(raw)
+        else:
+            raw = self._times
+        return {"gpu_seconds": raw[0] * 1e-9, "gpu_products": raw[1], "numpy_seconds": raw[2] * 1e-9,
+                "numpy_products": raw[3], "declined_seconds": raw[4] * 1e-9}
 
     def set_numpy_loop(self, address: int) -> None:
         self.numpy_loop = address
@@ -262,12 +276,20 @@ class _Shim:
             with _on_off.lock:
                 pass
         outcome = _DECLINED
+        start = asked = time.perf_counter_ns()
         if self.on and 2.0 * dims[0] * dims[1] * dims[2] * dims[3] >= self.min_flops:
             outcome = _offload(args, dims, steps)
+            asked = time.perf_counter_ns()
         elif self.on:
             self._below += 1
-        if outcome != _DONE:
+        if outcome == _DONE:
+            self._times[0] += asked - start
+            self._times[1] += 1
+        else:
+            self._times[4] += asked - start
             self._numpy(args, dims, steps, data)
+            self._times[2] += time.perf_counter_ns() - asked
+            self._times[3] += 1
         if outcome == _INTERRUPTED:
             # A ctypes callback cannot leave an exception for NumPy to raise, as the C loop does: the interrupt is
             # simulated, and reaches the main thread at its next check for signals. The result is whole either way.
@@ -482,8 +504,9 @@ def numpy_hook_status() -> dict:
         ``active`` (bool), ``loop`` (``"C"``, ``"ctypes"`` or None before the first install), ``threshold`` (a
         sentence, while active), ``offloaded`` (products computed on the GPU), ``declined_after_failure``
         (products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took
-        and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; dtypes
-        other than float32 are NumPy's own), ``pinned_allocator`` (whether this thread's new large arrays come from
+        and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; and the
+        seconds spent in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the
+        products it then declined; dtypes other than float32 are NumPy's own), ``pinned_allocator`` (whether this thread's new large arrays come from
         fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held and pooled, bytes pooled and
         page-locked, reuses, mappings). The counts are the process's, since the first install.
 
@@ -501,9 +524,13 @@ def numpy_hook_status() -> dict:
     """
     with _on_off.lock:
         below = _state.shim.below_threshold() if _state.shim else 0
+        times = _state.shim.times() if _state.shim else {"gpu_seconds": 0.0, "numpy_seconds": 0.0,
+                                                          "declined_seconds": 0.0}
         by_dtype = {"float32": {"on_gpu": _state.offloaded,
                                 "kept_on_cpu": {"below_threshold": below, "host_predicted_faster": _state.host_faster,
-                                                "after_failure": _state.declined}},
+                                                "after_failure": _state.declined},
+                                "seconds": {"on_gpu": times["gpu_seconds"], "kept_on_cpu": times["numpy_seconds"],
+                                            "deciding_then_declining": times["declined_seconds"]}},
                     "other dtypes": "NumPy's own loops: the hook takes float32 products only"}
         return {"active": _on_off.active, "loop": _state.shim.kind if _state.shim else None,
                 "threshold": _state.model.threshold_text() if _on_off.active else None,
