@@ -353,6 +353,11 @@ def add_arguments(p) -> None:
                    help="--sweep: stop measuring after this many seconds (default: 900)")
     p.add_argument("--numpy-hook", action="store_true",
                    help="instead: plain NumPy a @ b with and without accelerate_numpy(), in one run")
+    p.add_argument("--programs", action="store_true",
+                   help="--numpy-hook: whole NumPy programs (fastmm/_tools/programs.py) instead of single products: "
+                        "NumPy and hook times, the share of time in products and the bound it allows")
+    p.add_argument("--programs-scale", type=float, default=1.0, help="--programs: size factor (default: 1)")
+    p.add_argument("--programs-only", default="", help="--programs: these programs only (comma-separated)")
     p.add_argument("--cupy-hook", action="store_true",
                    help="instead: scikit-learn on float32 CuPy data with and without accelerate_cupy(), in one run")
     p.add_argument("--hook-n", type=int, default=16384, help="--cupy-hook: samples (default: 16384)")
@@ -387,6 +392,10 @@ def main(args) -> int:
         from . import sweep
 
         return sweep.main(args)
+    if getattr(args, "numpy_hook", False) and getattr(args, "programs", False):
+        from . import programs as _programs
+
+        return _programs.main(args)
     if getattr(args, "numpy_hook", False):
         from . import hook_measure as _hook_measure
 
