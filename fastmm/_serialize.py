@@ -5,13 +5,16 @@ Without them, distributed serializes a fastmm array as the CuPy array it also is
 plain ``cupy.ndarray`` (the received operands of a product then go to cuBLAS); and those serializers exist only
 where numba or rmm is installed (pickling through ordinary host memory otherwise). Here:
 
-- "cuda" (UCX: device buffers sent as they are): the array's bytes as one device frame, received as a view of it.
+- "cuda" (UCX: device buffers sent as they are): the array's memory as one device frame, received as a view of it.
 - "dask" (TCP: through host memory): float32 chunks go down and come up through fastmm's staging threads (pinned
   memory, at the link's speed, where CuPy's copies into and out of ordinary memory run at a few GB/s), anything
   else through CuPy's copies.
 
-Registered when ``fastmm.dask`` is imported, and when ``fastmm`` is imported in a process that already runs
-``distributed`` (a worker unpickling a fastmm array's type imports fastmm there).
+The header is CuPy's (shape, typestr, strides), so that a process where these are not registered (a client that
+imported fastmm before distributed and never fastmm.dask) still reads what a worker sends, as a CuPy array, and
+a worker reads what such a client sends, as a fastmm array. Registered when ``fastmm.dask`` is imported, and when
+``fastmm`` is imported in a process that already runs ``distributed`` (a worker unpickling a fastmm array's type
+imports fastmm there).
 """
 
 from __future__ import annotations
@@ -23,64 +26,65 @@ __all__ = ["register"]
 _done = False
 
 
-def _layout(x):
-    """(C-contiguous array with x's data, whether it is x's transpose): an F-ordered array travels as its transpose,
-    anything else as a contiguous copy."""
-    if x.flags.c_contiguous:
-        return x, False
-    if x.flags.f_contiguous:
-        return x.T, True
-    return x.copy(order="C"), False
+def _contiguous(x):
+    """x, or a C-ordered copy where its memory is not one block (CuPy's serializer does the same)."""
+    return x if x.flags.c_contiguous or x.flags.f_contiguous else x.copy()
 
 
-def _header(x, transposed: bool) -> dict:
-    return {"shape": tuple(x.shape), "dtype": x.dtype.str, "transposed": transposed}
+def _header(x) -> dict:
+    return {"shape": tuple(x.shape), "typestr": x.dtype.str, "strides": tuple(x.strides)}
+
+
+def _memory(x, dtype=np.uint8):
+    """x's memory (C- or F-contiguous) as a 1-D device array of `dtype`."""
+    import cupy
+
+    return cupy.ndarray((x.nbytes // np.dtype(dtype).itemsize,), dtype, memptr=x.data)
+
+
+def _array_from(header, memory):
+    """The array `header` describes, over the device memory of `memory` (a 1-D device array), as a fastmm array."""
+    import cupy
+
+    from ._array import _wrap
+
+    x = cupy.ndarray(tuple(header["shape"]), np.dtype(header["typestr"]), memptr=memory.data,
+                     strides=tuple(header["strides"]))
+    return _wrap(x)
 
 
 def _cuda_serialize(x):
-    import cupy
-
-    c, transposed = _layout(x)
-    frame = cupy.ndarray((c.nbytes,), np.uint8, memptr=c.data)
-    return _header(c, transposed), [frame]
-
-
-def _array_from(header, dev):
-    from ._array import _wrap
-
-    x = _wrap(dev.view(np.dtype(header["dtype"])).reshape(header["shape"]))
-    return x.T if header["transposed"] else x
+    x = _contiguous(x)
+    return _header(x), [_memory(x)]
 
 
 def _cuda_deserialize(header, frames):
     import cupy
 
     (frame,) = frames
-    return _array_from(header, cupy.asarray(frame).view(np.uint8).reshape(-1))
+    return _array_from(header, cupy.asarray(frame))
 
 
-def _staged(nbytes: int, dtype) -> bool:
+def _staged(x) -> bool:
+    """Whether x's memory goes through fastmm's staging threads: float32, within their bound, on this device."""
+    import cupy
+
     from ._hooks import staged
 
-    return np.dtype(dtype) == np.float32 and 0 < nbytes <= staged.MAX_STAGING_BYTES
+    return x.dtype == np.float32 and 0 < x.nbytes <= staged.MAX_STAGING_BYTES and \
+        x.device.id == cupy.cuda.runtime.getDevice()
 
 
 def _dask_serialize(x):
     from ._hooks import staged
 
-    c, transposed = _layout(x)
-    host = np.empty(c.shape, c.dtype)
-    if _staged(c.nbytes, c.dtype) and c.device.id == _cupy_device():
-        staged._get(c, host)
+    x = _contiguous(x)
+    host = np.empty(x.nbytes, np.uint8)
+    if _staged(x):
+        staged._get(_memory(x, np.float32), host.view(np.float32))
     else:
-        c.get(out=host)
-    return _header(c, transposed), [memoryview(host.reshape(-1).view(np.uint8))]
-
-
-def _cupy_device() -> int:
-    import cupy
-
-    return cupy.cuda.runtime.getDevice()
+        _memory(x).get(out=host)
+    return _header(x), [memoryview(host)]
 
 
 def _dask_deserialize(header, frames):
@@ -90,12 +94,12 @@ def _dask_deserialize(header, frames):
 
     (frame,) = frames
     host = np.frombuffer(frame, np.uint8)
-    nbytes, dtype = host.nbytes, np.dtype(header["dtype"])
-    if _staged(nbytes, dtype):
-        dev = staged._put(host.view(np.float32)).view(np.uint8)
+    dtype = np.dtype(header["typestr"])
+    if dtype == np.float32 and 0 < host.nbytes <= staged.MAX_STAGING_BYTES:
+        memory = staged._put(host.view(np.float32))
     else:
-        dev = cupy.asarray(host)
-    return _array_from(header, dev)
+        memory = cupy.asarray(host)
+    return _array_from(header, memory)
 
 
 def register() -> bool:
@@ -110,7 +114,6 @@ def register() -> bool:
         from ._array import ndarray
     except ImportError:  # no distributed, or no CuPy (no fastmm arrays either)
         return False
-
     cuda_serialize.register(ndarray)(_cuda_serialize)
     cuda_deserialize.register(ndarray)(_cuda_deserialize)
     dask_serialize.register(ndarray)(_dask_serialize)

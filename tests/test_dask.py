@@ -159,3 +159,14 @@ def test_each_bench_worker_sees_every_gpu_its_own_first(monkeypatch):
     assert [visible_devices(i, ["0", "1", "2", "3"]) for i in range(4)] == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, 7")
     assert host_gpus() == ["5", "7"] and visible_devices(1, host_gpus()) == "7,5"
+
+
+def test_fastmm_arrays_travel_with_cupys_header():
+    """A process where fastmm's serializers are not registered (a client that imported fastmm before distributed and
+    never fastmm.dask) reads them with CuPy's deserializer, which needs CuPy's header: shape, typestr, strides."""
+    pytest.importorskip("distributed")
+    from distributed.protocol import serialize
+
+    header, frames = serialize(fd._null((0, 4), np.float32), serializers=("cuda",))
+    assert header["serializer"] == "cuda" and len(frames) == 1
+    assert header["sub-header"] == {"shape": (0, 4), "typestr": "<f4", "strides": (16, 4)}

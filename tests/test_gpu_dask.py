@@ -116,14 +116,14 @@ def test_products_on_a_local_cluster_of_gpus(gpus, rng):
 
 
 @pytest.mark.parametrize("family", ["dask", "cuda"])
-@pytest.mark.parametrize("case", ["float32", "fortran", "strided", "float64", "int8", "large"])
+@pytest.mark.parametrize("case", ["float32", "fortran", "strided", "float64", "int8", "large", "empty", "vector"])
 def test_fastmm_arrays_cross_between_workers_as_fastmm_arrays(family, case, rng):
     """distributed's serialization of a chunk (host frames for TCP, a device frame for UCX) gives back a fastmm
     array equal to it, in any layout and dtype."""
     pytest.importorskip("distributed", reason="distributed is not installed: pip install 'fastmm[dask]'")
     from distributed.protocol import deserialize, serialize
 
-    shape = (9000, 8000) if case == "large" else (300, 200)  # "large": above the staging bound (CuPy's copies)
+    shape = {"large": (9000, 8000), "empty": (0, 7), "vector": (1001,)}.get(case, (300, 200))  # large: CuPy's copies
     dtype = {"float64": np.float64, "int8": np.int8}.get(case, np.float32)
     x = fastmm.asarray((rng.standard_normal(shape) * 50).astype(dtype))
     if case == "fortran":
@@ -137,3 +137,11 @@ def test_fastmm_arrays_cross_between_workers_as_fastmm_arrays(family, case, rng)
     assert bool((y == x).all())
     if case == "fortran":
         assert y.flags.f_contiguous
+    # The header is CuPy's: a process where fastmm's serializers are not registered reads it with CuPy's own.
+    try:
+        from distributed.protocol import cupy as cupy_serializers
+    except ImportError:  # CuPy's serializers need numba or rmm
+        return
+    plain = {"cuda": cupy_serializers.cuda_deserialize_cupy_ndarray,
+             "dask": cupy_serializers.dask_deserialize_cupy_ndarray}[family](header["sub-header"], frames)
+    assert bool((fastmm.asarray(plain) == x).all())

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import platform
+import threading
 import time
 
 import numpy as np
@@ -242,10 +243,16 @@ class _Shim:
         self.on = False
         self._below = 0  # the ctypes loop's count of products below the threshold (the C loop keeps its own)
         self._times = [0] * 5  # the ctypes loop's times, as the C loop's (fastmm_loop_times)
+        self._times_lock = threading.Lock()
 
     def below_threshold(self) -> int:
         """Products the loop left to NumPy without asking fastmm: too little work for the GPU."""
         return self.lib.fastmm_below_threshold() if self.lib is not None else self._below
+
+    def _count(self, slot: int, ns: int) -> None:
+        with self._times_lock:
+            self._times[slot] += ns
+            self._times[slot + 1] += 1
 
     def times(self) -> dict:
         """Seconds and products, since the first install: on fastmm's path (the GPU, staging included), in NumPy's
@@ -283,13 +290,14 @@ class _Shim:
         elif self.on:
             self._below += 1
         if outcome == _DONE:
-            self._times[0] += asked - start
-            self._times[1] += 1
+            self._count(0, asked - start)
         else:
-            self._times[4] += asked - start
             self._numpy(args, dims, steps, data)
-            self._times[2] += time.perf_counter_ns() - asked
-            self._times[3] += 1
+            done = time.perf_counter_ns()
+            with self._times_lock:  # threads multiply at once
+                self._times[4] += asked - start
+                self._times[2] += done - asked
+                self._times[3] += 1
         if outcome == _INTERRUPTED:
             # A ctypes callback cannot leave an exception for NumPy to raise, as the C loop does: the interrupt is
             # simulated, and reaches the main thread at its next check for signals. The result is whole either way.

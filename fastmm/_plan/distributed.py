@@ -18,8 +18,9 @@ __all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "receiv
            "describe_distributed"]
 
 # Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which a GPU took in its
-# operands' blocks in planned products on four H100s joined by NVLink, by the cluster's protocol: UCX (device to
-# device) and TCP (through host memory on both sides). Measured, with the products' own times, in docs/dask.md.
+# operands' blocks in planned products on four H100s joined by NVLink, by the cluster's protocol: UCX and TCP, both
+# through host memory there (each worker saw only its own GPU, so UCX could not map the others'). docs/dask.md has
+# the measurement; UCX with NVLink mapping, still to measure, should be faster.
 FLOPS_PER_S = 50e12
 LINK_BYTES_PER_S = {"ucx": 15e9, "tcp": 1e9}
 
