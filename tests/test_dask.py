@@ -167,6 +167,7 @@ def test_fastmm_arrays_travel_with_cupys_header():
     pytest.importorskip("distributed")
     from distributed.protocol import serialize
 
-    header, frames = serialize(fd._null((0, 4), np.float32), serializers=("cuda",))
+    x = fd._null((0, 4), np.float32)
+    header, frames = serialize(x, serializers=("cuda",))
     assert header["serializer"] == "cuda" and len(frames) == 1
-    assert header["sub-header"] == {"shape": (0, 4), "typestr": "<f4", "strides": (16, 4)}
+    assert header["sub-header"] == {"shape": (0, 4), "typestr": "<f4", "strides": tuple(x.strides)}
