@@ -191,6 +191,35 @@ def _holders(arrays, addresses: list[str]) -> dict:
     return held
 
 
+def _holding_most(arrays, addresses: list[str]) -> list[str]:
+    """`addresses` with the worker that holds the most bytes of `arrays`' persisted chunks first (as given where
+    nothing is held, or no worker holds more than the first)."""
+    held = _holders(arrays, addresses)
+    if not held:
+        return addresses
+    nbytes = {}
+    for array in arrays:
+        for key, chunk in zip(_flat_keys(array), _chunk_bytes(array)):
+            for w in held.get(key, ()):
+                nbytes[w] = nbytes.get(w, 0) + chunk
+    best = max(range(len(addresses)), key=lambda w: (nbytes.get(w, 0), -w))
+    return [addresses[best]] + [a for w, a in enumerate(addresses) if w != best]
+
+
+def _flat_keys(array) -> list:
+    from dask.core import flatten
+
+    return list(flatten(array.__dask_keys__()))
+
+
+def _chunk_bytes(array) -> list[int]:
+    """Bytes of each chunk, in the order of `_flat_keys` (C order over the chunk grid)."""
+    sizes = np.array([1])
+    for axis in array.chunks:
+        sizes = np.multiply.outer(sizes, np.array(axis))
+    return [int(v) * array.dtype.itemsize for v in sizes.ravel()]
+
+
 def _operands(x, y):
     if x.ndim != 2 or y.ndim != 2:
         raise ValueError(f"fastmm.dask.matmul multiplies 2-D Dask arrays (got {x.ndim}-D and {y.ndim}-D); "
@@ -338,6 +367,9 @@ def matmul(x, y, workers=None, **model):
         return _chained(x, y)
     plan = _plan(x, y, len(addresses), model, addresses)
     product, placement = plan.product, plan.placement
+    if placement.kind == "one":
+        # The one GPU is the worker that already holds most of the operands (persisted), so that fewest move to it.
+        addresses = _holding_most((x, y), addresses)
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
     home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
     homes: list[dict] = [{} for _ in addresses]

@@ -253,3 +253,19 @@ def _needers(x, y, plan):
     for k in depth:
         for j in cols:
             yield (y.name, k, j), product.b_bytes(k, j), {p.owner(i, j) for i in rows}
+
+
+def test_a_product_kept_on_one_gpu_runs_where_its_operands_already_are():
+    """Where splitting does not pay (compute made cheap here), the one GPU is the worker holding the persisted
+    operands: nothing moves, where the first worker would have received them all."""
+    with _four_workers() as (distributed, client, addresses, x, y, _):
+        model = {"flops_per_s": 1e18}
+        x, y = client.persist(x, workers=[addresses[2]]), client.persist(y, workers=[addresses[2]])
+        distributed.wait([x, y])
+        assert fd._plan(*fd._operands(x, y), len(addresses), model).placement.kind == "one"
+        dask_bench.clear_moved(client)
+        z = client.persist(fd.matmul(x, y, workers=addresses, **model))
+        distributed.wait(z)
+        assert dask_bench.moved(client) == 0
+        assert {tuple(who) for who in client.who_has(z).values()} == {(addresses[2],)}
+        assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
