@@ -381,4 +381,3 @@ def asnumpy(a, out=None) -> np.ndarray:
            [2., 2.]], dtype=float32)
     """
     return _cp.asnumpy(a, out=out)
-

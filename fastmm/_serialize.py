@@ -65,26 +65,12 @@ def _cuda_deserialize(header, frames):
     return _array_from(header, cupy.asarray(frame))
 
 
-def _staged(x) -> bool:
-    """Whether x's memory goes through fastmm's staging threads: float32, within their bound, on this device."""
-    import cupy
-
-    from ._hooks import staged
-
-    return x.dtype == np.float32 and 0 < x.nbytes <= staged.MAX_STAGING_BYTES and \
-        x.device.id == cupy.cuda.runtime.getDevice()
-
-
 def _dask_serialize(x):
     from ._hooks import staged
 
     x = _contiguous(x)
-    host = np.empty(x.nbytes, np.uint8)
-    if _staged(x):
-        staged._get(_memory(x, np.float32), host.view(np.float32))
-    else:
-        _memory(x).get(out=host)
-    return _header(x), [memoryview(host)]
+    host = staged.to_host(_memory(x, x.dtype))
+    return _header(x), [memoryview(host.view(np.uint8))]
 
 
 def _dask_deserialize(header, frames):
@@ -93,13 +79,8 @@ def _dask_deserialize(header, frames):
     from ._hooks import staged
 
     (frame,) = frames
-    host = np.frombuffer(frame, np.uint8)
-    dtype = np.dtype(header["typestr"])
-    if dtype == np.float32 and 0 < host.nbytes <= staged.MAX_STAGING_BYTES:
-        memory = staged._put(host.view(np.float32))
-    else:
-        memory = cupy.asarray(host)
-    return _array_from(header, memory)
+    host = np.frombuffer(frame, np.uint8).view(np.dtype(header["typestr"]))
+    return _array_from(header, staged._put(host) if staged.stages(host) else cupy.asarray(host))
 
 
 def register() -> bool:

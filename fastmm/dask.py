@@ -71,8 +71,7 @@ def _to_fastmm(block):
     # uploads every chunk once per use), anything else as fastmm.asarray does.
     from ._hooks import staged as _staged
 
-    if isinstance(block, np.ndarray) and block.dtype == np.float32 and block.ndim >= 1 and \
-            0 < block.nbytes <= _staged.MAX_STAGING_BYTES:  # (pinned memory is the whole machine's: bounded)
+    if isinstance(block, np.ndarray) and block.ndim >= 1 and _staged.stages(block):
         return _array._wrap(_staged._put(block))
     return _array.asarray(block)
 
@@ -113,13 +112,7 @@ def _to_numpy(block):
     # moves at the link's speed rather than that of copies into ordinary memory.
     from ._hooks import staged as _staged
 
-    cp = _dispatch._cupy()
-    if isinstance(block, cp.ndarray) and block.dtype == np.float32 and block.flags.c_contiguous and \
-            0 < block.nbytes <= _staged.MAX_STAGING_BYTES and block.device.id == cp.cuda.runtime.getDevice():
-        host = np.empty(block.shape, np.float32)
-        _staged._get(block, host)
-        return host
-    return _array.asnumpy(block)
+    return _staged.to_host(block) if isinstance(block, _dispatch._cupy().ndarray) else _array.asnumpy(block)
 
 
 def to_host(x: _da.Array) -> _da.Array:
@@ -174,35 +167,31 @@ def _workers(workers):
     return sorted(client.scheduler_info()["workers"])
 
 
-def _holders(arrays, addresses: list[str]) -> dict:
-    """For the chunks of `arrays` already in a cluster's memory (persisted operands), the indices of the workers that
-    hold each; {} where there is no client or nothing is held."""
+def _who_has(arrays) -> dict:
+    """For the chunks of `arrays` already in a cluster's memory (persisted operands), the addresses of the workers
+    that hold each; {} where there is no client or nothing is held."""
     try:
         from distributed import futures_of, get_client
 
         client = get_client()
     except (ImportError, ValueError):
         return {}
-    index = {address: w for w, address in enumerate(addresses)}
-    held = {}
+    who = {}
     for array in arrays:
         if futures_of(array):  # persisted: its chunks are futures
-            held.update({key: [index[a] for a in who if a in index] for key, who in client.who_has(array).items()})
-    return held
+            who.update(client.who_has(array))
+    return who
 
 
-def _holding_most(arrays, addresses: list[str]) -> list[str]:
-    """`addresses` with the worker that holds the most bytes of `arrays`' persisted chunks first (as given where
-    nothing is held, or no worker holds more than the first)."""
-    held = _holders(arrays, addresses)
-    if not held:
-        return addresses
+def _holding_most(arrays, who: dict, addresses: list[str]) -> list[str]:
+    """`addresses` with the worker that holds the most bytes of `arrays`' chunks (`who`, see _who_has) first (as
+    given where nothing is held, or no worker holds more than the first)."""
     nbytes = {}
     for array in arrays:
         for key, chunk in zip(_flat_keys(array), _chunk_bytes(array)):
-            for w in held.get(key, ()):
-                nbytes[w] = nbytes.get(w, 0) + chunk
-    best = max(range(len(addresses)), key=lambda w: (nbytes.get(w, 0), -w))
+            for address in who.get(key, ()):
+                nbytes[address] = nbytes.get(address, 0) + chunk
+    best = max(range(len(addresses)), key=lambda w: (nbytes.get(addresses[w], 0), -w))
     return [addresses[best]] + [a for w, a in enumerate(addresses) if w != best]
 
 
@@ -306,6 +295,15 @@ def _identity(x):
     return x
 
 
+def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, nk: int, a, b) -> None:
+    """Output block (i, j)'s tasks: its K summed in a fixed order into the block, ``a(i, k) @ b(k, j)`` for k = 0 ..
+    nk - 1 (a and b give the operands' keys), the last sum named (name, i, j)."""
+    tasks[(acc, i, j, 0)] = (np.matmul, a(i, 0), b(0, j))
+    for k in range(1, nk):
+        tasks[(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), a(i, k), b(k, j))
+    tasks[(name, i, j)] = (_identity, (acc, i, j, nk - 1))
+
+
 def _chained(x, y) -> _da.Array:
     """``x @ y`` on one GPU (or Dask's local scheduler), each output block's K summed in a fixed order, one block
     product after another into the block: Dask's own graph makes all of a block's partial products side by side
@@ -318,10 +316,7 @@ def _chained(x, y) -> _da.Array:
     tasks: dict = {}
     for i in range(len(x.chunks[0])):
         for j in range(len(y.chunks[1])):
-            tasks[(acc, i, j, 0)] = (np.matmul, (x.name, i, 0), (y.name, 0, j))
-            for k in range(1, nk):
-                tasks[(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (x.name, i, k), (y.name, k, j))
-            tasks[(name, i, j)] = (_identity, (acc, i, j, nk - 1))
+            _sum_over_k(tasks, name, acc, i, j, nk, lambda i, k: (x.name, i, k), lambda k, j: (y.name, k, j))
     graph = HighLevelGraph.from_collections(name, tasks, dependencies=[x, y])
     return _da.Array(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype),
                      meta=getattr(x, "_meta", None))
@@ -367,9 +362,10 @@ def matmul(x, y, workers=None, **model):
         return _chained(x, y)
     plan = _plan(x, y, len(addresses), model, addresses)
     product, placement = plan.product, plan.placement
+    who = _who_has((x, y))
     if placement.kind == "one":
         # The one GPU is the worker that already holds most of the operands (persisted), so that fewest move to it.
-        addresses = _holding_most((x, y), addresses)
+        addresses = _holding_most((x, y), who, addresses)
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
     home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
     homes: list[dict] = [{} for _ in addresses]
@@ -377,7 +373,8 @@ def matmul(x, y, workers=None, **model):
     nk, rows, cols = len(product.depth), range(len(product.rows)), range(len(product.cols))
     # A chunk already held by a worker that needs it (a persisted operand) stays there: it moves to the others that
     # need it as it would from the plan's home, and not first to that home.
-    held = _holders((x, y), addresses)
+    index = {address: w for w, address in enumerate(addresses)}
+    held = {key: [index[a] for a in holders if a in index] for key, holders in who.items()}
 
     def home(key, planned: int, needers: set[int]) -> int:
         return next((w for w in held.get(key, ()) if w in needers), planned)
@@ -392,11 +389,8 @@ def matmul(x, y, workers=None, **model):
         homes[w][(home_b, k, j)] = (_identity, (y.name, k, j))
     for i in range(len(product.rows)):
         for j in range(len(product.cols)):
-            w = placement.owner(i, j)
-            tasks[w][(acc, i, j, 0)] = (np.matmul, (home_a, i, 0), (home_b, 0, j))
-            for k in range(1, nk):  # K summed in a fixed order, on the owner
-                tasks[w][(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), (home_a, i, k), (home_b, k, j))
-            tasks[w][(name, i, j)] = (_identity, (acc, i, j, nk - 1))
+            _sum_over_k(tasks[placement.owner(i, j)], name, acc, i, j, nk,  # on the block's owner
+                        lambda i, k: (home_a, i, k), lambda k, j: (home_b, k, j))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).

@@ -249,10 +249,12 @@ class _Shim:
         """Products the loop left to NumPy without asking fastmm: too little work for the GPU."""
         return self.lib.fastmm_below_threshold() if self.lib is not None else self._below
 
-    def _count(self, slot: int, ns: int) -> None:
+    def _add(self, *deltas: int) -> None:
+        """The ctypes loop's counters (threads multiply at once): gpu ns and products, numpy ns and products,
+        declined ns, as fastmm_loop_times orders them."""
         with self._times_lock:
-            self._times[slot] += ns
-            self._times[slot + 1] += 1
+            for i, d in enumerate(deltas):
+                self._times[i] += d
 
     def times(self) -> dict:
         """Seconds and products, since the first install: on fastmm's path (the GPU, staging included), in NumPy's
@@ -290,14 +292,10 @@ class _Shim:
         elif self.on:
             self._below += 1
         if outcome == _DONE:
-            self._count(0, asked - start)
+            self._add(asked - start, 1)
         else:
             self._numpy(args, dims, steps, data)
-            done = time.perf_counter_ns()
-            with self._times_lock:  # threads multiply at once
-                self._times[4] += asked - start
-                self._times[2] += done - asked
-                self._times[3] += 1
+            self._add(0, 0, time.perf_counter_ns() - asked, 1, asked - start)
         if outcome == _INTERRUPTED:
             # A ctypes callback cannot leave an exception for NumPy to raise, as the C loop does: the interrupt is
             # simulated, and reaches the main thread at its next check for signals. The result is whole either way.
@@ -514,9 +512,9 @@ def numpy_hook_status() -> dict:
         (products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took
         and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; and the
         seconds spent in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the
-        products it then declined; dtypes other than float32 are NumPy's own), ``pinned_allocator`` (whether this thread's new large arrays come from
-        fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held and pooled, bytes pooled and
-        page-locked, reuses, mappings). The counts are the process's, since the first install.
+        products it then declined; dtypes other than float32 are NumPy's own), ``pinned_allocator`` (whether this
+        thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held
+        and pooled, bytes pooled and page-locked, reuses, mappings). The counts are the process's, since the first install.
 
     See Also
     --------

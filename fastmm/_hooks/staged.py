@@ -292,6 +292,23 @@ def _put(host: np.ndarray):
     return dev
 
 
+def stages(x) -> bool:
+    """Whether a copy of `x` (a host or device array) goes through the staging threads: float32, within
+    MAX_STAGING_BYTES (pinned memory is the whole machine's: bounded)."""
+    return x.dtype == np.float32 and 0 < x.nbytes <= MAX_STAGING_BYTES
+
+
+def to_host(dev) -> np.ndarray:
+    """A new host copy of the device array `dev`, after the work queued on the current stream: through the staging
+    threads where it stages, is C-contiguous and on the current device, else CuPy's copy."""
+    cp = _arrays.cupy()
+    if stages(dev) and dev.flags.c_contiguous and dev.device.id == cp.cuda.runtime.getDevice():
+        host = np.empty(dev.shape, dev.dtype)
+        _get(dev, host)
+        return host
+    return cp.asnumpy(dev)
+
+
 def _get(dev, host: np.ndarray) -> None:
     """``host[...] = dev`` (NumPy broadcasting, any strides), after the work queued on the current stream."""
     cp = _arrays.cupy()

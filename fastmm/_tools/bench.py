@@ -382,12 +382,6 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    if getattr(args, "plot", None):  # before minutes of measuring, not after
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print("bench --plot needs matplotlib: pip install 'fastmm[bench]'", file=sys.stderr)
-            return 2
     if getattr(args, "sweep", 0):
         from . import sweep
 
