@@ -514,7 +514,8 @@ def numpy_hook_status() -> dict:
         seconds spent in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the
         products it then declined; dtypes other than float32 are NumPy's own), ``pinned_allocator`` (whether this
         thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held
-        and pooled, bytes pooled and page-locked, reuses, mappings). The counts are the process's, since the first install.
+        and pooled, bytes pooled and page-locked, reuses, mappings). The counts are the process's, since the first
+        install.
 
     See Also
     --------
