@@ -237,7 +237,7 @@ PUBLIC_DOCSTRINGS = [
     ("fastmm/_hooks/numpy_hook.py", "accelerate_numpy", None),
     ("fastmm/_hooks/numpy_hook.py", "restore_numpy", None),
     ("fastmm/_hooks/numpy_hook.py", "numpy_hook_status", None),
-    ("fastmm/_hooks/numpy_hook.py", "HostModel", None),
+    ("fastmm/_hooks/host_model.py", "HostModel", None),
 ]
 
 

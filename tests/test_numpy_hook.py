@@ -129,7 +129,7 @@ def test_other_dtypes_and_small_products_stay_numpys_bit_for_bit(gpu, rng):
         a = rng.standard_normal((64, 64)).astype(np.float32)
         assert np.array_equal(a @ a, _without_hook(lambda: a @ a))
     with fastmm.accelerate_numpy(EVERYTHING):
-        for dt in (np.float64, np.float16, np.int32, np.complex64):
+        for dt in (np.float16, np.int32, np.complex64, np.complex128):  # (float64 has a loop of its own)
             x = (rng.standard_normal((40, 40)) * 4).astype(dt)
             assert np.array_equal(x @ x, _without_hook(lambda: x @ x)), dt
         y = rng.standard_normal((40, 40)).astype(np.float32)
@@ -634,10 +634,10 @@ def test_status_counts_what_the_hook_took_and_kept_and_why(gpu):
     np.ones((4096, 4096), np.float32) @ np.ones((4096, 16), np.float32)  # enough work, but 64 MiB over a slow link
     big = np.ones((700, 700), np.float32)
     big @ big                                                       # the GPU's
-    np.ones((700, 700)) @ np.ones((700, 700))                       # float64: NumPy's own, not counted
+    np.ones((700, 700)) @ np.ones((700, 700))                       # float64: its own lane's, not counted here
     after = counts()
     assert [x - y for x, y in zip(after, before)] == [1, 1, 1, 0], (before, after)
-    assert "float32 products only" in fastmm.numpy_hook_status()["by_dtype"]["other dtypes"]
+    assert "float32 and float64 products only" in fastmm.numpy_hook_status()["by_dtype"]["other dtypes"]
 
 
 @pytest.mark.parametrize("loop", ["C", "ctypes"])
@@ -664,3 +664,42 @@ def test_status_says_where_the_products_time_went(gpu, loop, monkeypatch):
     taken = seconds()
     assert taken["on_gpu"] > kept["on_gpu"] and taken["kept_on_cpu"] == kept["kept_on_cpu"]
     fastmm.restore_numpy()
+
+
+def test_float64_products_take_their_own_loop(gpu, rng):
+    """NumPy's default dtype: float64 products reach the GPU through a loop of their own (cuBLAS's DGEMM there),
+    with their own model (eight bytes an element); small ones, and everything with float64=False, stay NumPy's bit
+    for bit; restore_numpy puts both of NumPy's loops back."""
+    def loops():  # NumPy's table now, read by swapping a loop in and back
+        probe = hook._state.lanes["float64"].ensure_shim().address
+        now = [hook._replace_loop(probe, t) for t in (hook._NPY_FLOAT, hook._NPY_DOUBLE)]
+        for t, loop in zip((hook._NPY_FLOAT, hook._NPY_DOUBLE), now):
+            hook._replace_loop(loop, t)
+        return now
+
+    before = loops()
+    a = rng.standard_normal((300, 200))
+    b = rng.standard_normal((200, 100))
+    with fastmm.accelerate_numpy(EVERYTHING):
+        c = a @ b
+        assert gpu.calls and gpu.calls[-1][:3] == ((1, 300, 200), (1, 200, 100), (1, 300, 100))
+        assert np.allclose(c, a @ b.astype(np.float64)) and c.dtype == np.float64
+        f64 = fastmm.numpy_hook_status()["by_dtype"]["float64"]
+        assert f64["on_gpu"] >= 1 and f64["seconds"]["on_gpu"] > 0
+        assert hook._state.lanes["float64"].model.itemsize == 8
+    gpu.calls.clear()
+    with fastmm.accelerate_numpy(EVERYTHING, float64=False):
+        assert np.array_equal(a @ b, _without_hook(lambda: a @ b))
+        assert gpu.calls == []
+    fastmm.restore_numpy()
+    assert loops() == before
+
+
+def test_float64_stays_numpys_where_the_gpus_fp64_is_slow():
+    """Full-rate FP64 (P100, V100, A100, H100/H200, B200): float64's model from float32's; elsewhere none."""
+    model = hook.HostModel(host=1.4e12, link=14e9, gpu=50e12, overhead=500e-6)
+    f64 = hook.float64_model(model, (9, 0))
+    assert f64.itemsize == 8 and f64.host == 0.7e12 and f64.gpu == 25e12
+    assert f64.gpu_seconds(1, 4096, 4096, 4096) > model.gpu_seconds(1, 4096, 4096, 4096)  # twice the bytes
+    for consumer in ((8, 6), (8, 9), (12, 0), None):
+        assert hook.float64_model(model, consumer) is None

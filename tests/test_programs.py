@@ -58,9 +58,10 @@ def test_an_unknown_program_is_named_with_the_valid_ones(capsys):
         programs.measure("block_cg", "fast", TINY)
 
 
-def test_float64_programs_are_numpys_own():
-    """The hook takes float32 products only: a float64 program's products never reach its loop."""
+def test_float64_products_are_timed_too():
+    """The float64 loop times a float64 program's products as the float32 one does."""
     pytest.importorskip("cupy", reason="the hook's status needs fastmm's array module, which needs CuPy")
-    row = programs._child("covariance_float64", "share", TINY)
-    assert row["product_seconds"]["kept_on_cpu"] == 0 and row["on_gpu"] == 0
+    row = programs._child("covariance_float64", "share", 0.1)
+    assert row["product_seconds"]["kept_on_cpu"] > 0 and row["on_gpu"] == 0
+    assert row["checksum"] == programs._child("covariance_float64", "numpy", 0.1)["checksum"]  # NumPy's own loop
     assert np.isfinite(row["checksum"])

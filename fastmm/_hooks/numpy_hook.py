@@ -22,11 +22,8 @@ import _thread
 import ctypes
 import dataclasses
 import functools
-import json
 import logging
 import math
-import os
-import platform
 import threading
 import time
 
@@ -35,12 +32,14 @@ import numpy as np
 from . import hostmem as _hostmem
 from .._errors import warn_once
 from .._switch import Hook, Switch
+from .host_model import (FULL_RATE_FP64, HostModel, blas_name, compute_capability, float64_model,  # noqa: F401
+                         load_model, model_path, save_model)
 
 _log = logging.getLogger("fastmm")
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
 
-_NPY_FLOAT = 11  # NumPy's type number of float32 (stable since NumPy 1.0)
+_NPY_FLOAT, _NPY_DOUBLE = 11, 12  # NumPy's type numbers of float32 and float64 (stable since NumPy 1.0)
 _ARGS = ctypes.POINTER(ctypes.c_void_p)
 _INTS = ctypes.POINTER(ctypes.c_ssize_t)
 _LOOP = ctypes.CFUNCTYPE(None, _ARGS, _INTS, _INTS, ctypes.c_void_p)
@@ -53,142 +52,11 @@ _DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (
 
 
 # --------------------------------------------------------------------------------------------------------
-# When the GPU is worth it: a model of both sides, fitted to measurements on this machine
-# --------------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class HostModel:
-    """When `accelerate_numpy` sends a product to the GPU: predicted times on the host and through the GPU.
-
-    A product goes to the GPU when ``overhead + bytes / link + flops / gpu`` is less than ``flops / host``, where
-    ``bytes`` counts the operands (a broadcast one once) and the result. The defaults are deliberately unfavourable
-    to the GPU (a fast host, a slow link) until ``python -m fastmm autotune --numpy-hook`` measures this machine.
-
-    Parameters
-    ----------
-    host : float
-        NumPy's float32 matmul rate, FLOP/s.
-    link : float
-        Bytes per second of staging: host to pinned memory to the GPU and back, operands and result together.
-    gpu : float
-        fastmm's kernel rate, FLOP/s.
-    overhead : float
-        Seconds of fixed cost per offloaded product (the callback, allocations, synchronisation).
-    measured : str
-        Where the figures come from: empty for the defaults, else the file that holds them.
-
-    See Also
-    --------
-    accelerate_numpy : Takes one.
-
-    Examples
-    --------
-    >>> from fastmm import HostModel
-    >>> m = HostModel(host=1e12, link=25e9, gpu=50e12, overhead=100e-6)
-    >>> m.offloads(1, 4096, 4096, 4096), m.offloads(1, 8192, 8192, 1)
-    (True, False)
-    """
-
-    host: float = 1.5e12
-    link: float = 8.0e9
-    gpu: float = 30.0e12
-    overhead: float = 300e-6
-    measured: str = ""  # where the figures come from: "" for the defaults, else the file that holds them
-
-    def numpy_seconds(self, batch, m, k, n) -> float:
-        return 2.0 * batch * m * k * n / self.host
-
-    def gpu_seconds(self, batch, m, k, n, a_batch=None, b_batch=None) -> float:
-        a_batch = batch if a_batch is None else a_batch
-        b_batch = batch if b_batch is None else b_batch
-        nbytes = 4 * (a_batch * m * k + b_batch * k * n + batch * m * n)
-        return self.overhead + nbytes / self.link + 2.0 * batch * m * k * n / self.gpu
-
-    def offloads(self, batch, m, k, n, a_batch=None, b_batch=None) -> bool:
-        return self.gpu_seconds(batch, m, k, n, a_batch, b_batch) < self.numpy_seconds(batch, m, k, n)
-
-    def min_flops(self) -> float:
-        """The fewest FLOPs any offloaded product has: that of the smallest square product the model offloads.
-
-        A square product moves the fewest bytes for its FLOPs, so a product with fewer FLOPs than this one never
-        wins; the C loop uses it to decide in nanoseconds without asking Python.
-        """
-        s = 1.0
-        while s < 1e6:
-            if self.offloads(1, s, s, s):
-                return 2.0 * s ** 3
-            s = math.ceil(s * 1.05)
-        return math.inf
-
-    def threshold_text(self) -> str:
-        flops = self.min_flops()
-        side = round((flops / 2) ** (1 / 3)) if math.isfinite(flops) else None
-        src = f"measured ({self.measured})" if self.measured else "defaults, not measured on this machine"
-        return (f"float32 products of {flops / 1e9:.3g} GFLOP and up (a {side}^3 square product) when the GPU is "
-                f"predicted faster; {src}" if side else f"never (the GPU is never predicted faster; {src})")
-
-
-def model_path() -> Path:
-    """Where `autotune --numpy-hook` keeps this machine's figures: one JSON file per host CPU, BLAS and GPU."""
-    from ..kernels.build import cache_dir
-
-    return cache_dir().parent / "numpy_hook" / f"{_host_key()}.json"
-
-
-def _host_key() -> str:
-    import hashlib
-
-    cpu = platform.processor() or platform.machine()
-    ident = f"{platform.node()}|{cpu}|{os.cpu_count()}|numpy {np.__version__}|{blas_name()}|{_gpu_name()}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
-
-
-def blas_name() -> str:
-    """The BLAS NumPy was built with (name and version), which sets the host's side of the model."""
-    try:
-        deps = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{deps.get('name', '?')} {deps.get('version', '')}".strip()
-    except Exception:  # noqa: BLE001 - older NumPy: the key only gets less specific
-        return "unknown BLAS"
-
-
-def _gpu_name() -> str:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["name"].decode()
-    except Exception:  # noqa: BLE001 - no GPU: the figures would be of no use anyway
-        return "no gpu"
-
-
-def load_model() -> HostModel:
-    """This machine's measured model, or the defaults (also when the file is unreadable: never an error)."""
-    path = model_path()
-    try:
-        fields = json.loads(path.read_text())["model"]
-        return HostModel(**{f.name: float(fields[f.name]) for f in dataclasses.fields(HostModel)
-                            if f.name != "measured"}, measured=str(path))
-    except (OSError, ValueError, KeyError, TypeError):
-        return HostModel()
-
-
-def save_model(model: HostModel, measurements: list[dict]) -> Path:
-    path = model_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"model": {f.name: getattr(model, f.name) for f in dataclasses.fields(HostModel) if f.name != "measured"},
-            "measurements": measurements}
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1))
-    os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
-    return path
-
-
-# --------------------------------------------------------------------------------------------------------
 # NumPy's loop table
 # --------------------------------------------------------------------------------------------------------
 
-def _replace_loop(new: int) -> int:
-    """Put `new` in np.matmul's float32 loop slot; return what was there."""
+def _replace_loop(new: int, type_num: int = _NPY_FLOAT) -> int:
+    """Put `new` in np.matmul's loop slot for `type_num` (float32 or float64); return what was there."""
     try:
         from numpy._core import _multiarray_umath as umath
     except ImportError:  # NumPy 1.x
@@ -197,10 +65,10 @@ def _replace_loop(new: int) -> int:
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     table = ctypes.cast(get(umath._UFUNC_API, None), ctypes.POINTER(ctypes.c_void_p))
     replace = _REPLACE(table[_REPLACE_INDEX])
-    signature = (ctypes.c_int * 3)(_NPY_FLOAT, _NPY_FLOAT, _NPY_FLOAT)
+    signature = (ctypes.c_int * 3)(type_num, type_num, type_num)
     old = ctypes.c_void_p()
     if replace(np.matmul, new, signature, ctypes.byref(old)) != 0 or not old.value:
-        raise RuntimeError("NumPy refused to replace np.matmul's float32 loop (PyUFunc_ReplaceLoopBySignature "
+        raise RuntimeError("NumPy refused to replace an np.matmul loop (PyUFunc_ReplaceLoopBySignature "
                            f"failed on NumPy {np.__version__}); fastmm's NumPy hook cannot work with this NumPy")
     return old.value
 
@@ -217,10 +85,11 @@ class _Shim:
     the microseconds between that swap and `set_numpy_loop`, should another thread arrive then.
     """
 
-    def __init__(self):
+    def __init__(self, offload=None):
         self.numpy_loop = None
-        self.offload = _OFFLOAD(_offload)
-        self.lib = _compile_c_loop()
+        self._offload = offload or _offload  # fastmm's side, for this loop's dtype
+        self.offload = _OFFLOAD(self._offload)
+        self.lib = _compile_c_loop()  # a library of its own: each loop (float32, float64) has its own statics
         if self.lib is not None:
             self.kind = "C"
             self.lib.fastmm_configure.argtypes = [ctypes.c_void_p, ctypes.c_double]
@@ -287,7 +156,7 @@ class _Shim:
         outcome = _DECLINED
         start = asked = time.perf_counter_ns()
         if self.on and 2.0 * dims[0] * dims[1] * dims[2] * dims[3] >= self.min_flops:
-            outcome = _offload(args, dims, steps)
+            outcome = self._offload(args, dims, steps)
             asked = time.perf_counter_ns()
         elif self.on:
             self._below += 1
@@ -317,42 +186,57 @@ class _HostBuffer:
 
     __slots__ = ("__array_interface__",)
 
-    def __init__(self, address, shape, strides, readonly):
+    def __init__(self, address, shape, strides, readonly, dtype=np.float32):
         self.__array_interface__ = {"data": (address, readonly), "shape": shape, "strides": strides,
-                                    "typestr": np.dtype(np.float32).str, "version": 3}
+                                    "typestr": np.dtype(dtype).str, "version": 3}
 
 
-def _offload(args, dims, steps) -> int:
-    """Compute NumPy's product on the GPU (_DONE), or decline and let NumPy's loop compute it.
+def _offload(args, dims, steps, lane=None) -> int:
+    """Compute NumPy's product on the GPU (_DONE), or decline and let NumPy's loop compute it; `lane` is the dtype's
+    state (the float32 one by default).
 
     Runs as a ctypes callback: no exception may leave it (ctypes would print it and return 0, which declines, so
     even then the result is NumPy's). A KeyboardInterrupt declines with _INTERRUPTED: NumPy's loop computes the
     whole product and the loop raises the interrupt again afterwards.
     """
+    lane = lane or _state.lanes["float32"]
+    if getattr(_inside, "offload", False):
+        return _DECLINED  # a product made by fastmm's own side (a float64 one, say): NumPy's, never back here
+    _inside.offload = True
+    try:
+        return _offload_in(args, dims, steps, lane)
+    finally:
+        _inside.offload = False
+
+
+_inside = threading.local()
+
+
+def _offload_in(args, dims, steps, lane) -> int:
     try:
         batch, m, k, n = dims[0], dims[1], dims[2], dims[3]
         sa, sb = steps[0], steps[1]
-        if not _state.model.offloads(batch, m, k, n, 1 if sa == 0 else batch, 1 if sb == 0 else batch):
-            _state.host_faster += 1
+        if not lane.model.offloads(batch, m, k, n, 1 if sa == 0 else batch, 1 if sb == 0 else batch):
+            lane.host_faster += 1
             if _log.isEnabledFor(logging.DEBUG):
-                _log.debug("numpy hook: %dx%dx%d batch %d stays on NumPy (the model predicts the host faster)",
-                           m, n, k, batch)
+                _log.debug("numpy hook: %s %dx%dx%d batch %d stays on NumPy (the model predicts the host faster)",
+                           lane.dtype, m, n, k, batch)
             return _DECLINED
-        a = np.asarray(_HostBuffer(args[0], (batch, m, k), (sa, steps[3], steps[4]), True))
-        b = np.asarray(_HostBuffer(args[1], (batch, k, n), (sb, steps[5], steps[6]), True))
-        c = np.asarray(_HostBuffer(args[2], (batch, m, n), (steps[2], steps[7], steps[8]), False))
+        a = np.asarray(_HostBuffer(args[0], (batch, m, k), (sa, steps[3], steps[4]), True, lane.dtype))
+        b = np.asarray(_HostBuffer(args[1], (batch, k, n), (sb, steps[5], steps[6]), True, lane.dtype))
+        c = np.asarray(_HostBuffer(args[2], (batch, m, n), (steps[2], steps[7], steps[8]), False, lane.dtype))
         _state.product(a, b, c)
-        _state.offloaded += 1
+        lane.offloaded += 1
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("numpy hook: %dx%dx%d batch %d computed on the GPU", m, n, k, batch)
+            _log.debug("numpy hook: %s %dx%dx%d batch %d computed on the GPU", lane.dtype, m, n, k, batch)
         return _DONE
     except KeyboardInterrupt:
         return _INTERRUPTED
     except BaseException as e:  # noqa: BLE001 - anything: NumPy's loop computes the product instead
-        _state.declined += 1
+        lane.declined += 1
         try:
             warn_once(f"numpy-hook-{type(e).__name__}",
-                      f"fastmm's NumPy hook could not run a float32 product on the GPU, so NumPy computed it "
+                      f"fastmm's NumPy hook could not run a {lane.dtype} product on the GPU, so NumPy computed it "
                       f"({type(e).__name__}: {e}); later products still try the GPU", stacklevel=2)
         except BaseException:  # noqa: BLE001 - warnings turned into errors: still never fail NumPy's call
             pass
@@ -373,28 +257,66 @@ def _gpu_product(a, b, c) -> None:
     _staged.matmul_host(a, b, c)
 
 
-class _State:
-    def __init__(self):
+class _Lane:
+    """One dtype's part of the hook: its loop, its model, and what it did."""
+
+    def __init__(self, dtype: str, type_num: int):
+        self.dtype, self.type_num = dtype, type_num
         self.shim: _Shim | None = None
         self.model = HostModel()
-        self.product = _gpu_product  # tests put a stand-in GPU here
+        self.enabled = dtype == "float32"  # float64 from accelerate_numpy(float64=True), its default
+        self.installed = False  # its loop is in NumPy's table
         self.offloaded = 0
         self.declined = 0
         self.host_faster = 0  # products the model kept on the host (its prediction, past the loop's threshold)
 
+    def ensure_shim(self) -> _Shim:
+        if self.shim is None:
+            self.shim = _Shim(functools.partial(_offload, lane=self))
+        return self.shim
 
+
+class _State:
+    """The hook's state: a lane per dtype; the float32 lane's fields are also reachable here (shim, model, counts)."""
+
+    def __init__(self):
+        self.lanes = {"float32": _Lane("float32", _NPY_FLOAT), "float64": _Lane("float64", _NPY_DOUBLE)}
+        self.product = _gpu_product  # tests put a stand-in GPU here
+
+
+def _float32_field(name):
+    return property(lambda self: getattr(self.lanes["float32"], name),
+                    lambda self, value: setattr(self.lanes["float32"], name, value))
+
+
+for _name in ("shim", "model", "offloaded", "declined", "host_faster"):
+    setattr(_State, _name, _float32_field(_name))
 _state = _State()
 
 
+def _put_loop(lane: _Lane) -> None:
+    numpy_loop = _replace_loop(lane.shim.address, lane.type_num)
+    if lane.shim.numpy_loop is None:
+        lane.shim.set_numpy_loop(numpy_loop)
+    lane.installed = True
+
+
+def _take_loop(lane: _Lane) -> None:
+    lane.shim.configure(False, math.inf)
+    _replace_loop(lane.shim.numpy_loop, lane.type_num)
+    lane.installed = False
+
+
 def _install() -> None:
-    numpy_loop = _replace_loop(_state.shim.address)
-    if _state.shim.numpy_loop is None:
-        _state.shim.set_numpy_loop(numpy_loop)
+    for lane in _state.lanes.values():
+        if lane.enabled and lane.shim is not None and not lane.installed:
+            _put_loop(lane)
 
 
 def _uninstall() -> None:
-    _state.shim.configure(False, math.inf)
-    _replace_loop(_state.shim.numpy_loop)
+    for lane in _state.lanes.values():
+        if lane.installed:
+            _take_loop(lane)
 
 
 _on_off = Switch(_install, _uninstall)
@@ -425,6 +347,11 @@ class accelerate_numpy(Hook):
         array of about that size). Products of such arrays skip the host-side staging copy: 2048^3 runs in a third
         of the time. Freed blocks stay in the pool up to 1/16 of the host's memory (256 MiB to 4 GiB). As a context
         manager, the block's end puts the thread's previous allocator back; `restore_numpy` puts NumPy's back.
+    float64 : bool, default True
+        Also take float64 products (NumPy's default dtype) through a loop of their own, to cuBLAS's DGEMM through
+        CuPy, on GPUs whose FP64 runs at full rate (P100, V100, A100, H100/H200, B200); elsewhere they stay NumPy's.
+        Their model is float32's with eight-byte elements, NumPy's DGEMM at half its SGEMM rate and the GPU's FP64
+        at half fastmm's FP32 rate.
 
     Raises
     ------
@@ -433,8 +360,8 @@ class accelerate_numpy(Hook):
 
     Notes
     -----
-    What differs from NumPy for an offloaded product: the result is computed by fastmm's FP32 kernels, so it
-    matches NumPy's to float32 accuracy (relative error about 1e-6), not bit for bit. A GPU failure (no GPU, out
+    What differs from NumPy for an offloaded product: the result is computed by fastmm's FP32 kernels (float64:
+    cuBLAS's DGEMM), so it matches NumPy's to the dtype's accuracy, not bit for bit. A GPU failure (no GPU, out
     of memory, a driver fault) never loses a result: NumPy computes it, with one `PerformanceWarning`.
     ``np.dot``, ``np.inner``, ``np.tensordot`` and ``np.einsum`` call BLAS directly and do not go through this loop:
     see the NumPy hook page of the documentation.
@@ -454,13 +381,20 @@ class accelerate_numpy(Hook):
 
     _switch, _name = _on_off, "NumPy hook"
 
-    def __init__(self, model: HostModel | None = None, *, pinned: bool = True):
+    def __init__(self, model: HostModel | None = None, *, pinned: bool = True, float64: bool = True):
         with _on_off.lock:
-            _state.model = model if model is not None else load_model()
-            if _state.shim is None:
-                _state.shim = _Shim()
-            _state.shim.configure(True, _state.model.min_flops())
+            f32, f64 = _state.lanes["float32"], _state.lanes["float64"]
+            f32.model = model if model is not None else load_model()
+            f32.ensure_shim().configure(True, f32.model.min_flops())
+            model64 = float64_model(f32.model, compute_capability()) if float64 else None
+            if model64 is not None or _state.product is not _gpu_product and float64:
+                f64.model = model64 or dataclasses.replace(f32.model, itemsize=8)  # (a stand-in GPU: as float32's)
+                f64.enabled = True
+                f64.ensure_shim().configure(True, f64.model.min_flops())
+            else:
+                f64.enabled = False
             super().__init__()
+            _sync_lanes()
         # NumPy's allocator is a setting of the calling thread's context, not of the process.
         self._allocator = _hostmem.install_allocator() if pinned else None
         if _state.product is _gpu_product:  # (tests put a stand-in GPU there)
@@ -473,6 +407,30 @@ class accelerate_numpy(Hook):
         if self._allocator is not None:
             _hostmem.restore_allocator(self._allocator)
         return super().__exit__(*exc)
+
+
+def time_products_only() -> None:
+    """Install the float32 and float64 loops with nothing sent to the GPU: NumPy computes every product, and the
+    loops' clocks time them (`numpy_hook_status()["by_dtype"][dtype]["seconds"]["kept_on_cpu"]`), which is how
+    ``bench --numpy-hook --programs`` measures a program's share of time in products. `restore_numpy` undoes it."""
+    never = HostModel(host=1e18, link=1.0, gpu=1.0, overhead=1.0)
+    with _on_off.lock:
+        for lane in _state.lanes.values():
+            lane.model = dataclasses.replace(never, itemsize=8 if lane.dtype == "float64" else 4)
+            lane.enabled = True
+            lane.ensure_shim().configure(True, math.inf)
+        _on_off.on()
+        _sync_lanes()
+
+
+def _sync_lanes() -> None:
+    """While the hook is on, each lane's loop installed as it is enabled (a later call may add or drop float64)."""
+    if not _on_off.active:
+        return
+    _install()
+    for lane in _state.lanes.values():
+        if not lane.enabled and lane.installed:
+            _take_loop(lane)
 
 
 def restore_numpy() -> None:
@@ -501,6 +459,17 @@ def restore_numpy() -> None:
     _hostmem.restore_allocator()
 
 
+def _lane_status(lane: _Lane) -> dict:
+    shim = lane.shim
+    times = shim.times() if shim else {"gpu_seconds": 0.0, "numpy_seconds": 0.0, "declined_seconds": 0.0}
+    return {"on_gpu": lane.offloaded,
+            "kept_on_cpu": {"below_threshold": shim.below_threshold() if shim else 0,
+                            "host_predicted_faster": lane.host_faster, "after_failure": lane.declined},
+            "seconds": {"on_gpu": times["gpu_seconds"], "kept_on_cpu": times["numpy_seconds"],
+                        "deciding_then_declining": times["declined_seconds"]},
+            "taken": lane.installed and lane.enabled}
+
+
 def numpy_hook_status() -> dict:
     """The state of the NumPy hook: on or off, how its loop runs, its threshold, what it did.
 
@@ -510,12 +479,13 @@ def numpy_hook_status() -> dict:
         ``active`` (bool), ``loop`` (``"C"``, ``"ctypes"`` or None before the first install), ``threshold`` (a
         sentence, while active), ``offloaded`` (products computed on the GPU), ``declined_after_failure``
         (products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took
-        and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; and the
+        and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; the
         seconds spent in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the
-        products it then declined; dtypes other than float32 are NumPy's own), ``pinned_allocator`` (whether this
-        thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks held
-        and pooled, bytes pooled and page-locked, reuses, mappings). The counts are the process's, since the first
-        install.
+        products it then declined; and whether the hook takes that dtype now: float32 always, float64 on GPUs
+        with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own), ``pinned_allocator`` (whether
+        this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
+        held and pooled, bytes pooled and page-locked, reuses, mappings). The counts are the process's, since the
+        first install.
 
     See Also
     --------
@@ -530,15 +500,8 @@ def numpy_hook_status() -> dict:
     ['active', 'by_dtype', 'declined_after_failure', 'loop', 'offloaded', 'pinned_allocator', 'pool', 'threshold']
     """
     with _on_off.lock:
-        below = _state.shim.below_threshold() if _state.shim else 0
-        times = _state.shim.times() if _state.shim else {"gpu_seconds": 0.0, "numpy_seconds": 0.0,
-                                                          "declined_seconds": 0.0}
-        by_dtype = {"float32": {"on_gpu": _state.offloaded,
-                                "kept_on_cpu": {"below_threshold": below, "host_predicted_faster": _state.host_faster,
-                                                "after_failure": _state.declined},
-                                "seconds": {"on_gpu": times["gpu_seconds"], "kept_on_cpu": times["numpy_seconds"],
-                                            "deciding_then_declining": times["declined_seconds"]}},
-                    "other dtypes": "NumPy's own loops: the hook takes float32 products only"}
+        by_dtype = {name: _lane_status(lane) for name, lane in _state.lanes.items()}
+        by_dtype["other dtypes"] = "NumPy's own loops: the hook takes float32 and float64 products only"
         return {"active": _on_off.active, "loop": _state.shim.kind if _state.shim else None,
                 "threshold": _state.model.threshold_text() if _on_off.active else None,
                 "offloaded": _state.offloaded, "declined_after_failure": _state.declined, "by_dtype": by_dtype,

@@ -1,4 +1,4 @@
-"""A float32 product of host (NumPy) arrays computed on the GPU: the operands staged through pinned memory by a few
+"""A float32 or float64 product of host (NumPy) arrays computed on the GPU: the operands staged through pinned memory by a few
 staging threads, in pieces, while the GPU multiplies the pieces before.
 
 Used by `accelerate_numpy` (fastmm/_hooks/numpy_hook.py), whose loop hands over NumPy's own operand and output
@@ -28,7 +28,6 @@ from .._errors import OutOfMemoryError
 
 __all__ = ["matmul_host", "MAX_STAGING_BYTES"]
 
-_F4 = 4
 # The most GPU memory one piece of a product takes (its operands and result), and the largest host block that
 # fastmm.dask stages: pieces stay modest however much memory is free.
 MAX_STAGING_BYTES = 256 << 20
@@ -90,17 +89,17 @@ class _Stager:
             s = self.streams[(device_id, direction)] = _arrays.cupy().cuda.Stream(non_blocking=True)
         return s
 
-    def slot(self, shape) -> tuple[int, np.ndarray]:
+    def slot(self, shape, dtype) -> tuple[int, np.ndarray]:
         i, self.turn = self.turn, self.turn ^ 1
         if self.events[i] is not None:
             self.events[i].synchronize()
             self.events[i] = None
-        size = int(np.prod(shape))
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         buf = self.slots[i]
-        if buf is None or buf.size < size:
-            mem = _arrays.cupy().cuda.alloc_pinned_memory(max(size * _F4, _CHUNK_BYTES))
-            buf = self.slots[i] = np.frombuffer(mem, np.float32)  # the array's base keeps the pinned memory alive
-        return i, buf[:size].reshape(shape)
+        if buf is None or buf.size < nbytes:
+            mem = _arrays.cupy().cuda.alloc_pinned_memory(max(nbytes, _CHUNK_BYTES))
+            buf = self.slots[i] = np.frombuffer(mem, np.uint8)  # the array's base keeps the pinned memory alive
+        return i, buf[:nbytes].view(dtype).reshape(shape)
 
 
 def _stager() -> _Stager:
@@ -128,7 +127,7 @@ def _up(dst, src, allocated):
         # work (which may still read the memory's previous owner); this stream is not ordered after it, so it waits
         # (docs/history.md, section 'Staged uploads and split-K's sum (2026-11-23)').
         stream.wait_event(allocated)
-        i, pin = me.slot(src.shape)
+        i, pin = me.slot(src.shape, src.dtype)
         np.copyto(pin, src)
         dst.set(pin, stream=stream)
         event = me.events[i] = _event()
@@ -145,7 +144,7 @@ def _down(dst, src, after) -> None:
     with cp.cuda.Device(device):
         stream = me.stream(device, "down")
         stream.wait_event(after)
-        i, pin = me.slot(src.shape)
+        i, pin = me.slot(src.shape, src.dtype)
         src.get(out=pin, stream=stream, blocking=False)
         event = me.events[i] = _event()
         event.record(stream)
@@ -193,9 +192,9 @@ def _split(dev, host, chunk: int) -> list:
     `dev` of at most about `chunk` bytes (a whole row at least, when `host` is not contiguous)."""
     if host.flags.c_contiguous or host.ndim <= 1:
         flat_dev, flat_host = dev.reshape(-1), host.reshape(-1)
-        step = max(1, chunk // _F4)
+        step = max(1, chunk // host.itemsize)
         return [(flat_dev[i:i + step], flat_host[i:i + step]) for i in range(0, host.size, step)]
-    item = int(np.prod(host.shape[1:])) * _F4
+    item = int(np.prod(host.shape[1:])) * host.itemsize
     if item > chunk and host.ndim > 2:  # items larger than a chunk: each cut on its own
         return [pair for i in range(host.shape[0]) for pair in _split(dev[i], host[i], chunk)]
     step = max(1, chunk // max(item, 1))
@@ -244,7 +243,7 @@ def _submit(pool, fn, *args):
 def _upload(host, jobs: list, pool):
     """A new device array equal to `host`, being copied up by `pool`'s staging threads: (array, futures of the
     events that end its pieces' copies). The futures are appended to `jobs` too."""
-    dev = _arrays.empty(host.shape)
+    dev = _arrays.empty(host.shape, host.dtype)
     allocated = _event()
     allocated.record(_arrays.cupy().cuda.get_current_stream())
     if _direct(host):
@@ -394,7 +393,7 @@ def _run(pieces, pool, in_flight: int = _IN_FLIGHT, ahead: int = 1, lanes: int =
                     for f in (*fa, *fb):
                         stream.wait_event(f.result())
                     c = piece[2]
-                    dc = _arrays.empty(c.shape)
+                    dc = _arrays.empty(c.shape, c.dtype)
                     _dispatch.matmul(da, db, out=dc)
                     done = _event()
                     done.record(stream)
@@ -421,10 +420,10 @@ def _pieces(length: int, per_unit: int, room: int) -> int:
     return max(1, min(length, room // max(per_unit, 1)))
 
 
-def _row_block(m: int, k: int, n: int, room: int) -> int:
+def _row_block(m: int, k: int, n: int, room: int, item: int = 4) -> int:
     """Rows per block of a single product: about _BLOCK_BYTES of A's or C's rows, in whole tiles, and the block's
-    rows of A and C within `room` bytes."""
-    rows = min(_pieces(m, (k + n) * _F4, room), _pieces(m, max(k, n) * _F4, _BLOCK_BYTES))
+    rows of A and C within `room` bytes (`item` bytes an element)."""
+    rows = min(_pieces(m, (k + n) * item, room), _pieces(m, max(k, n) * item, _BLOCK_BYTES))
     if rows < m and rows >= _BLOCK_ROWS:
         rows -= rows % _BLOCK_ROWS
     return rows
@@ -438,31 +437,32 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
     """
     batch, m, k = a.shape
     n = b.shape[2]
+    item = a.itemsize
     a_shared = batch == 1 or a.strides[0] == 0
     b_shared = batch == 1 or b.strides[0] == 0
     room = min(budget, MAX_STAGING_BYTES * _IN_FLIGHT)  # bytes of the pieces in flight, device memory
     if batch == 1:  # a single product: B stays up, A and C go in blocks of rows
         flight = _DIRECT_IN_FLIGHT if direct else _IN_FLIGHT
-        if k * n * _F4 <= room // 2 and (k * n + flight * min(m, _BLOCK_ROWS) * (k + n)) * _F4 <= room:
-            rows = _row_block(m, k, n, (room - k * n * _F4) // flight)
+        if k * n * item <= room // 2 and (k * n + flight * min(m, _BLOCK_ROWS) * (k + n)) * item <= room:
+            rows = _row_block(m, k, n, (room - k * n * item) // flight, item)
             if direct:
                 rows = min(rows, max(_BLOCK_ROWS, -(-m // (_DIRECT_BLOCKS * _BLOCK_ROWS)) * _BLOCK_ROWS))
             shared_b = _Shared(b[0])
             return [(a[0, r:r + rows], shared_b, c[0, r:r + rows]) for r in range(0, m, rows)]
-    elif max(m * k, k * n, m * n) * _F4 * _IN_FLIGHT <= room:
+    elif max(m * k, k * n, m * n) * item * _IN_FLIGHT <= room:
         # Groups of whole matrices; a broadcast operand goes up once.
-        shared = ((m * k if a_shared else 0) + (k * n if b_shared else 0)) * _F4
-        per_item = ((0 if a_shared else m * k) + (0 if b_shared else k * n) + m * n) * _F4
+        shared = ((m * k if a_shared else 0) + (k * n if b_shared else 0)) * item
+        per_item = ((0 if a_shared else m * k) + (0 if b_shared else k * n) + m * n) * item
         if shared + per_item * _IN_FLIGHT <= room:
             group = _pieces(batch, per_item, (room - shared) // _IN_FLIGHT)
             sa, sb = _Shared(a[:1]) if a_shared else None, _Shared(b[:1]) if b_shared else None
             return [(sa or a[s:s + group], sb or b[s:s + group], c[s:s + group]) for s in range(0, batch, group)]
     # One matrix is too large: C in blocks of rows x cols, each from a row block of A and a column block of B
     # (kept up while its blocks of rows are computed; the next column block goes up while the last of these runs).
-    cols = _pieces(n, k * _F4, room // 4)
-    rows = _pieces(m, max(k, cols) * _F4, (room - 2 * k * cols * _F4) // (2 * _IN_FLIGHT))
-    if (2 * k * cols + _IN_FLIGHT * (rows * k + rows * cols)) * _F4 > room:
-        raise OutOfMemoryError(f"a {m}x{k} @ {k}x{n} float32 product does not fit in pieces of the {budget >> 20} "
+    cols = _pieces(n, k * item, room // 4)
+    rows = _pieces(m, max(k, cols) * item, (room - 2 * k * cols * item) // (2 * _IN_FLIGHT))
+    if (2 * k * cols + _IN_FLIGHT * (rows * k + rows * cols)) * item > room:
+        raise OutOfMemoryError(f"a {m}x{k} @ {k}x{n} {a.dtype} product does not fit in pieces of the {budget >> 20} "
                                "MiB of GPU memory fastmm can use now: free GPU memory, or let NumPy compute it")
     out = []
     for i in range(batch):
@@ -474,7 +474,8 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
 
 
 def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None = None) -> None:
-    """``c[...] = a @ b`` on the GPU, for host float32 arrays a (batch, m, k), b (batch, k, n), c (batch, m, n).
+    """``c[...] = a @ b`` on the GPU, for host arrays a (batch, m, k), b (batch, k, n), c (batch, m, n) of one dtype,
+    float32 (fastmm's kernels) or float64 (CuPy's, cuBLAS).
 
     An operand with batch stride 0 (NumPy's broadcasting) is uploaded once. `budget` bounds the GPU memory the
     pieces in flight use (default: half of what is free). Raises fastmm's errors (no GPU, out of memory, a driver
@@ -491,7 +492,7 @@ def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None 
         return x.size // x.shape[0] if x.strides[0] == 0 else x.size
 
     direct = a.shape[0] == 1 and _direct(a[0]) and _direct(c[0])
-    pool = _stagers((once(a) + once(b) + c.size) * _F4)
+    pool = _stagers((once(a) + once(b) + c.size) * c.itemsize)
     if direct:
         _run(plan(a, b, c, budget, direct), pool, _DIRECT_IN_FLIGHT, _DIRECT_BLOCKS, _DIRECT_LANES)
     else:

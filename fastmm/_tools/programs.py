@@ -5,9 +5,9 @@ the host, and every product's operands cross to the GPU. So each program here ru
 process, timed on its second pass (the first loads BLAS, compiles or loads fastmm's kernels, fills pools):
 
 - as NumPy runs it;
-- with the hook's loop installed and a model that sends nothing to the GPU: the loop's clock then gives the
-  seconds NumPy spent in float32 products, the program's *share* in products, and the bound that share allows
-  (Amdahl: 1 / (1 - share), products made free);
+- with the hook's loops installed and nothing sent to the GPU: their clocks then give the seconds NumPy spent in
+  float32 and float64 products, the program's *share* in products, and the bound that share allows (Amdahl:
+  1 / (1 - share), products made free);
 - under ``fastmm.accelerate_numpy()`` with its default settings, as a user runs it first: the speed-up, the fraction
   of the bound it reaches, and where the hook's time went (products on the GPU, products NumPy kept, the rest).
 
@@ -133,7 +133,7 @@ def attention_layers(scale: float) -> float:
 
 
 def covariance_float64(scale: float) -> float:
-    """NumPy's default dtype: covariance updates and Cholesky solves in float64 (the hook takes float32 only)."""
+    """NumPy's default dtype: covariance updates and Cholesky solves in float64 (cuBLAS's DGEMM under the hook)."""
     rng = np.random.default_rng(5)
     n, d = _n(32768, scale), _n(2048, scale)
     total = 0.0
@@ -166,13 +166,18 @@ def amdahl_bound(share: float) -> float:
     return math.inf if share >= 1 else 1.0 / (1.0 - share)
 
 
-def _float32(status: dict) -> dict:
-    return status["by_dtype"]["float32"]
+def _products(status: dict) -> dict:
+    """The hook's float32 and float64 lanes added up: products on the GPU, kept by NumPy (by reason), seconds."""
+    lanes = [status["by_dtype"][d] for d in ("float32", "float64")]
+    return {"on_gpu": sum(x["on_gpu"] for x in lanes),
+            "kept_on_cpu": {k: sum(x["kept_on_cpu"][k] for x in lanes) for k in lanes[0]["kept_on_cpu"]},
+            "seconds": {k: sum(x["seconds"][k] for x in lanes) for k in lanes[0]["seconds"]}}
 
 
 def measure(name: str, mode: str, scale: float = 1.0) -> dict:
     """Run program `name` twice in this process, the second timed: `mode` "numpy" (as it is), "share" (the hook's
-    loop timing NumPy's own products, nothing offloaded) or "hook" (accelerate_numpy() with its defaults)."""
+    loops timing NumPy's own float32 and float64 products, nothing offloaded) or "hook" (accelerate_numpy() with
+    its defaults)."""
     program = PROGRAMS[name]
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
@@ -180,22 +185,22 @@ def measure(name: str, mode: str, scale: float = 1.0) -> dict:
         import warnings
 
         import fastmm
-        from fastmm._hooks.numpy_hook import HostModel
+        from fastmm._hooks.numpy_hook import time_products_only
 
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "no GPU here" where the share is measured on a host without one
+            warnings.simplefilter("ignore")  # "no GPU here" where the hook runs on a host without one
             if mode == "share":
-                fastmm.accelerate_numpy(HostModel(host=1e18, link=1.0, gpu=1.0, overhead=1.0), pinned=False)
+                time_products_only()
             else:
                 fastmm.accelerate_numpy()
     program.run(scale)  # warm-up pass
-    before = _float32(fastmm.numpy_hook_status()) if mode != "numpy" else None
+    before = _products(fastmm.numpy_hook_status()) if mode != "numpy" else None
     t0 = time.perf_counter()
     checksum = program.run(scale)
     seconds = time.perf_counter() - t0
     row = {"program": name, "mode": mode, "seconds": seconds, "checksum": checksum}
     if before is not None:
-        after = _float32(fastmm.numpy_hook_status())
+        after = _products(fastmm.numpy_hook_status())
         row["product_seconds"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
         row["on_gpu"] = after["on_gpu"] - before["on_gpu"]
         row["kept_on_cpu"] = {k: after["kept_on_cpu"][k] - before["kept_on_cpu"][k] for k in after["kept_on_cpu"]}
@@ -251,7 +256,8 @@ def print_table(rows) -> None:
           f"   {'GPU s':>6s} {'CPU s':>6s} {'rest s':>6s}  {'on GPU/kept':>11s}")
     for r in rows:
         print_row(r)
-    print("  share: NumPy's time in float32 products (the hook's loop timing NumPy's own); bound: 1 / (1 - share); "
+    print("  share: NumPy's time in float32 and float64 products (the hook's loops timing NumPy's own); bound: "
+          "1 / (1 - share); "
           "GPU s / CPU s: the hook's products on the GPU and those NumPy kept; rest: everything else")
 
 
