@@ -226,3 +226,32 @@ def _cupy():
     import cupy
 
     return cupy
+
+
+@pytest.mark.parametrize("form", ["single", "batch", "broadcast", "fortran", "strided", "out", "large"])
+def test_float64_products_run_on_cublas_through_their_own_loop(form, rng):
+    """NumPy's default dtype on GPUs with full-rate FP64: the float64 loop stages operands (eight-byte elements)
+    and cuBLAS's DGEMM computes them, to float64 accuracy; elsewhere the products stay NumPy's."""
+    if hook.float64_model(EVERYTHING, hook.compute_capability()) is None:
+        pytest.skip(f"this GPU's FP64 is not full rate (compute capability {hook.compute_capability()}): float64 "
+                    "products stay NumPy's")
+    shapes = {"batch": ((5, 130, 70), (5, 70, 90)), "broadcast": ((6, 64, 48), (48, 80)),
+              "large": ((3000, 2000), (2000, 2500))}.get(form, ((300, 200), (200, 100)))
+    a, b = rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1])
+    if form == "fortran":
+        a, b = np.asfortranarray(a), np.asfortranarray(b)
+    elif form == "strided":
+        a, b = rng.standard_normal((600, 403))[::2, 3::2], rng.standard_normal((400, 100))[::2]
+    want = np.matmul(a, b)  # NumPy's, before the hook
+    fastmm.accelerate_numpy(EVERYTHING)
+    before = fastmm.numpy_hook_status()["by_dtype"]["float64"]["on_gpu"]
+    if form == "out":
+        got = np.full(want.shape, np.nan)
+        np.matmul(a, b, out=got)
+    else:
+        got = a @ b
+    assert got.dtype == np.float64 and got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-13
+    assert fastmm.numpy_hook_status()["by_dtype"]["float64"]["on_gpu"] == before + 1
+    c = (rng.standard_normal((40, 40)) + 1j).astype(np.complex128)
+    assert np.array_equal(c @ c, np.matmul(c, c))  # complex: NumPy's own loop
