@@ -118,11 +118,12 @@ def test_dask_bench_counts_the_bytes_that_cross_between_workers():
         x = client.persist(da.random.random((1000, 100), chunks=(500, 100)), workers=[a])
         distributed.wait(x)
         clear_moved(client)
-        assert moved(client) == 0
+        assert moved(client) == (0, 0.0)
         total = client.submit(lambda blocks: sum(block.sum() for block in blocks), distributed.futures_of(x),
                               workers=[b])
         assert total.result() > 0
-        assert moved(client) == 1000 * 100 * 8  # both chunks, from a to b
+        nbytes, rate = moved(client)
+        assert nbytes == 1000 * 100 * 8 and rate > 0  # both chunks, from a to b
 
 
 def test_fastmm_arrays_have_serializers_of_their_own():
@@ -159,6 +160,17 @@ def test_each_bench_worker_sees_every_gpu_its_own_first(monkeypatch):
     assert [visible_devices(i, ["0", "1", "2", "3"]) for i in range(4)] == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, 7")
     assert host_gpus() == ["5", "7"] and visible_devices(1, host_gpus()) == "7,5"
+
+
+def test_bench_workers_start_ucx_as_dask_cuda_does_for_nvlink():
+    """Read back through Dask's own environment parsing: each worker makes its CUDA context before UCX starts and asks
+    for NVLink (cuda_ipc), TCP and cuda_copy, the keys distributed-ucxx reads."""
+    dask = pytest.importorskip("dask")
+    from fastmm._tools.dask_bench import UCX_NVLINK, ucx_environment
+
+    seen = dask.config.collect_env(ucx_environment())
+    for key, value in UCX_NVLINK.items():
+        assert dask.config.get(f"distributed-ucxx.{key}", config=seen) is value
 
 
 def test_fastmm_arrays_travel_with_cupys_header():

@@ -78,12 +78,29 @@ def visible_devices(i: int, host: list[str]) -> str:
     return ",".join(host[(i + d) % len(host)] for d in range(len(host)))
 
 
+# UCX as dask-cuda's LocalCUDACluster(enable_nvlink=True) sets it up: each worker's CUDA context made before UCX starts,
+# so that UCX finds the GPUs and maps the others' memory over NVLink (cuda_ipc); left to its defaults, UCX started
+# without a context and device chunks crossed through host memory (docs/dask.md).
+UCX_NVLINK = {"create-cuda-context": True, "nvlink": True, "tcp": True, "cuda-copy": True}
+
+
+def ucx_environment() -> dict[str, str]:
+    """UCX_NVLINK as the environment variables a worker process reads (Dask's DASK_ prefix, __ between levels)."""
+    return {f"DASK_DISTRIBUTED_UCXX__{k.upper().replace('-', '_')}": str(v) for k, v in UCX_NVLINK.items()}
+
+
 def _cluster(gpus: int, protocol: str = "tcp"):
     """A local cluster with one single-threaded worker per GPU, talking `protocol` (tcp, or ucx over NVLink)."""
+    ucx = protocol == "ucx"
+    if ucx:
+        import dask
+
+        dask.config.set({f"distributed-ucxx.{k}": v for k, v in UCX_NVLINK.items()})  # this process: the scheduler's
     try:
         from dask_cuda import LocalCUDACluster
 
-        return LocalCUDACluster(n_workers=gpus, threads_per_worker=1, protocol=protocol)
+        return LocalCUDACluster(n_workers=gpus, threads_per_worker=1, protocol=protocol,
+                                **({"enable_nvlink": True, "enable_tcp_over_ucx": True} if ucx else {}))
     except Exception as e:  # noqa: BLE001 - not installed, or a version that does not start here: said, then the same
         if not isinstance(e, ImportError):
             print(f"  dask-cuda's LocalCUDACluster did not start ({type(e).__name__}: {e}); one distributed nanny "
@@ -95,7 +112,8 @@ def _cluster(gpus: int, protocol: str = "tcp"):
         # sets its own device-aware limits.
         host = host_gpus()
         workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": 0,
-                                                 "env": {"CUDA_VISIBLE_DEVICES": visible_devices(i, host)}}}
+                                                 "env": {"CUDA_VISIBLE_DEVICES": visible_devices(i, host),
+                                                         **(ucx_environment() if ucx else {})}}}
                    for i in range(gpus)}
         for spec in workers.values():
             spec["options"]["protocol"] = protocol
@@ -123,8 +141,9 @@ def _clear_log(dask_worker) -> None:
     dask_worker.transfer_incoming_log.clear()
 
 
-def _incoming(dask_worker) -> int:
-    return sum(entry["total"] for entry in dask_worker.transfer_incoming_log)
+def _incoming(dask_worker) -> tuple[int, float]:
+    log = dask_worker.transfer_incoming_log
+    return sum(entry["total"] for entry in log), sum(entry["duration"] for entry in log)
 
 
 def clear_moved(client) -> None:
@@ -132,9 +151,12 @@ def clear_moved(client) -> None:
     client.run(_clear_log)
 
 
-def moved(client) -> int:
-    """Bytes the workers received from each other since `clear_moved`: what crossed between GPUs."""
-    return sum(client.run(_incoming).values())
+def moved(client) -> tuple[int, float]:
+    """Bytes the workers received from each other since `clear_moved` (what crossed between GPUs), and the rate of
+    those transfers (bytes over the seconds each took, transfers in parallel counted apart)."""
+    logs = client.run(_incoming).values()
+    total, seconds = sum(b for b, _ in logs), sum(s for _, s in logs)
+    return total, total / seconds if seconds > 0 else 0.0
 
 
 def _same(chunk):
@@ -243,8 +265,9 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                     t0 = time.perf_counter()
                     product(1)
                     secs = time.perf_counter() - t0
+                    total, rate = moved(client)
                     add({"what": f"cluster ({protocol}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
-                         "kind": kind, "protocol": protocol, "seconds": secs, "moved": moved(client)})
+                         "kind": kind, "protocol": protocol, "seconds": secs, "moved": total, "link": rate})
                     client.cancel(x)
     return rows
 
@@ -253,7 +276,8 @@ def print_table(rows) -> None:
     print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up; TFLOP/s = 2 n^3 / seconds")
     for r in rows:
         err = f"  rel error {r['rel_error']:.1e}" if "rel_error" in r else ""
-        moved_ = f"  {r['moved'] / 2**30:6.2f} GiB between GPUs" if r.get("gpus", 1) > 1 and "moved" in r else ""
+        moved_ = (f"  {r['moved'] / 2**30:6.2f} GiB between GPUs at {r.get('link', 0) / 1e9:5.1f} GB/s a transfer"
+                  if r.get("gpus", 1) > 1 and "moved" in r else "")
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}")
     for r in rows:
         if r.get("gpus", 1) > 1:
