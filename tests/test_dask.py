@@ -183,3 +183,17 @@ def test_fastmm_arrays_travel_with_cupys_header():
     header, frames = serialize(x, serializers=("cuda",))
     assert header["serializer"] == "cuda" and len(frames) == 1
     assert header["sub-header"] == {"shape": (0, 4), "typestr": "<f4", "strides": tuple(x.strides)}
+
+
+def test_bench_table_prints_the_link_rate_beside_the_products(capsys):
+    from fastmm._tools.dask_bench import print_table
+
+    rows = [{"what": "link (ucx)", "protocol": "ucx", "gpus": 2, "link": 80e9},
+            {"what": "one", "gpus": 1, "n": 1024, "kind": "planned", "protocol": "ucx", "seconds": 1.0, "tflops": 1.0},
+            {"what": "two", "gpus": 2, "n": 1024, "kind": "planned", "protocol": "ucx", "seconds": 0.5, "tflops": 2.0,
+             "moved": 2 ** 30, "link": 40e9}]
+    print_table(rows)
+    out = capsys.readouterr().out
+    assert "80.0 GB/s, one chunk from worker to worker" in out
+    assert "1.00 GiB between GPUs at  40.0 GB/s a transfer" in out
+    assert "2 GPUs 2.00x one, 100% efficiency" in out

@@ -121,6 +121,58 @@ def _cluster(gpus: int, protocol: str = "tcp"):
                                                                                     "protocol": protocol}})
 
 
+# Over NVLink, UCX maps each device allocation it sends into the receiving process once (cuda_ipc), which costs up to
+# hundreds of milliseconds; CuPy's pool makes one allocation per chunk, so every new chunk paid it. An RMM pool as
+# CuPy's allocator is one allocation, mapped once (as LocalCUDACluster(rmm_pool_size=...) sets it up).
+RMM_POOL_SHARE = 0.8  # of a worker's free GPU memory
+
+
+def _rmm_pool(share: float) -> str:
+    """On a worker: an RMM pool of `share` of the free GPU memory as CuPy's allocator; what was set up, or why not."""
+    import cupy as cp
+
+    try:
+        import rmm
+        from rmm.allocators.cupy import rmm_cupy_allocator
+    except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: the bench says so and goes on
+        return f"no RMM pool ({type(e).__name__}: {e})"
+    size = int(cp.cuda.runtime.memGetInfo()[0] * share) // 256 * 256
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=size)
+    cp.cuda.set_allocator(rmm_cupy_allocator)
+    return f"RMM pool of {size / 2**30:.0f} GiB"
+
+
+def _chunk_on_device(nbytes: int, seed: int):
+    import cupy as cp
+
+    return cp.random.default_rng(seed).standard_normal(nbytes // 4, dtype=cp.float32)
+
+
+def _device_bytes(x) -> int:
+    import cupy as cp
+
+    cp.cuda.Device().synchronize()
+    return x.nbytes
+
+
+def link_rate(client, nbytes: int = 256 << 20, trials: int = 4) -> float:
+    """Bytes per second of one chunk sent from the first worker to the second, median of `trials` fresh chunks (each
+    time including Dask's task round trip, a few milliseconds)."""
+    from distributed import wait
+
+    a, b = list(client.scheduler_info()["workers"])[:2]
+    chunks = [client.submit(_chunk_on_device, nbytes, seed, workers=[a], pure=False) for seed in range(trials + 1)]
+    wait(chunks)
+    client.submit(_device_bytes, chunks[0], workers=[b], pure=False).result()  # connection and mapping set up
+    times = []
+    for chunk in chunks[1:]:
+        t0 = time.perf_counter()
+        client.submit(_device_bytes, chunk, workers=[b], pure=False).result()
+        times.append(time.perf_counter() - t0)
+    client.cancel(chunks)
+    return nbytes / sorted(times)[len(times) // 2]
+
+
 def _on_gpus(n: int, chunk: int, seed: int):
     """An (n, n) float32 Dask array of CuPy chunks made on the workers' GPUs."""
     import cupy as cp
@@ -242,7 +294,13 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
             print(f"  cluster over {protocol}: not measured ({missing})", flush=True)
             continue
         with _cluster(gpus, protocol) as cluster, Client(cluster) as client:
-            print(f"  {type(cluster).__name__}, {gpus} worker(s), {protocol}", flush=True)
+            pools = set(client.run(_rmm_pool, RMM_POOL_SHARE).values()) if protocol == "ucx" else set()
+            print(f"  {type(cluster).__name__}, {gpus} worker(s), {protocol}{'; ' if pools else ''}"
+                  f"{'; '.join(sorted(pools))}", flush=True)
+            if gpus > 1:
+                rate = link_rate(client)
+                print(f"  {protocol}: one 256 MiB chunk from worker to worker at {rate / 1e9:.1f} GB/s", flush=True)
+                rows.append({"what": f"link ({protocol})", "protocol": protocol, "gpus": gpus, "link": rate})
             for n in n_cluster:
                 for kind in kinds:
                     x = _on_gpus(n, chunk, seed=3)
@@ -275,12 +333,15 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
 def print_table(rows) -> None:
     print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up; TFLOP/s = 2 n^3 / seconds")
     for r in rows:
+        if "seconds" not in r:  # a link measurement
+            print(f"  {r['what']:62s} {r['link'] / 1e9:8.1f} GB/s, one chunk from worker to worker")
+            continue
         err = f"  rel error {r['rel_error']:.1e}" if "rel_error" in r else ""
         moved_ = (f"  {r['moved'] / 2**30:6.2f} GiB between GPUs at {r.get('link', 0) / 1e9:5.1f} GB/s a transfer"
                   if r.get("gpus", 1) > 1 and "moved" in r else "")
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}")
     for r in rows:
-        if r.get("gpus", 1) > 1:
+        if r.get("gpus", 1) > 1 and "seconds" in r:
             # Against the same graph on one GPU, same protocol.
             one = next((o for o in rows if o.get("kind") == r["kind"] and o["n"] == r["n"] and o["gpus"] == 1
                         and o.get("protocol") == r.get("protocol")), None)
