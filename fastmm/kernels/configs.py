@@ -18,6 +18,7 @@ import warnings
 from typing import ClassVar
 
 from .base import MAX_GRID_Y, MAX_GRID_Z, Variant, KernelConfig
+from .int8 import INT8_WG, Int8Tile
 from .passes import AUXILIARY, REPITCH, SLICE_SUM, SPLIT, Repitch, SliceSum, Split
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "TensorTile",
     "WgTile",
     "FewColumns",
+    "Int8Tile",
+    "INT8_WG",
     "SliceSum",
     "Split",
     "SPLIT",
@@ -588,5 +591,5 @@ def validate(config: KernelConfig, *, max_threads: int = 1024, max_smem: int = 4
         raise ValueError(f"kernel configuration {config.name}: " + "; ".join(errors))
 
 
-for _c in CONFIGS + AUXILIARY:
+for _c in CONFIGS + INT8_WG + AUXILIARY:
     validate(_c)  # a shipped configuration that breaks its own rules is a bug: fail at import

@@ -1,0 +1,133 @@
+// Rung 8 of the ladder: INT8 products on Hopper's warpgroup MMA (wgmma.mma_async ... .s32.s8.s8, sm_90a), the products
+// of Ozaki scheme II (fastmm/_plan/ozaki.py): for each batch item z, C[z] (M x N, int32, rows c_sm apart) = A[z] (M x K,
+// int8) @ B[z] (K x N, int8), exact (int32 sums wrap past 2^31: K * 128 * 128 must stay below it, ozaki.MAX_EXACT_K).
+// Ozaki-II multiplies the same shapes once per modulus, so a batch item is one modulus's residues: blockIdx.z picks
+// it, and A, B and C advance by their batch strides.
+//
+// The operands come as tiles, written by whoever makes the int8 values (fastmm/_plan/ozaki.py's `tiles` says the
+// layout; the Ozaki passes write residues in it directly): A, and B as B^T, each K-major (the only layout wgmma reads
+// 8-bit integers in), zero-padded, cut into block tiles of T rows (BM for A, BN for B^T) by K-tiles of 128 values,
+// tile (r / T, k / 128) at byte (r / T * (K / 128) + k / 128) * T * 128, each T rows of 128 bytes in the 128-byte
+// swizzle that wgmma's descriptors name (the 16-byte piece q of row rr at piece q ^ (rr % 8)). That is 6_wgmma.cu's
+// layout byte for byte (a 128-byte row holds 32 floats there, 128 int8 values here), so the same descriptors, the same
+// bulk copies and the same specialised warps serve: one stage of one operand is one contiguous run of global memory,
+// one bulk copy; warpgroup WGS copies, warpgroups 0 .. WGS-1 multiply, and they meet at a "full" and an "empty"
+// barrier per stage (6_wgmma.cu's top says why this shape).
+//
+// Who computes what: warpgroup w computes rows 64w to 64w + 63 of the BM x BN block tile across all BN columns in
+// int32 registers, wgmma's layout: thread (warp v of the warpgroup, lane 4g + t) holds rows 16v + g and 16v + g + 8,
+// columns 8j + 2t and 8j + 2t + 1 (j < BN / 8). Exact sums need no partial sums: the accumulators chain over all of K.
+//
+// Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, GROUP (rows of block tiles per group of
+// the launch order), THREADS = BM * 2 + 128. Parameters (FASTMM_GEMM_PARAMS, reinterpreted): M, N the product's; K the
+// padded K (a multiple of 128); A, B the tiles of A and of B^T (int8); C the result (int32), c_sm its row stride in
+// elements; batch item z = z0 + blockIdx.z at A + its offset (a_sb0, a_sb1, in bytes), B + (b_sb0, b_sb1, bytes),
+// C + (c_sb0, c_sb1, int32 elements), split into two axes by batch_inner as every product's is (common.cuh).
+
+#define BK 128  // int8 values of k per K-tile: one 128-byte swizzled row
+#define WGS (BM / 64)  // multiplying warpgroups; warpgroup WGS copies
+#define NREG (BN / 2)
+#define TILE_A_BYTES (BM * BK)  // one K-tile of A's block tile
+#define TILE_B_BYTES (BN * BK)
+#define STAGE_BYTES (TILE_A_BYTES + TILE_B_BYTES)
+
+static_assert(BM == 64 || BM == 128, "one or two multiplying warpgroups along m");
+static_assert(BN == 128 || BN == 256, "wgmma's n: 128 or 256");
+static_assert(STAGES >= 2, "a stage filling while another is read");
+static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgroup copying");
+
+// Two consecutive int32 of one row of C at column n (even): one 8-byte store when both lie inside C and C's rows
+// allow it, else up to two guarded stores.
+__device__ __forceinline__ void store_int2(int* crow, int n, int N, int x, int y, bool vec)
+{
+    if (vec && n + 1 < N) {
+        *reinterpret_cast<int2*>(crow + n) = make_int2(x, y);
+    } else {
+        if (n < N) crow[n] = x;
+        if (n + 1 < N) crow[n + 1] = y;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+fastmm_int8(FASTMM_GEMM_PARAMS)
+{
+    // The stages, then the barriers (full[s], then empty[s]); swizzled tiles start on 1024-byte boundaries, so the
+    // launch asks for 1024 bytes more than stages and barriers need.
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;
+    const unsigned full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    // Groups of GROUP rows of block tiles walked column by column, so that a wave's tiles of B stay in L2
+    // (6_wgmma.cu's launch order).
+    int by = blockIdx.y, bx = blockIdx.x;
+    if (GROUP > 1) {
+        const int lin = blockIdx.y * gridDim.x + blockIdx.x, first = lin / (GROUP * gridDim.x) * GROUP;
+        const int rows = min(GROUP, (int)gridDim.y - first), in = lin % (GROUP * gridDim.x);
+        by = first + in % rows;
+        bx = in / rows;
+    }
+    const int bm = by * BM, bn = bx * BN;
+    const int k_tiles = K / BK;
+    const int z = z0 + blockIdx.z;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);             // the copier's arrival, plus the copies' bytes
+            mbar_init(empty0 + 8 * s, WGS * 128);    // every multiplying thread, once its products are done
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();  // publishes the barriers' initialisation
+
+    if (wg == WGS) {
+        // The copier: K-tile kt into stage kt % STAGES once both warpgroups are done with what it held.
+        if (tid % 128 == 0) {
+            const char* a_tiles = reinterpret_cast<const char*>(A) + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1)
+                                  + (long long)by * k_tiles * TILE_A_BYTES;
+            const char* b_tiles = reinterpret_cast<const char*>(B) + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1)
+                                  + (long long)bx * k_tiles * TILE_B_BYTES;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(empty0 + 8 * s, (kt / STAGES - 1) & 1);
+                const unsigned stage = base + s * STAGE_BYTES;
+                mbar_expect(full0 + 8 * s, STAGE_BYTES);
+                bulk_copy(stage, a_tiles + (long long)kt * TILE_A_BYTES, TILE_A_BYTES, full0 + 8 * s);
+                bulk_copy(stage + TILE_A_BYTES, b_tiles + (long long)kt * TILE_B_BYTES, TILE_B_BYTES, full0 + 8 * s);
+            }
+        }
+        return;  // the multiplying warpgroups wait for every copy before they read it, and so before they exit
+    }
+
+    int acc[NREG];
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) acc[i] = 0;
+    const unsigned a_off = wg * 64 * 128;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        // Block until the copier's bytes of K-tile kt have landed, then queue its four 32-deep products.
+        const int s = kt % STAGES;
+        mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
+        const unsigned a_tile = base + s * STAGE_BYTES + a_off, b_tile = base + s * STAGE_BYTES + TILE_A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BK / 32; ++ks)
+            wgmma_s8_tile(acc, smem_descriptor(a_tile + ks * 32), smem_descriptor(b_tile + ks * 32), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // K-tile kt - 1's products are done: its stage may be refilled
+        if (kt > 0) mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));
+    }
+    wgmma_wait<0>();
+
+    int* const c = reinterpret_cast<int*>(C) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+    const bool vec = reinterpret_cast<unsigned long long>(c) % 8 == 0 && c_sm % 2 == 0;
+    const int m = bm + wg * 64 + warp * 16 + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int n = bn + 8 * j + 2 * t;
+        if (m < M) store_int2(c + (long long)m * c_sm, n, N, acc[4 * j], acc[4 * j + 1], vec);
+        if (m + 8 < M) store_int2(c + (long long)(m + 8) * c_sm, n, N, acc[4 * j + 2], acc[4 * j + 3], vec);
+    }
+}

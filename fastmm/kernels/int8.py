@@ -1,0 +1,77 @@
+"""The INT8 products of Ozaki scheme II on wgmma (fastmm/kernels/8_int8_wgmma.cu): configurations as data, like the
+float32 families in configs.py, kept apart from them because they multiply int8 tiles into int32, not float32
+operands: the plan never picks them for a float32 product and they cannot be forced on one (they are not in
+``configs.CONFIGS``); `compile`, the CPU tests and `validate` cover them as they do every kernel.
+
+Pure Python (no CUDA imports).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from .base import KernelConfig
+
+__all__ = ["Int8Tile", "INT8_WG"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Tile(KernelConfig):
+    """Exact INT8 products through Hopper's warpgroup MMA (s8 x s8 -> s32, sm_90a only) on operands already laid out as
+    K-major swizzled tiles (fastmm/_plan/ozaki.py's `tiles`), a batch of them (one per modulus) along the grid's z.
+    Specialised warps as `WgTile`'s: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows
+    of a BM x BN block tile; K-tiles of 128 int8 values (one 128-byte swizzled row) in `stages` stages."""
+
+    bm: int = 128
+    bn: int = 256
+    stages: int = 4
+    group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
+    family: ClassVar[str] = "int8wg"
+    source: ClassVar[str] = "8_int8_wgmma.cu"
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
+    dynamic_smem: ClassVar[bool] = True
+    arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
+    compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
+
+    BK: ClassVar[int] = 128  # 8_int8_wgmma.cu's K-tile: int8 values in one 128-byte swizzled row
+    ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
+
+    @property
+    def function(self) -> str:
+        return "fastmm_int8"
+
+    @property
+    def name(self) -> str:
+        return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
+                + (f"_g{self.group}" if self.group != 8 else ""))
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.bm * 2 + 128, 1, 1)  # BM / 64 multiplying warpgroups and one copying
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * ((self.bm + self.bn) * self.BK + 16) + self.ALIGN  # stages (one byte a value), barriers
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "THREADS": self.threads, "GROUP": self.group}
+
+    def _check(self) -> list[str]:
+        errors = []
+        if self.bm not in (64, 128) or self.bn not in (128, 256):
+            errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
+        if self.stages < 2:
+            errors.append(f"stages must be at least 2 (got {self.stages})")
+        if self.group < 1:
+            errors.append(f"group must be at least 1 (got {self.group})")
+        return errors
+
+
+# Large products (the Ozaki passes' 6 to 10 residue products of one shape): 48 KiB stages, four of them in 193 KiB;
+# and 128 x 128 tiles (32 KiB stages, six), twice the blocks for shapes that leave a wave of 128 x 256 ones short.
+INT8_WG: tuple[Int8Tile, ...] = (Int8Tile(bm=128, bn=256, stages=4), Int8Tile(bm=128, bn=128, stages=6))
