@@ -15,8 +15,9 @@ def int8_launch(config: Int8Tile, device_id: int, m: int, n: int, k: int, batch:
     (int32, rows c_sm elements apart) at c_stride elements; called with the three addresses of the first."""
     from . import cuda as _cuda
 
-    if m > config.bm * MAX_GRID_Y:  # a second launch at an offset would need A's tiles offset, which Launch does not do
-        raise ValueError(f"at most {config.bm * MAX_GRID_Y} rows per launch of {config.name} (got {m})")
+    most = config.bm * (MAX_GRID_Y - 1)  # one launch (rows rounded up to whole clusters): Launch would not offset A's tiles
+    if m > most:
+        raise ValueError(f"at most {most} rows per launch of {config.name} (got {m})")
     kp = -(-k // config.BK) * config.BK
     return _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=0, a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1,
                         batch=batch, batch_inner=1, batch_strides=(a_stride, 0, b_stride, 0, c_stride, 0))

@@ -21,12 +21,15 @@ class Int8Tile(KernelConfig):
     """Exact INT8 products through Hopper's warpgroup MMA (s8 x s8 -> s32, sm_90a only) on operands already laid out as
     K-major swizzled tiles (fastmm/_plan/ozaki.py's `tiles`), a batch of them (one per modulus) along the grid's z.
     Specialised warps as `WgTile`'s: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows
-    of a BM x BN block tile; K-tiles of 128 int8 values (one 128-byte swizzled row) in `stages` stages."""
+    of a BM x BN block tile; K-tiles of 128 int8 values (one 128-byte swizzled row) in `stages` stages. With `cluster`
+    2, pairs of blocks along m share their tiles of B^T through multicast copies."""
 
     bm: int = 128
     bn: int = 256
     stages: int = 4
-    group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
+    group: int = 8  # rows of clusters per group of the launch order (1: row by row)
+    # 2: clusters of two blocks one above the other, each copying half of their common tile of B^T into both
+    cluster: int = 1
     family: ClassVar[str] = "int8wg"
     source: ClassVar[str] = "8_int8_wgmma.cu"
     headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
@@ -44,7 +47,7 @@ class Int8Tile(KernelConfig):
     @property
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
-                + (f"_g{self.group}" if self.group != 8 else ""))
+                + (f"_g{self.group}" if self.group != 8 else "") + (f"_c{self.cluster}" if self.cluster > 1 else ""))
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -54,12 +57,17 @@ class Int8Tile(KernelConfig):
     def tile(self) -> tuple[int, int]:
         return (self.bm, self.bn)
 
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
+        x, y, z = super().grid(m, n, batch, k)
+        return (x, -(-y // self.cluster) * self.cluster, z)  # whole clusters along y
+
     @property
     def smem_bytes(self) -> int:
         return self.stages * ((self.bm + self.bn) * self.BK + 16) + self.ALIGN  # stages (one byte a value), barriers
 
     def _tile_macros(self) -> dict[str, int]:
-        return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "THREADS": self.threads, "GROUP": self.group}
+        return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "THREADS": self.threads, "GROUP": self.group,
+                "CLUSTER": self.cluster}
 
     def _check(self) -> list[str]:
         errors = []
@@ -67,11 +75,15 @@ class Int8Tile(KernelConfig):
             errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
         if self.stages < 2:
             errors.append(f"stages must be at least 2 (got {self.stages})")
+        if self.cluster not in (1, 2):
+            errors.append(f"cluster must be 1 or 2 (got {self.cluster})")
         if self.group < 1:
             errors.append(f"group must be at least 1 (got {self.group})")
         return errors
 
 
-# Large products (the Ozaki passes' 6 to 10 residue products of one shape): 48 KiB stages, four of them in 193 KiB;
-# and 128 x 128 tiles (32 KiB stages, six), twice the blocks for shapes that leave a wave of 128 x 256 ones short.
-INT8_WG: tuple[Int8Tile, ...] = (Int8Tile(bm=128, bn=256, stages=4), Int8Tile(bm=128, bn=128, stages=6))
+# Large products (the Ozaki passes' 6 to 10 residue products of one shape): 48 KiB stages, four of them in 193 KiB,
+# alone or in pairs sharing B^T's tiles; and 128 x 128 tiles (32 KiB stages, six), twice the blocks for shapes that
+# leave a wave of 128 x 256 ones short.
+INT8_WG: tuple[Int8Tile, ...] = (Int8Tile(bm=128, bn=256, stages=4), Int8Tile(bm=128, bn=256, stages=4, cluster=2),
+                                 Int8Tile(bm=128, bn=128, stages=6))
