@@ -13,11 +13,45 @@ from typing import ClassVar
 
 from .base import KernelConfig
 
-__all__ = ["Int8Tile", "INT8_WG"]
+__all__ = ["Warpgroups", "Int8Tile", "INT8_WG"]
+
+
+class Warpgroups:
+    """What the wgmma kernels share (6_wgmma.cu's TF32 products, 8_int8_wgmma.cu's INT8 ones): BM / 64 multiplying
+    warpgroups and one copying, a BM x BN block tile, `stages` stages of block tiles in 128-byte-swizzled shared memory
+    aligned to 1024 bytes, `group` rows of block tiles per group of the launch order; Hopper (sm_90a) only."""
+
+    bm: int
+    bn: int
+    stages: int
+    group: int
+    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
+    dynamic_smem: ClassVar[bool] = True
+    arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
+    compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
+    ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.bm * 2 + 128, 1, 1)  # BM / 64 multiplying warpgroups and one copying
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    def _warpgroup_errors(self) -> list[str]:
+        errors = []
+        if self.bm not in (64, 128) or self.bn not in (128, 256):
+            errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
+        if self.stages < 2:
+            errors.append(f"stages must be at least 2 (got {self.stages})")
+        if self.group < 1:
+            errors.append(f"group must be at least 1 (got {self.group})")
+        return errors
 
 
 @dataclasses.dataclass(frozen=True)
-class Int8Tile(KernelConfig):
+class Int8Tile(Warpgroups, KernelConfig):
     """Exact INT8 products through Hopper's warpgroup MMA (s8 x s8 -> s32, sm_90a only) on operands already laid out as
     K-major swizzled tiles (fastmm/_plan/ozaki.py's `tiles`), a batch of them (one per modulus) along the grid's z.
     Specialised warps as `WgTile`'s: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows
@@ -32,13 +66,8 @@ class Int8Tile(KernelConfig):
     cluster: int = 1
     family: ClassVar[str] = "int8wg"
     source: ClassVar[str] = "8_int8_wgmma.cu"
-    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
-    dynamic_smem: ClassVar[bool] = True
-    arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
-    compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
 
     BK: ClassVar[int] = 128  # 8_int8_wgmma.cu's K-tile: int8 values in one 128-byte swizzled row
-    ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
 
     @property
     def function(self) -> str:
@@ -48,14 +77,6 @@ class Int8Tile(KernelConfig):
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
                 + (f"_g{self.group}" if self.group != 8 else "") + (f"_c{self.cluster}" if self.cluster > 1 else ""))
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.bm * 2 + 128, 1, 1)  # BM / 64 multiplying warpgroups and one copying
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.bm, self.bn)
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         x, y, z = super().grid(m, n, batch, k)
@@ -70,15 +91,9 @@ class Int8Tile(KernelConfig):
                 "CLUSTER": self.cluster}
 
     def _check(self) -> list[str]:
-        errors = []
-        if self.bm not in (64, 128) or self.bn not in (128, 256):
-            errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
-        if self.stages < 2:
-            errors.append(f"stages must be at least 2 (got {self.stages})")
+        errors = self._warpgroup_errors()
         if self.cluster not in (1, 2):
             errors.append(f"cluster must be 1 or 2 (got {self.cluster})")
-        if self.group < 1:
-            errors.append(f"group must be at least 1 (got {self.group})")
         return errors
 
 
