@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 def _all_binaries():
     """Every (configuration, layout variant) fastmm can compile: what `compile` and the CPU tests cover."""
-    from .kernels.configs import AUXILIARY, CONFIGS, Variant
+    from .kernels.configs import AUXILIARY, CONFIGS, INT8_WG, Variant
 
     variants = [Variant(a_t, b_t, vec) for a_t in (False, True) for b_t in (False, True) for vec in (4, 1)]
-    return [(c, v) for c in CONFIGS + AUXILIARY for v in (variants if c.layout_macros else [Variant()])]
+    return [(c, v) for c in CONFIGS + INT8_WG + AUXILIARY for v in (variants if c.layout_macros else [Variant()])]
 
 
 def _runs_on(config, arch: str) -> bool:

@@ -93,3 +93,19 @@ def test_k_beyond_the_exact_int32_range_is_summed_in_slices(rng):
 def test_shapes_that_cannot_multiply_are_refused():
     with pytest.raises(ValueError, match=r"\(M, K\) by \(K, N\)"):
         ozaki.matmul_reference(np.ones((2, 3)), np.ones((4, 5)))
+
+
+@pytest.mark.parametrize("rows", [128, 256])
+@pytest.mark.parametrize("r,k", [(1, 1), (130, 129), (256, 384), (300, 1000)])
+def test_tiles_put_every_value_where_the_int8_kernel_reads_it(r, k, rows, rng):
+    x = rng.integers(-128, 128, (r, k), dtype=np.int8)
+    t = ozaki.tiles(x, rows)
+    rp, kp = -(-r // rows) * rows, -(-k // 128) * 128
+    assert t.shape == (rp // rows, kp // 128, rows, 128) and t.dtype == np.int8 and t.flags.c_contiguous
+    flat = t.reshape(-1)
+    i, j = np.meshgrid(np.arange(rp), np.arange(kp), indexing="ij")
+    at = ((i // rows) * (kp // 128) + j // 128) * rows * 128 + (i % rows) * 128 + ((j % 128 // 16) ^ (i % 8)) * 16 + j % 16
+    expected = np.zeros((rp, kp), np.int8)
+    expected[:r, :k] = x
+    assert np.array_equal(flat[at], expected)  # every value, and zeros in the padding
+    assert len(np.unique(at)) == at.size

@@ -19,13 +19,16 @@ import math
 
 import numpy as np
 
-__all__ = ["MODULI", "MAX_EXACT_K", "choose_moduli", "scaled_integers", "symmetric_residues", "matmul_reference"]
+__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "choose_moduli", "scaled_integers", "symmetric_residues", "tiles",
+           "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
 # moduli for a given product M.
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 211, 199, 197, 193, 191, 181, 179, 173, 167)
 # |residue| <= 128: K products of two of them stay within int32 while K * 128 * 128 < 2^31.
 MAX_EXACT_K = (2**31 - 1) // (128 * 128)
+# int8 values of k per K-tile of the INT8 product kernel (fastmm/kernels/8_int8_wgmma.cu): one 128-byte swizzled row.
+TILE_K = 128
 
 
 def choose_moduli(k: int, bits: int = 26) -> tuple[int, ...]:
@@ -55,6 +58,27 @@ def symmetric_residues(x: np.ndarray, m: int) -> np.ndarray:
     """x mod m in [-m/2, m/2), as int8 (m <= 256)."""
     r = np.mod(x, m)
     return np.where(r >= (m + 1) // 2, r - m, r).astype(np.int8)
+
+
+def tiles(x, rows: int, xp=np):
+    """x (R x K, int8) as the INT8 product kernel (fastmm/kernels/8_int8_wgmma.cu) reads an operand: A with `rows` its
+    BM, B^T with `rows` its BN. Zero-padded to whole block tiles of `rows` rows and whole K-tiles of `TILE_K`, cut into
+    those tiles, block row by block row and within one K-tile by K-tile, each tile `rows` rows of 128 bytes (k
+    contiguous) with the 16-byte piece q of row rr at piece q ^ (rr % 8), the 128-byte swizzle wgmma's descriptors name.
+    Returned as (R / rows, K / TILE_K, rows, TILE_K), contiguous: element (r, k) at byte
+    ((r // rows) * (Kp // 128) + k // 128) * rows * 128 + (r % rows) * 128 + ((k % 128 // 16) ^ (r % 8)) * 16 + k % 16.
+
+    `xp` is the array module (NumPy, or CuPy for device arrays): the Ozaki passes write this layout on the GPU, and the
+    tests build it from whole matrices with this function.
+    """
+    r, k = x.shape
+    rp, kp = -(-r // rows) * rows, -(-max(k, 1) // TILE_K) * TILE_K
+    padded = xp.zeros((rp, kp), dtype=xp.int8)
+    padded[:r, :k] = x
+    blocks = padded.reshape(rp // rows, rows, kp // TILE_K, 8, 16).transpose(0, 2, 1, 3, 4)  # (rb, kt, rr, piece, byte)
+    rr = xp.arange(rows)[:, None]
+    source = xp.arange(8)[None, :] ^ (rr % 8)  # piece p of row rr holds piece p ^ (rr % 8) of the row as written
+    return xp.ascontiguousarray(blocks[:, :, rr, source]).reshape(rp // rows, kp // TILE_K, rows, TILE_K)
 
 
 def _crt(residues: list[np.ndarray], moduli: tuple[int, ...]) -> np.ndarray:

@@ -18,6 +18,7 @@ import warnings
 from typing import ClassVar
 
 from .base import MAX_GRID_Y, MAX_GRID_Z, Variant, KernelConfig
+from .int8 import INT8_WG, Int8Tile, Warpgroups
 from .passes import AUXILIARY, REPITCH, SLICE_SUM, SPLIT, Repitch, SliceSum, Split
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "TensorTile",
     "WgTile",
     "FewColumns",
+    "Int8Tile",
+    "INT8_WG",
     "SliceSum",
     "Split",
     "SPLIT",
@@ -326,7 +329,7 @@ class TensorTile(_Passes, _Pipelined, KernelConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class WgTile(_Passes, KernelConfig):
+class WgTile(_Passes, Warpgroups, KernelConfig):
     """Tensor cores through Hopper's warpgroup MMA (wgmma, sm_90a only) on operands split beforehand by `Split`
     (fastmm/kernels/6_wgmma.cu): one TF32 pass (``tf32wg``, "medium") or three (``tf32x3wg``, 3xTF32, "high").
     Specialised warps: one warpgroup copies block tiles in with bulk copies, BM / 64 multiply, each 64 rows of a
@@ -338,13 +341,8 @@ class WgTile(_Passes, KernelConfig):
     passes: int = 3
     group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
     source: ClassVar[str] = "6_wgmma.cu"
-    headers: ClassVar[tuple[str, ...]] = ("cp_async.cuh", "wgmma.cuh")
-    dynamic_smem: ClassVar[bool] = True
-    arch_suffix: ClassVar[str] = "a"  # wgmma exists only in sm_90a's instruction set
-    compute_capability: ClassVar[tuple[int, int] | None] = (9, 0)  # ... which only Hopper runs
 
     BK: ClassVar[int] = 32  # 6_wgmma.cu's K-tile: one 128-byte swizzled row
-    ALIGN: ClassVar[int] = 1024  # bytes of slack for aligning the swizzled stages
 
     SUFFIX: ClassVar[str] = "wg"
 
@@ -363,14 +361,6 @@ class WgTile(_Passes, KernelConfig):
                 + (f"_g{self.group}" if self.group != 8 else ""))
 
     @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.bm * 2 + 128, 1, 1)  # BM / 64 multiplying warpgroups and one copying
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.bm, self.bn)
-
-    @property
     def smem_bytes(self) -> int:
         parts = 2 if self.passes == 3 else 1
         return self.stages * (parts * (self.bm + self.bn) * self.BK * 4 + 16) + self.ALIGN  # stages, barriers
@@ -380,15 +370,9 @@ class WgTile(_Passes, KernelConfig):
                 "GROUP": self.group}
 
     def _check(self) -> list[str]:
-        errors = []
-        if self.bm not in (64, 128) or self.bn not in (128, 256):
-            errors.append(f"block tile {self.bm}x{self.bn}: BM must be 64 or 128 (warpgroups of 64 rows), BN 128 or 256")
-        if self.stages < 2:
-            errors.append(f"stages must be at least 2 (got {self.stages})")
+        errors = self._warpgroup_errors()
         if self.passes not in (1, 3):
             errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
-        if self.group < 1:
-            errors.append(f"group must be at least 1 (got {self.group})")
         return errors
 
 
@@ -588,5 +572,5 @@ def validate(config: KernelConfig, *, max_threads: int = 1024, max_smem: int = 4
         raise ValueError(f"kernel configuration {config.name}: " + "; ".join(errors))
 
 
-for _c in CONFIGS + AUXILIARY:
+for _c in CONFIGS + INT8_WG + AUXILIARY:
     validate(_c)  # a shipped configuration that breaks its own rules is a bug: fail at import

@@ -1,6 +1,7 @@
-// Hopper's asynchronous instructions as 6_wgmma.cu uses them (prepended after common.cuh by fastmm/kernels/build.py):
-// warpgroup MMA (wgmma.mma_async, sm_90a) on TF32 operands in 128-byte-swizzled shared memory, barriers in shared
-// memory (mbarrier) and bulk copies that complete on them. A macro BN (128 or 256) picks wgmma_tile's n.
+// Hopper's asynchronous instructions as 6_wgmma.cu and 8_int8_wgmma.cu use them (prepended after common.cuh by
+// fastmm/kernels/build.py): warpgroup MMA (wgmma.mma_async, sm_90a) on TF32 or INT8 operands in 128-byte-swizzled shared
+// memory, barriers in shared memory (mbarrier) and bulk copies that complete on them. A macro BN (128 or 256) picks
+// wgmma_tile's and wgmma_s8_tile's n.
 
 __device__ __forceinline__ unsigned long long smem_descriptor(unsigned addr)
 {
@@ -16,67 +17,78 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
+// The accumulators of one wgmma, 64 or 128 registers per thread: their PTX operands %0 ... and the C arrays' elements
+// bound to them under constraint K ("+f": FP32, "+r": int32).
+#define WGMMA_REGS64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WGMMA_REGS128 WGMMA_REGS64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WGMMA_D64(K) \
+    K(d[0]), K(d[1]), K(d[2]), K(d[3]), K(d[4]), K(d[5]), K(d[6]), K(d[7]), \
+    K(d[8]), K(d[9]), K(d[10]), K(d[11]), K(d[12]), K(d[13]), K(d[14]), K(d[15]), \
+    K(d[16]), K(d[17]), K(d[18]), K(d[19]), K(d[20]), K(d[21]), K(d[22]), K(d[23]), \
+    K(d[24]), K(d[25]), K(d[26]), K(d[27]), K(d[28]), K(d[29]), K(d[30]), K(d[31]), \
+    K(d[32]), K(d[33]), K(d[34]), K(d[35]), K(d[36]), K(d[37]), K(d[38]), K(d[39]), \
+    K(d[40]), K(d[41]), K(d[42]), K(d[43]), K(d[44]), K(d[45]), K(d[46]), K(d[47]), \
+    K(d[48]), K(d[49]), K(d[50]), K(d[51]), K(d[52]), K(d[53]), K(d[54]), K(d[55]), \
+    K(d[56]), K(d[57]), K(d[58]), K(d[59]), K(d[60]), K(d[61]), K(d[62]), K(d[63])
+#define WGMMA_D128(K) WGMMA_D64(K), \
+    K(d[64]), K(d[65]), K(d[66]), K(d[67]), K(d[68]), K(d[69]), K(d[70]), K(d[71]), \
+    K(d[72]), K(d[73]), K(d[74]), K(d[75]), K(d[76]), K(d[77]), K(d[78]), K(d[79]), \
+    K(d[80]), K(d[81]), K(d[82]), K(d[83]), K(d[84]), K(d[85]), K(d[86]), K(d[87]), \
+    K(d[88]), K(d[89]), K(d[90]), K(d[91]), K(d[92]), K(d[93]), K(d[94]), K(d[95]), \
+    K(d[96]), K(d[97]), K(d[98]), K(d[99]), K(d[100]), K(d[101]), K(d[102]), K(d[103]), \
+    K(d[104]), K(d[105]), K(d[106]), K(d[107]), K(d[108]), K(d[109]), K(d[110]), K(d[111]), \
+    K(d[112]), K(d[113]), K(d[114]), K(d[115]), K(d[116]), K(d[117]), K(d[118]), K(d[119]), \
+    K(d[120]), K(d[121]), K(d[122]), K(d[123]), K(d[124]), K(d[125]), K(d[126]), K(d[127])
+
 // D (64 x BN, this warpgroup's) = A * B + (scale_d ? D : 0), A and B K-major in swizzled shared memory.
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], unsigned long long a, unsigned long long b, int scale_d)
 {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(scale_d));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" WGMMA_REGS64 "}, %64, %65, p, 1, 1;\n}\n"
+                 : WGMMA_D64("+f") : "l"(a), "l"(b), "r"(scale_d));
 }
 
 __device__ __forceinline__ void wgmma_n256(float (&d)[128], unsigned long long a, unsigned long long b, int scale_d)
 {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(a), "l"(b), "r"(scale_d));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" WGMMA_REGS128 "}, %128, %129, p, 1, 1;\n}\n"
+                 : WGMMA_D128("+f") : "l"(a), "l"(b), "r"(scale_d));
 }
 
 #if BN == 128
 #define wgmma_tile wgmma_n128
 #else
 #define wgmma_tile wgmma_n256
+#endif
+
+// The same on INT8 operands (8_int8_wgmma.cu): D (64 x BN, int32) = A * B + (scale_d ? D : 0), exact, 32 values of k
+// per instruction; A and B K-major (the only layout wgmma reads 8-bit integers in), a swizzled row 128 values of k.
+__device__ __forceinline__ void wgmma_s8_n128(int (&d)[64], unsigned long long a, unsigned long long b, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" WGMMA_REGS64 "}, %64, %65, p;\n}\n"
+                 : WGMMA_D64("+r") : "l"(a), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_s8_n256(int (&d)[128], unsigned long long a, unsigned long long b, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {" WGMMA_REGS128 "}, %128, %129, p;\n}\n"
+                 : WGMMA_D128("+r") : "l"(a), "l"(b), "r"(scale_d));
+}
+
+#if BN == 128
+#define wgmma_s8_tile wgmma_s8_n128
+#else
+#define wgmma_s8_tile wgmma_s8_n256
 #endif
 
 
@@ -119,4 +131,37 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// Thread-block clusters (8_int8_wgmma.cu's CLUSTER > 1): this block's rank in its cluster, a barrier of every thread of
+// every block of the cluster, and an arrival on the barrier at the same place in block `rank`'s shared memory.
+__device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_in(unsigned bar, unsigned rank)
+{
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(rank)
+        : "memory");
+}
+
+// bulk_copy into the same place of the shared memory of every block of the cluster named in `blocks` (a bit mask),
+// each block's barrier at `bar` counting the bytes.
+__device__ __forceinline__ void bulk_copy_multicast(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                                    unsigned short blocks)
+{
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(blocks) : "memory");
 }

@@ -1,0 +1,71 @@
+"""The INT8 products of Ozaki scheme II (fastmm/kernels/8_int8_wgmma.cu) on the GPU: exact against NumPy's int64
+products, for ragged shapes (K not a multiple of 128: zero padding), a batch of residue slices, the extremes of int8
+and rows of C wider than N. Hopper only (wgmma)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastmm._plan import ozaki
+from fastmm.kernels.configs import INT8_WG
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
+
+SHAPES = [(1, 1, 1), (5, 7, 3), (64, 64, 64), (128, 256, 128), (129, 257, 129), (200, 300, 200), (256, 512, 384),
+          (1000, 999, 1001), (127, 1, 4000), (1, 300, 255), (513, 769, 2049)]
+SLICES = 3
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the INT8 wgmma kernels run on Hopper (sm_90) only")
+
+
+def _product(a, b, config, pitch=0):
+    """a (S, M, K) @ b (S, K, N) on the kernel, int32 on the host; `pitch` extra columns in C's rows (a view), which
+    must come back as they were (poisoned)."""
+    from fastmm._runtime.int8 import int8_products
+
+    (s, m, k), n = a.shape, b.shape[2]
+    a_t = cp.stack([ozaki.tiles(cp.asarray(x), config.bm, xp=cp) for x in a])
+    b_t = cp.stack([ozaki.tiles(cp.asarray(np.ascontiguousarray(x.T)), config.bn, xp=cp) for x in b])
+    wide = cp.full((s, m, n + pitch), -7, dtype=cp.int32)  # any unwritten element shows
+    int8_products(a_t, b_t, wide[:, :, :n], k, config)
+    out = cp.asnumpy(wide)
+    assert (out[:, :, n:] == -7).all(), "the kernel wrote past N"
+    return out[:, :, :n]
+
+
+@pytest.mark.parametrize("config", INT8_WG, ids=lambda c: c.name)
+@pytest.mark.parametrize("m,n,k", SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
+def test_int8_products_are_exact(m, n, k, config, rng):
+    a = rng.integers(-128, 128, (SLICES, m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (SLICES, k, n), dtype=np.int8)
+    ref = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    got = _product(a, b, config, pitch=3 if n % 2 else 0)
+    bad = np.argwhere(got != ref)
+    assert bad.size == 0, f"{len(bad)} wrong elements, first at {tuple(bad[0])}: {got[tuple(bad[0])]} != {ref[tuple(bad[0])]}"
+
+
+@pytest.mark.parametrize("config", INT8_WG, ids=lambda c: c.name)
+def test_the_extremes_of_int8_sum_exactly(config):
+    """-128 * -128 over a long K (2^14 per term, 2^27 in all) and sums that cancel to small values, in every slice."""
+    m, n, k = 300, 260, 8192
+    a = np.full((SLICES, m, k), -128, np.int8)
+    b = np.full((SLICES, k, n), -128, np.int8)
+    b[1, ::2] = 127  # slice 1: alternating signs along k
+    a[2] = np.where(np.arange(k) % 3 == 0, 127, -128).astype(np.int8)[None, :]
+    ref = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    assert np.abs(ref).max() < 2**31
+    assert np.array_equal(_product(a, b, config), ref)
+
+
+def test_odd_row_strides_of_c_take_the_scalar_stores(rng):
+    """C's rows an odd number of int32 apart: no 8-byte store may be issued."""
+    config = INT8_WG[0]
+    a = rng.integers(-128, 128, (SLICES, 130, 200), dtype=np.int8)
+    b = rng.integers(-128, 128, (SLICES, 200, 270), dtype=np.int8)
+    assert np.array_equal(_product(a, b, config, pitch=1), np.matmul(a.astype(np.int64), b.astype(np.int64)))
