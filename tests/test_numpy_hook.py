@@ -38,13 +38,36 @@ class StandInGPU:
     def __call__(self, a, b, c):
         with self.lock:
             self.calls.append((a.shape, b.shape, c.shape, a.strides, b.strides, c.strides))
+        a, b = getattr(a, "dev", a), getattr(b, "dev", b)  # an operand kept on the stand-in device: its copy
         c[...] = np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+class StandInDevice:
+    """The cache's device: copies in host memory (a stale copy gives a wrong product), each upload recorded."""
+
+    def __init__(self, free=1 << 30):
+        self.uploads, self.free = [], free
+
+    def free_bytes(self):
+        return self.free
+
+    def prepare(self, host):
+        pass
+
+    def upload(self, host):
+        self.uploads.append(host.nbytes)
+        return host.copy()
+
+    def view(self, dev, offset, shape, strides, dtype):
+        return np.ndarray(shape, dtype, buffer=dev, offset=offset, strides=strides)
 
 
 @pytest.fixture
 def gpu(monkeypatch):
     fake = StandInGPU()
+    fake.device = StandInDevice()
     monkeypatch.setattr(hook._state, "product", fake)
+    monkeypatch.setattr(hook._state, "device", fake.device)
     yield fake
     fastmm.restore_numpy()
 

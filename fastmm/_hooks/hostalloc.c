@@ -578,6 +578,29 @@ void fastmm_hostalloc_touch(const char *p)
         __atomic_store_n(&tracked[i].generation, next_generation(), __ATOMIC_SEQ_CST);
 }
 
+/* (nanoseconds) Whether p lies in a tracked block, or in a live block of this allocator: a product reading it may be
+ * worth the hook's question even below its threshold (hostloop.c). */
+int fastmm_hostalloc_candidate(const char *p)
+{
+    if (slot_of((uintptr_t)p, 0) >= 0)
+        return 1;
+    pthread_mutex_lock(&lock);
+    long i = find(p);
+    int mine = i >= 0 && blocks[i].live;
+    pthread_mutex_unlock(&lock);
+    return mine;
+}
+
+/* The block holding p writable again and untracked (the GPU keeps no copy of it any more). */
+void fastmm_hostalloc_untrack(const char *p)
+{
+    pthread_mutex_lock(&lock);
+    long i = slot_of((uintptr_t)p, 0);
+    if (i >= 0)
+        untrack((const char *)tracked[i].base);
+    pthread_mutex_unlock(&lock);
+}
+
 /* Every tracked block writable and untracked (restore_numpy, interpreter exit); ours stays the SIGSEGV handler, and
  * lets a write that faulted just before go on. */
 void fastmm_hostalloc_untrack_all(void)
