@@ -322,7 +322,7 @@ typedef struct {
 static track_t tracked[TRACK_SLOTS];
 static size_t tracked_top; /* every slot in use lies below it: the scans stay short */
 static uint64_t generations, retirements;
-static struct sigaction previous, original; /* the handler before ours now, and before our first install */
+static struct sigaction previous; /* the handler that was there when ours went on top */
 static int installed;
 static volatile sig_atomic_t forwarding; /* a fault that is not ours went on to `previous`: don't loop back */
 static uint64_t stat_faults, stat_protected;
@@ -348,11 +348,16 @@ static long slot_of(uintptr_t p, int any)
 }
 
 /* A fault that is not a write into a tracked block: to the handler that was there before ours, as if ours were not
- * installed. SIG_DFL (or a loop back here, when the one before installed ours as its own previous) is put back, and
- * the fault happens again on return (or is raised again when it came from kill), so a real crash still crashes. */
+ * installed. When that is SIG_DFL, or the fault comes back here after it (faulthandler re-raises it, through ours
+ * when ours was its previous), SIG_DFL is put back and the fault happens again on return (or is raised again when it
+ * came from kill): a real crash still crashes, with faulthandler's traceback once. */
 static void forward(int sig, siginfo_t *info, void *context)
 {
-    struct sigaction to = forwarding ? original : previous;
+    struct sigaction to = previous;
+    if (forwarding) {
+        memset(&to, 0, sizeof to);
+        to.sa_handler = SIG_DFL;
+    }
     if (!forwarding && (to.sa_flags & SA_SIGINFO) && to.sa_sigaction != NULL) {
         forwarding = 1;
         to.sa_sigaction(sig, info, context);
@@ -404,8 +409,6 @@ static void ensure_handler(void)
     ours.sa_sigaction = on_segv;
     ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
     sigemptyset(&ours.sa_mask);
-    if (!installed)
-        original = now;
     installed = 1;
     previous = now; /* (ours is not the one running now: no handler of ours reads it meanwhile) */
     forwarding = 0;
@@ -528,8 +531,12 @@ uint64_t fastmm_hostalloc_track(const char *p)
     }
     ensure_handler();
     uintptr_t base = (uintptr_t)blocks[b].base;
-    long i = slot_of(base, 0);
-    if (i < 0) {
+    long i = slot_of(base, 1);
+    if (i >= 0 && tracked[i].state == RETIRED) { /* the block's own retired slot: one slot per block, always */
+        __atomic_store_n(&tracked[i].generation, next_generation(), __ATOMIC_SEQ_CST);
+        tracked[i].armed = 0;
+        __atomic_store_n(&tracked[i].state, TRACKED, __ATOMIC_RELEASE);
+    } else if (i < 0) {
         i = new_slot();
         if (i < 0) {
             pthread_mutex_unlock(&lock);
@@ -560,6 +567,15 @@ uint64_t fastmm_hostalloc_track(const char *p)
     uint64_t now = __atomic_load_n(&t->generation, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&lock);
     return now == g ? g : 0;
+}
+
+/* Ours on top of the SIGSEGV handlers again, once it was installed (after faulthandler.enable() or .disable()). */
+void fastmm_hostalloc_guard(void)
+{
+    pthread_mutex_lock(&lock);
+    if (installed && !stopped)
+        ensure_handler();
+    pthread_mutex_unlock(&lock);
 }
 
 /* (lock-free, nanoseconds) The generation of the tracked block holding p, or 0 where none does. */

@@ -29,7 +29,7 @@ import numpy as np
 from .._errors import warn_once
 
 __all__ = ["compile_c", "install_allocator", "restore_allocator", "allocator_active", "pinned", "allocator_stats",
-           "HANDLER_NAME", "block", "fingerprint", "track", "generation", "touch", "untrack", "untrack_all", "candidate_address",
+           "HANDLER_NAME", "block", "fingerprint", "track", "generation", "touch", "untrack", "untrack_all", "guard", "candidate_address",
            "tracking_stats"]
 
 HANDLER_NAME = "fastmm_pinned"
@@ -242,7 +242,44 @@ def fingerprint(ptr: int, nbytes: int) -> int:
 def track(ptr: int) -> int:
     """Make the block holding `ptr` read-only and track writes into it; its generation, or 0 where it cannot be
     (not a live block of fastmm's, every slot taken, written meanwhile). Page-lock it first where it is to be."""
-    return int(_allocator.lib.fastmm_hostalloc_track(ptr)) if _allocator is not None else 0
+    if _allocator is None:
+        return 0
+    _follow_faulthandler()
+    return int(_allocator.lib.fastmm_hostalloc_track(ptr))
+
+
+def guard() -> None:
+    """fastmm's SIGSEGV handler on top again if another was installed since (a sigaction query, under a us)."""
+    if _allocator is not None:
+        _allocator.lib.fastmm_hostalloc_guard()
+
+
+_following = False
+
+
+def _follow_faulthandler() -> None:
+    """faulthandler.enable() and .disable() followed by `guard`. Without it, a write into a tracked block after a
+    later faulthandler.enable() would reach faulthandler's handler first, which reports a fatal error and kills the
+    process; and disable() would put back the handler from before fastmm's, leaving tracked writes unhandled."""
+    global _following
+    with _lock:
+        if _following:
+            return
+        _following = True
+    import faulthandler
+    import functools
+
+    for name in ("enable", "disable"):
+        original = getattr(faulthandler, name)
+
+        @functools.wraps(original)
+        def followed(*args, _original=original, **kwargs):
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                guard()
+
+        setattr(faulthandler, name, followed)
 
 
 def generation(ptr: int) -> int:

@@ -178,6 +178,8 @@ class Cache:
         uploading it, or None. `operands`: (pointer, shape, strides, batch items it has) of a and b, as NumPy's
         loop sees them (3-D, batch first)."""
         with self._lock:
+            if self._entries:
+                _hostmem.guard()  # (another SIGSEGV handler installed since the last copy: ours on top again)
             spans = [span(ptr, shape, strides, model.itemsize) for ptr, shape, strides, _ in operands]
             entries = [self._find(*s) if s else None for s in spans]
             a_batch, b_batch = operands[0][3], operands[1][3]
