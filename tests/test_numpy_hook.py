@@ -400,7 +400,7 @@ class _LazyGPU:
                 Device=lambda i=0: _NoContext(),
                 runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30), getDevice=lambda: 0),
                 memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
-            empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(Array))
+            empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(Array), ndarray=Array)
 
     def current(self):
         stack = getattr(self.local, "streams", None)
@@ -515,6 +515,26 @@ def test_staged_pieces_cover_the_product(lazy_gpu, batch, m, k, n, budget, a_sha
     assert len(lazy_gpu.products) >= (1 if batch > 1 and a_shared and b_shared else 2)
     if batch > 1 and a_shared and b_shared:  # one product's blocks of rows, computed once for the whole batch
         assert sum(a_shape[0] for a_shape, _ in lazy_gpu.products) == m
+
+
+@pytest.mark.parametrize("which", ["a", "b", "both"])
+@pytest.mark.parametrize("batch,m,k,n,budget", [(1, 97, 50, 7, 1 << 20), (1, 300, 40, 200, 120_000),
+                                                (9, 50, 40, 30, 100_000)])
+def test_operands_already_on_the_gpu_are_read_where_they_are(lazy_gpu, which, batch, m, k, n, budget, rng):
+    a = rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1)  # a view with its strides
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    c = np.full((batch, m, n), np.nan, np.float32)
+    dev_a, dev_b = (lazy_gpu.cupy.empty(x.shape, x.dtype) for x in (a, b))
+    dev_a[...], dev_b[...] = a, b
+    uploads = []
+    up = _staged._upload
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_staged, "_upload", lambda host, jobs, pool: uploads.append(host) or up(host, jobs, pool))
+        _staged.matmul_host(dev_a if which != "b" else a, dev_b if which != "a" else b, c, budget=budget)
+    np.testing.assert_allclose(c, _ref(a, b), rtol=1e-6, atol=1e-5)
+    kept = {"a": [a], "b": [b], "both": [a, b]}[which]
+    assert not any(np.shares_memory(host, x) for host in uploads for x in kept)  # read on the GPU, never uploaded
+    assert (uploads == []) == (which == "both")
 
 
 @pytest.mark.parametrize("batch,m,k,n,budget", [(1, 50, 40, 30, 1 << 20), (9, 50, 40, 30, 100_000),

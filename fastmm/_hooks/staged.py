@@ -342,7 +342,7 @@ class _Shared:
 
 
 def _on_host(x) -> bool:
-    return isinstance(x, np.ndarray)
+    return isinstance(x, np.ndarray) and not isinstance(x, _arrays.cupy().ndarray)
 
 
 def _operand(x, jobs, pool):
@@ -456,8 +456,10 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
     room = min(budget, MAX_STAGING_BYTES * _IN_FLIGHT)  # bytes of the pieces in flight, device memory
     if batch == 1:  # a single product: B stays up, A and C go in blocks of rows
         flight = _DIRECT_IN_FLIGHT if direct else _IN_FLIGHT
-        if k * n * item <= room // 2 and (k * n + flight * min(m, _BLOCK_ROWS) * (k + n)) * item <= room:
-            rows = _row_block(m, k, n, (room - k * n * item) // flight, item)
+        # An operand already on the GPU takes no memory of the pieces: only C's blocks (and B's upload) count.
+        ka, kn = (k if _on_host(a) else 0), (k * n if _on_host(b) else 0)
+        if kn * item <= room // 2 and (kn + flight * min(m, _BLOCK_ROWS) * (ka + n)) * item <= room:
+            rows = _row_block(m, ka, n, (room - kn * item) // flight, item)
             if direct:
                 rows = min(rows, max(_BLOCK_ROWS, -(-m // (_DIRECT_BLOCKS * _BLOCK_ROWS)) * _BLOCK_ROWS))
             shared_b = _Shared(b[0])
