@@ -289,11 +289,12 @@ def test_a_real_crash_still_crashes_with_faulthandlers_traceback(faulthandler_fi
     assert "alive" in p.stdout and p.stderr.count("Fatal Python error: Segmentation fault") == 1, p.stderr
 
 
-def test_a_real_crash_without_faulthandler_dies_of_sigsegv():
-    p = _child(KEPT + """
+@pytest.mark.parametrize("crash", ["ctypes.string_at(0)", "os.kill(os.getpid(), 11)"])
+def test_a_real_crash_without_faulthandler_dies_of_sigsegv(crash):
+    p = _child(KEPT + f"""
     a[1, 1] = 2.0
     print("alive", flush=True)
-    ctypes.string_at(0)
+    {crash}
 """)
     assert p.returncode == -11 and "alive" in p.stdout, (p.returncode, p.stderr)
 

@@ -325,6 +325,7 @@ static uint64_t generations, retirements;
 static struct sigaction previous; /* the handler that was there when ours went on top */
 static int installed;
 static volatile sig_atomic_t forwarding; /* a fault that is not ours went on to `previous`: don't loop back */
+static void *volatile forwarded;         /* ... at this address */
 static uint64_t stat_faults, stat_protected;
 
 static uint64_t next_generation(void)
@@ -348,28 +349,32 @@ static long slot_of(uintptr_t p, int any)
 }
 
 /* A fault that is not a write into a tracked block: to the handler that was there before ours, as if ours were not
- * installed. When that is SIG_DFL, or the fault comes back here after it (faulthandler re-raises it, through ours
- * when ours was its previous), SIG_DFL is put back and the fault happens again on return (or is raised again when it
- * came from kill): a real crash still crashes, with faulthandler's traceback once. */
+ * installed. When that is SIG_DFL, or the fault comes back here after it (faulthandler re-raises it with kill, through
+ * ours when ours was its previous; a handler that returned without curing the fault sends it again from the same
+ * address), SIG_DFL is put back and the fault happens again on return (or is raised again when it came from kill): a
+ * real crash still crashes, with faulthandler's traceback once. A runtime that cures its own faults gets every one. */
 static void forward(int sig, siginfo_t *info, void *context)
 {
     struct sigaction to = previous;
-    if (forwarding) {
+    int hardware = info != NULL && info->si_code > 0;
+    if (forwarding && (!hardware || info->si_addr == forwarded)) {
         memset(&to, 0, sizeof to);
         to.sa_handler = SIG_DFL;
     }
-    if (!forwarding && (to.sa_flags & SA_SIGINFO) && to.sa_sigaction != NULL) {
+    if ((to.sa_flags & SA_SIGINFO) && to.sa_sigaction != NULL) {
         forwarding = 1;
+        forwarded = hardware ? info->si_addr : NULL;
         to.sa_sigaction(sig, info, context);
         return;
     }
-    if (!forwarding && !(to.sa_flags & SA_SIGINFO) && to.sa_handler != SIG_DFL && to.sa_handler != SIG_IGN) {
+    if (!(to.sa_flags & SA_SIGINFO) && to.sa_handler != SIG_DFL && to.sa_handler != SIG_IGN) {
         forwarding = 1;
+        forwarded = hardware ? info->si_addr : NULL;
         to.sa_handler(sig);
         return;
     }
     sigaction(SIGSEGV, &to, NULL);
-    if (info == NULL || info->si_code <= 0)
+    if (!hardware)
         raise(sig); /* pending until this handler returns */
 }
 
