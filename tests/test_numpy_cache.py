@@ -324,3 +324,21 @@ def test_a_process_exits_cleanly_with_blocks_kept():
     _hostmem.track(b.ctypes.data)
 """)
     assert p.returncode == 0 and "exit" in p.stdout, (p.returncode, p.stderr)
+
+
+def test_a_block_unmapped_from_the_pool_leaves_the_table(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        _cached(gpu, a, b)
+        address = a.ctypes.data
+        del a
+        lib = _hostmem._allocator.lib
+        lib.fastmm_hostalloc_limit(0)  # every pooled block unmapped: its slot must not outlive the mapping
+        try:
+            assert _hostmem.generation(address) == 0 and _hostmem.tracking_stats()["tracked_blocks"] == 0
+            fresh = np.ones((512, 512), np.float32)
+            fresh[...] = 2.0
+            _check(fresh @ b, fresh, b)
+        finally:
+            lib.fastmm_hostalloc_limit(_hostmem._pool_limit())

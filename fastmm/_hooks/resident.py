@@ -203,9 +203,11 @@ class Cache:
                     _, gpu, _ = offloads(with_it)
                     lost = max(0.0, model.bound_seconds(batch, m, k, n, a_batch, b_batch) - gpu)
                 if self._rent(operands[i][0], s, lost, model.upload_seconds(s[1] - s[0])):
-                    entries[i] = self._buy(*s)
-                    if entries[i] is not None:
+                    try:
+                        entries[i] = self._buy(*s)
+                    finally:  # bought, or failed (out of memory, say): renting again before the next try
                         self._rents.pop(self._rent_key(operands[i][0], s), None)
+                    if entries[i] is not None:
                         resident = tuple(e is not None for e in entries)
                         offload, _, _ = offloads(resident)
             views = [None, None]
