@@ -145,7 +145,10 @@ def test_views_of_a_kept_operand_are_served_from_its_copy(gpu, rng):
         _check(x[:, :100] @ w[:100], x[:, :100], w[:100])
         _check(x[::-1] @ w, x[::-1], w)  # negative strides
         _check(x[100:300] @ w, x[100:300], w)
-    assert gpu.device.uploads == [x.nbytes]
+        _check(x[::2, ::2] @ w[::2], x[::2, ::2], w[::2])  # no unit-stride axis: uploaded (gathered) as before
+        assert fastmm.numpy_hook_status()["cache"]["hits"] == 5
+    assert gpu.device.uploads == [x.nbytes] and gpu.calls[-1][0] == (1, 512, 256)
+    assert fastmm.numpy_hook_status()["cache"] is None  # the hook off: no copies, no read-only pages
 
 
 def test_a_buffer_rewritten_every_step_is_never_made_read_only(gpu, rng):

@@ -343,6 +343,7 @@ def _uninstall() -> None:
     for lane in _state.lanes.values():
         if lane.installed:
             _take_loop(lane)
+    _drop_cache()  # every block writable again: nothing faults once the hook is off
 
 
 _on_off = Switch(_install, _uninstall)
@@ -533,9 +534,7 @@ def restore_numpy() -> None:
     >>> fastmm.numpy_hook_status()["active"]
     False
     """
-    with _on_off.lock:
-        _on_off.off()
-        _drop_cache()  # every block writable again: nothing faults once the hook is off
+    _on_off.off()
     _hostmem.restore_allocator()
 
 

@@ -181,7 +181,8 @@ class Cache:
             if self._entries:
                 _hostmem.guard()  # (another SIGSEGV handler installed since the last copy: ours on top again)
             spans = [span(ptr, shape, strides, model.itemsize) for ptr, shape, strides, _ in operands]
-            entries = [self._find(*s) if s else None for s in spans]
+            entries = [self._find(*s) if s and _unit_axis(op[1], op[2], model.itemsize) else None
+                       for s, op in zip(spans, operands)]
             a_batch, b_batch = operands[0][3], operands[1][3]
             sizes = [a_batch * m * k * model.itemsize, b_batch * k * n * model.itemsize]
 
@@ -253,6 +254,13 @@ class Cache:
                     "uploaded_bytes": self.uploaded_bytes, "invalidated_by_writes": self.invalidated,
                     "evicted": self.evicted, "write_faults": tracking["write_faults"],
                     "tracked_blocks": tracking["tracked_blocks"]}
+
+
+def _unit_axis(shape, strides, itemsize: int) -> bool:
+    """Whether the kernels read a view in place: one of its two core axes has unit stride (else they would copy it,
+    with a warning, where an upload gathers it for free)."""
+    (rows, cols), (sr, sc) = shape[-2:], strides[-2:]
+    return sc == itemsize or cols == 1 or sr == itemsize or rows == 1
 
 
 def _same_block(p: int, q: int) -> bool:
