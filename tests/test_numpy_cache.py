@@ -187,6 +187,8 @@ def test_cache_bytes_zero_turns_it_off(gpu, rng, monkeypatch):
         fastmm.restore_numpy()
     monkeypatch.setenv("FASTMM_NUMPY_CACHE", "512M")
     assert hook._cache_bytes(None) == 512 * MiB and hook._cache_bytes(7) == 7
+    monkeypatch.setenv("FASTMM_NUMPY_CACHE", "1.5GB")
+    assert hook._cache_bytes(None) == 3 << 29
     monkeypatch.setenv("FASTMM_NUMPY_CACHE", "lots")
     with pytest.raises(ValueError, match="FASTMM_NUMPY_CACHE"):
         fastmm.accelerate_numpy(EVERYTHING)

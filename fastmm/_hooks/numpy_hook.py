@@ -455,9 +455,11 @@ def _cache_bytes(given: int | None) -> int | None:
         return None
     if text in ("OFF", "NO", "FALSE"):
         return 0
+    if len(text) > 2 and text.endswith("B") and text[-2] in "KMG":  # 512MB as 512M
+        text = text[:-1]
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
     try:
-        return max(0, int(float(text.rstrip("KMGB") if scale > 1 else text) * scale))
+        return max(0, int(float(text[:-1] if scale > 1 else text) * scale))
     except ValueError:
         raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {text!r}") from None
 
