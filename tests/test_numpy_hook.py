@@ -38,13 +38,36 @@ class StandInGPU:
     def __call__(self, a, b, c):
         with self.lock:
             self.calls.append((a.shape, b.shape, c.shape, a.strides, b.strides, c.strides))
+        a, b = getattr(a, "dev", a), getattr(b, "dev", b)  # an operand kept on the stand-in device: its copy
         c[...] = np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+class StandInDevice:
+    """The cache's device: copies in host memory (a stale copy gives a wrong product), each upload recorded."""
+
+    def __init__(self, free=1 << 30):
+        self.uploads, self.free = [], free
+
+    def free_bytes(self):
+        return self.free
+
+    def prepare(self, host):
+        pass
+
+    def upload(self, host):
+        self.uploads.append(host.nbytes)
+        return host.copy()
+
+    def view(self, dev, offset, shape, strides, dtype):
+        return np.ndarray(shape, dtype, buffer=dev, offset=offset, strides=strides)
 
 
 @pytest.fixture
 def gpu(monkeypatch):
     fake = StandInGPU()
+    fake.device = StandInDevice()
     monkeypatch.setattr(hook._state, "product", fake)
+    monkeypatch.setattr(hook._state, "device", fake.device)
     yield fake
     fastmm.restore_numpy()
 
@@ -377,7 +400,7 @@ class _LazyGPU:
                 Device=lambda i=0: _NoContext(),
                 runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30), getDevice=lambda: 0),
                 memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
-            empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(Array))
+            empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(Array), ndarray=Array)
 
     def current(self):
         stack = getattr(self.local, "streams", None)
@@ -492,6 +515,26 @@ def test_staged_pieces_cover_the_product(lazy_gpu, batch, m, k, n, budget, a_sha
     assert len(lazy_gpu.products) >= (1 if batch > 1 and a_shared and b_shared else 2)
     if batch > 1 and a_shared and b_shared:  # one product's blocks of rows, computed once for the whole batch
         assert sum(a_shape[0] for a_shape, _ in lazy_gpu.products) == m
+
+
+@pytest.mark.parametrize("which", ["a", "b", "both"])
+@pytest.mark.parametrize("batch,m,k,n,budget", [(1, 97, 50, 7, 1 << 20), (1, 300, 40, 200, 120_000),
+                                                (9, 50, 40, 30, 100_000)])
+def test_operands_already_on_the_gpu_are_read_where_they_are(lazy_gpu, which, batch, m, k, n, budget, rng):
+    a = rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1)  # a view with its strides
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    c = np.full((batch, m, n), np.nan, np.float32)
+    dev_a, dev_b = (lazy_gpu.cupy.empty(x.shape, x.dtype) for x in (a, b))
+    dev_a[...], dev_b[...] = a, b
+    uploads = []
+    up = _staged._upload
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_staged, "_upload", lambda host, jobs, pool: uploads.append(host) or up(host, jobs, pool))
+        _staged.matmul_host(dev_a if which != "b" else a, dev_b if which != "a" else b, c, budget=budget)
+    np.testing.assert_allclose(c, _ref(a, b), rtol=1e-6, atol=1e-5)
+    kept = {"a": [a], "b": [b], "both": [a, b]}[which]
+    assert not any(np.shares_memory(host, x) for host in uploads for x in kept)  # read on the GPU, never uploaded
+    assert (uploads == []) == (which == "both")
 
 
 @pytest.mark.parametrize("batch,m,k,n,budget", [(1, 50, 40, 30, 1 << 20), (9, 50, 40, 30, 100_000),

@@ -40,6 +40,10 @@ class HostModel:
         fastmm's kernel rate, FLOP/s.
     overhead : float
         Seconds of fixed cost per offloaded product (the callback, allocations, synchronisation).
+    memory : float
+        Bytes per second NumPy's loop reads its operands at, at best: a thin product (matrix times vector) is bound
+        by it, not by FLOPs. Used only where an operand stays on the GPU (`bound_seconds`); the default is a
+        fast host's, so that the GPU is not credited with more than it wins.
     measured : str
         Where the figures come from: empty for the defaults, else the file that holds them.
 
@@ -59,17 +63,29 @@ class HostModel:
     link: float = 8.0e9
     gpu: float = 30.0e12
     overhead: float = 300e-6
+    memory: float = 60.0e9
     measured: str = ""  # where the figures come from: "" for the defaults, else the file that holds them
     itemsize: int = 4  # bytes an element: 4 for float32's model, 8 for float64's
 
     def numpy_seconds(self, batch, m, k, n) -> float:
         return 2.0 * batch * m * k * n / self.host
 
-    def gpu_seconds(self, batch, m, k, n, a_batch=None, b_batch=None) -> float:
+    def bound_seconds(self, batch, m, k, n, a_batch=None, b_batch=None) -> float:
+        """NumPy's time, FLOPs or bytes read, whichever takes longer."""
         a_batch = batch if a_batch is None else a_batch
         b_batch = batch if b_batch is None else b_batch
         nbytes = self.itemsize * (a_batch * m * k + b_batch * k * n + batch * m * n)
+        return max(self.numpy_seconds(batch, m, k, n), nbytes / self.memory)
+
+    def gpu_seconds(self, batch, m, k, n, a_batch=None, b_batch=None, resident=(False, False)) -> float:
+        """The time through the GPU; an operand `resident` there already crosses no link."""
+        a_batch = 0 if resident[0] else batch if a_batch is None else a_batch
+        b_batch = 0 if resident[1] else batch if b_batch is None else b_batch
+        nbytes = self.itemsize * (a_batch * m * k + b_batch * k * n + batch * m * n)
         return self.overhead + nbytes / self.link + 2.0 * batch * m * k * n / self.gpu
+
+    def upload_seconds(self, nbytes) -> float:
+        return nbytes / self.link
 
     def offloads(self, batch, m, k, n, a_batch=None, b_batch=None) -> bool:
         return self.gpu_seconds(batch, m, k, n, a_batch, b_batch) < self.numpy_seconds(batch, m, k, n)
@@ -128,13 +144,17 @@ def _gpu_name() -> str:
         return "no gpu"
 
 
+_LATER = {"memory"}  # figures that files written before them lack: the default then
+
+
 def load_model() -> HostModel:
     """This machine's measured model, or the defaults (also when the file is unreadable: never an error)."""
     path = model_path()
     try:
         fields = json.loads(path.read_text())["model"]
         return HostModel(**{f.name: float(fields[f.name]) for f in dataclasses.fields(HostModel)
-                            if f.name not in ("measured", "itemsize")}, measured=str(path))
+                            if f.name not in ("measured", "itemsize") and (f.name in fields or f.name not in _LATER)},
+                         measured=str(path))
     except (OSError, ValueError, KeyError, TypeError):
         return HostModel()
 

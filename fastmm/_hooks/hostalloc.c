@@ -14,12 +14,15 @@
  * mutex, and never after fastmm_hostalloc_shutdown (interpreter exit) or in a forked child.
  * No Python or NumPy headers: NumPy's handler is a plain struct (numpy/ndarraytypes.h, version 1).
  */
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 typedef struct {
     void *ctx;
@@ -59,13 +62,14 @@ typedef struct {
     int pin;          /* UNPINNED .. FAILED */
     int live;         /* held by an array; else in the pool */
     uint64_t freed;   /* when it went to the pool: the oldest leaves first */
+    uint64_t serial;  /* new each time an array takes the block: which array's contents it holds */
 } block_t;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static block_t *blocks;   /* sorted by base */
 static size_t count, room;
 static size_t pooled, pool_limit = (size_t)1 << 31;
-static uint64_t tick;
+static uint64_t tick, serials;
 static int stopped; /* interpreter exit, or a forked child: no more driver calls */
 static register_fn do_register;
 static unregister_fn do_unregister;
@@ -73,6 +77,9 @@ static ctx_get_fn ctx_get;
 static ctx_push_fn ctx_push;
 static ctx_pop_fn ctx_pop;
 static size_t stat_pinned_bytes, stat_reused, stat_mapped;
+
+static void untrack(const char *base);
+static void forget_slot(const char *base);
 
 /* (lock held) the index of the block holding address p, or -1 */
 static long find(const char *p)
@@ -144,6 +151,7 @@ static size_t evict(block_t *out, size_t most)
         if (oldest < 0)
             break;
         out[n++] = blocks[oldest];
+        forget_slot(blocks[oldest].base);
         pooled -= blocks[oldest].cap;
         remove_at((size_t)oldest);
     }
@@ -187,6 +195,7 @@ static void *take(size_t size, int zero)
         block_t *b = &blocks[best];
         b->live = 1;
         b->used = size;
+        b->serial = ++serials;
         pooled -= b->cap;
         ++stat_reused;
         char *p = b->base;
@@ -199,8 +208,9 @@ static void *take(size_t size, int zero)
     void *p = map_block(cap);
     if (p == NULL)
         return NULL;
-    block_t b = {p, cap, size, NULL, UNPINNED, 1, 0};
+    block_t b = {p, cap, size, NULL, UNPINNED, 1, 0, 0};
     pthread_mutex_lock(&lock);
+    b.serial = ++serials;
     int failed = insert(b);
     if (!failed)
         ++stat_mapped;
@@ -223,6 +233,7 @@ static int give_back(void *ptr)
         pthread_mutex_unlock(&lock);
         return 0;
     }
+    untrack(blocks[i].base);
     blocks[i].live = 0;
     blocks[i].freed = ++tick;
     pooled += blocks[i].cap;
@@ -267,7 +278,9 @@ static void *h_realloc(void *ctx, void *ptr, size_t new_size)
     int mine = i >= 0 && blocks[i].base == (char *)ptr;
     size_t used = mine ? blocks[i].used : 0;
     if (mine && new_size >= MIN_BYTES && new_size <= blocks[i].cap) {
+        untrack(blocks[i].base); /* NumPy writes the grown part next: the block is another array's now */
         blocks[i].used = new_size; /* fits in place */
+        blocks[i].serial = ++serials;
         pthread_mutex_unlock(&lock);
         return ptr;
     }
@@ -280,6 +293,167 @@ static void *h_realloc(void *ctx, void *ptr, size_t new_size)
     memcpy(moved, ptr, used < new_size ? used : new_size);
     give_back(ptr);
     return moved;
+}
+
+
+/* ---- Write tracking: blocks whose contents the GPU keeps a copy of ----
+ *
+ * The hook keeps a device copy of an operand that programs multiply again unchanged (docs/numpy-hook.md, section
+ * 'Operands that stay on the GPU'). To know when that copy goes stale, the block is made read-only (mprotect) and
+ * recorded here: the first write into it, by any thread or any C code, faults, and the SIGSEGV handler below gives
+ * the block a new generation and makes it writable again, so the write goes on a few microseconds later. A device
+ * copy is used only while the block's generation is the one it was made at. Writes by the kernel (read(2) into the
+ * buffer) fail with EFAULT instead of faulting, and DMA by a GPU is not seen at all: both are in the docs.
+ *
+ * The table is read without a lock by the handler and by the matmul loop: a slot's fields are atomics, and only
+ * fastmm's side writes them, under `lock`. A slot whose block went back to the pool stays, retired, until the slot is
+ * needed: a handler that was already running for a write into that block still finds it. */
+#define TRACK_SLOTS 256
+enum { FREE = 0, TRACKED = 1, RETIRED = 2 };
+
+typedef struct {
+    uintptr_t base, end;  /* end: base + cap (the whole mapping) */
+    uint64_t generation;  /* new at every write seen; never reused (drawn from `generations`) */
+    uint64_t armed;       /* the generation the block was made read-only at: != generation, writable */
+    int state;            /* FREE, TRACKED, RETIRED */
+    uint64_t retired;     /* when it retired: the oldest is taken first */
+} track_t;
+
+static track_t tracked[TRACK_SLOTS];
+static size_t tracked_top; /* every slot in use lies below it: the scans stay short */
+static uint64_t generations, retirements;
+static struct sigaction previous; /* the handler that was there when ours went on top */
+static int installed;
+static volatile sig_atomic_t forwarding; /* a fault that is not ours went on to `previous`: don't loop back */
+static void *volatile forwarded;         /* ... at this address */
+static uint64_t stat_faults, stat_protected;
+
+static uint64_t next_generation(void)
+{
+    return __atomic_add_fetch(&generations, 1, __ATOMIC_SEQ_CST);
+}
+
+/* (lock-free) the slot whose block holds p, or -1; TRACKED or RETIRED ones only if `any` */
+static long slot_of(uintptr_t p, int any)
+{
+    size_t top = __atomic_load_n(&tracked_top, __ATOMIC_ACQUIRE);
+    for (size_t i = 0; i < top; ++i) {
+        int state = __atomic_load_n(&tracked[i].state, __ATOMIC_ACQUIRE);
+        if (state == TRACKED || (any && state == RETIRED)) {
+            uintptr_t base = __atomic_load_n(&tracked[i].base, __ATOMIC_ACQUIRE);
+            if (base <= p && p < __atomic_load_n(&tracked[i].end, __ATOMIC_ACQUIRE))
+                return (long)i;
+        }
+    }
+    return -1;
+}
+
+/* A fault that is not a write into a tracked block: to the handler that was there before ours, as if ours were not
+ * installed. When that is SIG_DFL, or the fault comes back here after it (faulthandler re-raises it with kill, through
+ * ours when ours was its previous; a handler that returned without curing the fault sends it again from the same
+ * address), SIG_DFL is put back and the fault happens again on return (or is raised again when it came from kill): a
+ * real crash still crashes, with faulthandler's traceback once. A runtime that cures its own faults gets every one. */
+static void forward(int sig, siginfo_t *info, void *context)
+{
+    struct sigaction to = previous;
+    int hardware = info != NULL && info->si_code > 0;
+    if (forwarding && (!hardware || info->si_addr == forwarded)) {
+        memset(&to, 0, sizeof to);
+        to.sa_handler = SIG_DFL;
+    }
+    if ((to.sa_flags & SA_SIGINFO) && to.sa_sigaction != NULL) {
+        forwarding = 1;
+        forwarded = hardware ? info->si_addr : NULL;
+        to.sa_sigaction(sig, info, context);
+        return;
+    }
+    if (!(to.sa_flags & SA_SIGINFO) && to.sa_handler != SIG_DFL && to.sa_handler != SIG_IGN) {
+        forwarding = 1;
+        forwarded = hardware ? info->si_addr : NULL;
+        to.sa_handler(sig);
+        return;
+    }
+    sigaction(SIGSEGV, &to, NULL);
+    if (!hardware)
+        raise(sig); /* pending until this handler returns */
+}
+
+static void on_segv(int sig, siginfo_t *info, void *context)
+{
+    int saved = errno;
+    if (info != NULL && info->si_code == SEGV_ACCERR) {
+        long i = slot_of((uintptr_t)info->si_addr, 1);
+        if (i >= 0) {
+            uintptr_t base = __atomic_load_n(&tracked[i].base, __ATOMIC_ACQUIRE);
+            uintptr_t end = __atomic_load_n(&tracked[i].end, __ATOMIC_ACQUIRE);
+            /* Writable first, then the new generation: the write runs after both, once this returns. */
+            if (mprotect((void *)base, end - base, PROT_READ | PROT_WRITE) == 0) {
+                __atomic_store_n(&tracked[i].generation, next_generation(), __ATOMIC_SEQ_CST);
+                __atomic_add_fetch(&stat_faults, 1, __ATOMIC_RELAXED);
+                errno = saved;
+                return;
+            }
+        }
+    }
+    forward(sig, info, context);
+    errno = saved;
+}
+
+/* (lock held) ours as the SIGSEGV handler, on top of whatever was installed since (faulthandler.enable() after
+ * accelerate_numpy(), say), chaining to it. A sigaction query: well under a microsecond. */
+static void ensure_handler(void)
+{
+    struct sigaction now, ours;
+    if (sigaction(SIGSEGV, NULL, &now) != 0)
+        return;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_segv) {
+        forwarding = 0;
+        return;
+    }
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_segv;
+    ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&ours.sa_mask);
+    installed = 1;
+    previous = now; /* (ours is not the one running now: no handler of ours reads it meanwhile) */
+    forwarding = 0;
+    sigaction(SIGSEGV, &ours, NULL);
+}
+
+/* (lock held) the block at `base` writable and no longer tracked (retired: see above) */
+static void untrack(const char *base)
+{
+    long i = slot_of((uintptr_t)base, 0);
+    if (i < 0)
+        return;
+    track_t *t = &tracked[i];
+    mprotect((void *)t->base, t->end - t->base, PROT_READ | PROT_WRITE);
+    __atomic_store_n(&t->generation, next_generation(), __ATOMIC_SEQ_CST);
+    t->retired = ++retirements;
+    __atomic_store_n(&t->state, RETIRED, __ATOMIC_RELEASE);
+}
+
+/* (lock held) the slot of the block at `base` freed for good: its mapping is about to be returned to the system */
+static void forget_slot(const char *base)
+{
+    untrack(base);
+    long i = slot_of((uintptr_t)base, 1);
+    if (i >= 0)
+        __atomic_store_n(&tracked[i].state, FREE, __ATOMIC_RELEASE);
+}
+
+/* (lock held) a slot for a new block: a free one, else the longest retired; -1 if every one is tracked */
+static long new_slot(void)
+{
+    long best = -1;
+    for (size_t i = 0; i < TRACK_SLOTS; ++i) {
+        int state = tracked[i].state;
+        if (state == FREE)
+            return (long)i;
+        if (state == RETIRED && (best < 0 || tracked[i].retired < tracked[best].retired))
+            best = (long)i;
+    }
+    return best;
 }
 
 static handler_t handler = {
@@ -349,19 +523,183 @@ int fastmm_hostalloc_pin(const char *p, size_t bytes)
     return ok;
 }
 
+/* Make the block holding p read-only and track its writes (see 'Write tracking'), if it is not already: returns its
+ * generation, or 0 where p lies in no live block of this allocator, every slot is taken, or the block could not be
+ * protected (or was written meanwhile). Page-lock the block first: the driver may refuse to lock read-only pages. */
+uint64_t fastmm_hostalloc_track(const char *p)
+{
+    pthread_mutex_lock(&lock);
+    long b = find(p);
+    if (b < 0 || !blocks[b].live || stopped) {
+        pthread_mutex_unlock(&lock);
+        return 0;
+    }
+    ensure_handler();
+    uintptr_t base = (uintptr_t)blocks[b].base;
+    long i = slot_of(base, 1);
+    if (i >= 0 && tracked[i].state == RETIRED) { /* the block's own retired slot: one slot per block, always */
+        __atomic_store_n(&tracked[i].generation, next_generation(), __ATOMIC_SEQ_CST);
+        tracked[i].armed = 0;
+        __atomic_store_n(&tracked[i].state, TRACKED, __ATOMIC_RELEASE);
+    } else if (i < 0) {
+        i = new_slot();
+        if (i < 0) {
+            pthread_mutex_unlock(&lock);
+            return 0;
+        }
+        track_t *t = &tracked[i];
+        __atomic_store_n(&t->state, FREE, __ATOMIC_RELEASE); /* (a retired slot: out of the scans while rewritten) */
+        __atomic_store_n(&t->base, base, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->end, base + blocks[b].cap, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->generation, next_generation(), __ATOMIC_SEQ_CST);
+        t->armed = 0;
+        __atomic_store_n(&t->state, TRACKED, __ATOMIC_RELEASE);
+        if ((size_t)i >= tracked_top)
+            __atomic_store_n(&tracked_top, (size_t)i + 1, __ATOMIC_RELEASE);
+    }
+    track_t *t = &tracked[i];
+    uint64_t g = __atomic_load_n(&t->generation, __ATOMIC_SEQ_CST);
+    if (t->armed != g) {
+        /* Read-only, then armed at g, then g checked again: a write in between (its fault makes the block writable
+         * and then draws a new generation) leaves g stale, and the copy made at g is never used. */
+        if (mprotect((void *)t->base, t->end - t->base, PROT_READ) != 0) {
+            pthread_mutex_unlock(&lock);
+            return 0;
+        }
+        t->armed = g;
+        ++stat_protected;
+    }
+    uint64_t now = __atomic_load_n(&t->generation, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&lock);
+    return now == g ? g : 0;
+}
+
+/* Ours on top of the SIGSEGV handlers again, once it was installed (after faulthandler.enable() or .disable()). */
+void fastmm_hostalloc_guard(void)
+{
+    pthread_mutex_lock(&lock);
+    if (installed && !stopped)
+        ensure_handler();
+    pthread_mutex_unlock(&lock);
+}
+
+/* (lock-free, nanoseconds) The generation of the tracked block holding p, or 0 where none does. */
+uint64_t fastmm_hostalloc_generation(const char *p)
+{
+    long i = slot_of((uintptr_t)p, 0);
+    return i < 0 ? 0 : __atomic_load_n(&tracked[i].generation, __ATOMIC_SEQ_CST);
+}
+
+/* The tracked block holding p was written without a fault (fastmm's own download into it, by DMA): a new
+ * generation. The block stays read-only; the next track finds it disarmed and arms it again. */
+void fastmm_hostalloc_touch(const char *p)
+{
+    long i = slot_of((uintptr_t)p, 0);
+    if (i >= 0)
+        __atomic_store_n(&tracked[i].generation, next_generation(), __ATOMIC_SEQ_CST);
+}
+
+/* (nanoseconds) Whether p lies in a tracked block, or in a live block of this allocator: a product reading it may be
+ * worth the hook's question even below its threshold (hostloop.c). */
+int fastmm_hostalloc_candidate(const char *p)
+{
+    if (slot_of((uintptr_t)p, 0) >= 0)
+        return 1;
+    pthread_mutex_lock(&lock);
+    long i = find(p);
+    int mine = i >= 0 && blocks[i].live;
+    pthread_mutex_unlock(&lock);
+    return mine;
+}
+
+/* The block holding p writable again and untracked (the GPU keeps no copy of it any more). */
+void fastmm_hostalloc_untrack(const char *p)
+{
+    pthread_mutex_lock(&lock);
+    long i = slot_of((uintptr_t)p, 0);
+    if (i >= 0)
+        untrack((const char *)tracked[i].base);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Every tracked block writable and untracked (restore_numpy, interpreter exit); ours stays the SIGSEGV handler, and
+ * lets a write that faulted just before go on. */
+void fastmm_hostalloc_untrack_all(void)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < tracked_top; ++i)
+        if (tracked[i].state == TRACKED)
+            untrack((const char *)tracked[i].base);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Whether p lies in a live block of this allocator: out[0] its base, out[1] the bytes the array asked for, out[2] the
+ * block's serial (new each time an array takes it). */
+int fastmm_hostalloc_block(const char *p, uint64_t out[3])
+{
+    pthread_mutex_lock(&lock);
+    long i = find(p);
+    int mine = i >= 0 && blocks[i].live;
+    if (mine) {
+        out[0] = (uintptr_t)blocks[i].base;
+        out[1] = blocks[i].used;
+        out[2] = blocks[i].serial;
+    }
+    pthread_mutex_unlock(&lock);
+    return mine;
+}
+
+/* A cheap sample of [p, p + bytes): 64 bytes from each of up to 64 places spread over it (about a microsecond).
+ * Equal samples before and after a product say "probably unchanged", which is all the decision needs: the write
+ * tracking, not this, keeps results right. */
+uint64_t fastmm_hostalloc_fingerprint(const char *p, size_t bytes)
+{
+    uint64_t h = 1469598103934665603ull;
+    size_t spots = 64, line = 64;
+    if (bytes < spots * line)
+        spots = bytes / line;
+    for (size_t s = 0; s < spots; ++s) {
+        size_t at = (bytes - line) / (spots > 1 ? spots - 1 : 1) * s;
+        for (size_t j = 0; j < line; j += 8) {
+            uint64_t w;
+            memcpy(&w, p + at + j, 8);
+            h = (h ^ w) * 1099511628211ull;
+        }
+    }
+    for (size_t j = spots * line; j < bytes && j < line; ++j) /* (tiny ranges: every byte) */
+        h = (h ^ (unsigned char)p[j]) * 1099511628211ull;
+    return h;
+}
+
+/* tracked blocks, write faults seen, blocks made read-only (ever) */
+void fastmm_hostalloc_track_stats(size_t out[3])
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tracked_top; ++i)
+        n += __atomic_load_n(&tracked[i].state, __ATOMIC_ACQUIRE) == TRACKED;
+    out[0] = n;
+    out[1] = __atomic_load_n(&stat_faults, __ATOMIC_RELAXED);
+    out[2] = stat_protected;
+}
+
 /* Interpreter exit: no driver calls from now on (blocks freed later are left to the process's end). */
 void fastmm_hostalloc_shutdown(void)
 {
+    fastmm_hostalloc_untrack_all();
     pthread_mutex_lock(&lock);
     stopped = 1;
     pthread_mutex_unlock(&lock);
 }
 
-/* In a forked child: the parent's page-locking does not carry over, and the driver is not usable here. */
+/* In a forked child: the parent's page-locking does not carry over, and the driver is not usable here; the child
+ * keeps no device copies, so its blocks are writable again and untracked. */
 void fastmm_hostalloc_forget(void)
 {
     pthread_mutex_lock(&lock);
     stopped = 1;
+    for (size_t i = 0; i < tracked_top; ++i)
+        if (tracked[i].state != FREE)
+            forget_slot((const char *)tracked[i].base);
     for (size_t i = 0; i < count; ++i)
         blocks[i].pin = blocks[i].pin == PINNED ? FAILED : blocks[i].pin;
     pthread_mutex_unlock(&lock);

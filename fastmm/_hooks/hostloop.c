@@ -26,6 +26,7 @@ typedef int (*gil_ensure_t)(void);
 typedef void (*gil_release_t)(int);
 typedef void *(*err_occurred_t)(void);
 typedef void (*err_set_t)(void *);
+typedef int (*candidate_t)(const char *p);
 
 /* The Python C-API functions the loop needs, and the KeyboardInterrupt type (set once, before the first offload). */
 struct python_api {
@@ -43,6 +44,15 @@ static loop_t numpy_loop;
 static offload_t offload; /* NULL while the hook is off */
 static double min_flops = 1e300;
 static long long below_threshold; /* products the hook left to NumPy without asking fastmm (too little work) */
+/* Below the threshold, a product may still win on the GPU when an operand is already there (or may be kept there):
+ * fastmm is asked when an operand lies in a block of fastmm's allocator (`candidate`, nanoseconds) and NumPy would
+ * take at least `resident_seconds` (its FLOPs at `host_rate` or its bytes at `memory_rate`, the slower), so that
+ * asking (microseconds) costs NumPy's loop at most about a percent. */
+struct resident {
+    candidate_t candidate; /* NULL: never */
+    double host_rate, memory_rate, itemsize, seconds;
+};
+static struct resident resident; /* the figures are written before `candidate` (release), read after it (acquire) */
 static struct python_api python;
 /* Where the products' time goes (nanoseconds, and how many products): on fastmm's path (the GPU, staging included),
  * in NumPy's own loop, and in fastmm's part for products it then declined. Two clock reads a product (tens of ns):
@@ -99,6 +109,34 @@ void fastmm_configure(offload_t callback, double flops)
     __atomic_store_n(&offload, callback, __ATOMIC_RELEASE);
 }
 
+void fastmm_configure_resident(candidate_t candidate, double host_rate, double memory_rate, double itemsize,
+                               double seconds)
+{
+    __atomic_store_n(&resident.candidate, NULL, __ATOMIC_RELEASE);
+    __atomic_store(&resident.host_rate, &host_rate, __ATOMIC_RELAXED);
+    __atomic_store(&resident.memory_rate, &memory_rate, __ATOMIC_RELAXED);
+    __atomic_store(&resident.itemsize, &itemsize, __ATOMIC_RELAXED);
+    __atomic_store(&resident.seconds, &seconds, __ATOMIC_RELAXED);
+    __atomic_store_n(&resident.candidate, candidate, __ATOMIC_RELEASE);
+}
+
+/* Whether a product below the threshold is still worth asking fastmm about (see `resident`). */
+static int ask_below(char **args, npy_intp const *d, npy_intp const *steps, double flops)
+{
+    struct resident r;
+    r.candidate = __atomic_load_n(&resident.candidate, __ATOMIC_ACQUIRE);
+    if (r.candidate == NULL)
+        return 0;
+    __atomic_load(&resident.host_rate, &r.host_rate, __ATOMIC_RELAXED);
+    __atomic_load(&resident.memory_rate, &r.memory_rate, __ATOMIC_RELAXED);
+    __atomic_load(&resident.itemsize, &r.itemsize, __ATOMIC_RELAXED);
+    __atomic_load(&resident.seconds, &r.seconds, __ATOMIC_RELAXED);
+    double a = (double)d[1] * d[2] * (steps[0] ? d[0] : 1), b = (double)d[2] * d[3] * (steps[1] ? d[0] : 1);
+    double bytes = r.itemsize * (a + b + (double)d[0] * d[1] * d[3]);
+    double seconds = flops / r.host_rate > bytes / r.memory_rate ? flops / r.host_rate : bytes / r.memory_rate;
+    return seconds >= r.seconds && (r.candidate(args[0]) || r.candidate(args[1]));
+}
+
 void fastmm_matmul_loop(char **args, npy_intp const *dimensions, npy_intp const *steps, void *data)
 {
     offload_t callback = __atomic_load_n(&offload, __ATOMIC_ACQUIRE);
@@ -108,10 +146,11 @@ void fastmm_matmul_loop(char **args, npy_intp const *dimensions, npy_intp const 
                    (double)dimensions[3];
     int outcome = DECLINED;
     long long start = now_ns(), asked = start;
-    if (callback != NULL && flops >= threshold && !error_pending()) {
+    int worth = callback != NULL && (flops >= threshold || ask_below(args, dimensions, steps, flops));
+    if (worth && !error_pending()) {
         outcome = callback(args, dimensions, steps);
         asked = now_ns();
-    } else if (callback != NULL && flops < threshold)
+    } else if (callback != NULL && !worth)
         __atomic_add_fetch(&below_threshold, 1, __ATOMIC_RELAXED);
     if (outcome == DONE) {
         __atomic_add_fetch(&times[GPU_NS], asked - start, __ATOMIC_RELAXED);

@@ -29,7 +29,8 @@ import numpy as np
 from .._errors import warn_once
 
 __all__ = ["compile_c", "install_allocator", "restore_allocator", "allocator_active", "pinned", "allocator_stats",
-           "HANDLER_NAME"]
+           "HANDLER_NAME", "block", "fingerprint", "track", "generation", "touch", "untrack", "untrack_all", "guard", "candidate_address",
+           "tracking_stats"]
 
 HANDLER_NAME = "fastmm_pinned"
 _CAPSULE_NAME = b"mem_handler"  # the name NumPy requires of a handler's capsule (kept alive: the capsule points at it)
@@ -80,6 +81,15 @@ class _Allocator:
         lib.fastmm_hostalloc_pin.restype = ctypes.c_int
         lib.fastmm_hostalloc_limit.argtypes = [ctypes.c_size_t]
         lib.fastmm_hostalloc_stats.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        for name in ("track", "generation"):
+            fn = getattr(lib, f"fastmm_hostalloc_{name}")
+            fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_uint64
+        lib.fastmm_hostalloc_touch.argtypes = [ctypes.c_void_p]
+        lib.fastmm_hostalloc_untrack.argtypes = [ctypes.c_void_p]
+        lib.fastmm_hostalloc_block.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+        lib.fastmm_hostalloc_fingerprint.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.fastmm_hostalloc_fingerprint.restype = ctypes.c_uint64
+        lib.fastmm_hostalloc_track_stats.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
         new = ctypes.pythonapi.PyCapsule_New
         new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
         self.capsule = new(lib.fastmm_hostalloc_handler(), _CAPSULE_NAME, None)
@@ -207,3 +217,106 @@ def allocator_stats() -> dict:
         _allocator.lib.fastmm_hostalloc_stats(out)
     keys = ("live_blocks", "pooled_blocks", "pooled_bytes", "pinned_bytes", "reused", "mapped")
     return dict(zip(keys, (int(v) for v in out)))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Write tracking: which blocks changed since the GPU copied them (hostalloc.c, section 'Write tracking')
+# --------------------------------------------------------------------------------------------------------
+
+def block(ptr: int) -> tuple[int, int, int] | None:
+    """The live block of fastmm's allocator that holds address `ptr`: (base, bytes the array asked for, serial: new
+    each time an array takes the block), or None where no such block holds it."""
+    allocator = _allocator
+    if allocator is None:
+        return None
+    out = (ctypes.c_uint64 * 3)()
+    return (int(out[0]), int(out[1]), int(out[2])) if allocator.lib.fastmm_hostalloc_block(ptr, out) else None
+
+
+def fingerprint(ptr: int, nbytes: int) -> int:
+    """A sample of the `nbytes` bytes at `ptr` (64 bytes from each of 64 places; a microsecond): equal samples say the
+    bytes probably did not change."""
+    return int(_allocator.lib.fastmm_hostalloc_fingerprint(ptr, nbytes)) if _allocator is not None and nbytes else 0
+
+
+def track(ptr: int) -> int:
+    """Make the block holding `ptr` read-only and track writes into it; its generation, or 0 where it cannot be
+    (not a live block of fastmm's, every slot taken, written meanwhile). Page-lock it first where it is to be."""
+    if _allocator is None:
+        return 0
+    _follow_faulthandler()
+    return int(_allocator.lib.fastmm_hostalloc_track(ptr))
+
+
+def guard() -> None:
+    """fastmm's SIGSEGV handler on top again if another was installed since (a sigaction query, under a us)."""
+    if _allocator is not None:
+        _allocator.lib.fastmm_hostalloc_guard()
+
+
+_following = False
+
+
+def _follow_faulthandler() -> None:
+    """faulthandler.enable() and .disable() followed by `guard`. Without it, a write into a tracked block after a
+    later faulthandler.enable() would reach faulthandler's handler first, which reports a fatal error and kills the
+    process; and disable() would put back the handler from before fastmm's, leaving tracked writes unhandled."""
+    global _following
+    with _lock:
+        if _following:
+            return
+        _following = True
+    import faulthandler
+    import functools
+
+    for name in ("enable", "disable"):
+        original = getattr(faulthandler, name)
+
+        @functools.wraps(original)
+        def followed(*args, _original=original, **kwargs):
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                guard()
+
+        setattr(faulthandler, name, followed)
+
+
+def generation(ptr: int) -> int:
+    """The generation of the tracked block holding `ptr` (new at every write into it), or 0 where none does."""
+    return int(_allocator.lib.fastmm_hostalloc_generation(ptr)) if _allocator is not None else 0
+
+
+def touch(ptr: int) -> None:
+    """The tracked block holding `ptr` was written by DMA (fastmm's own download), which no fault reports."""
+    if _allocator is not None:
+        _allocator.lib.fastmm_hostalloc_touch(ptr)
+
+
+def untrack(ptr: int) -> None:
+    """The tracked block holding `ptr` writable again and untracked."""
+    if _allocator is not None:
+        _allocator.lib.fastmm_hostalloc_untrack(ptr)
+
+
+def untrack_all() -> None:
+    """Every tracked block writable again and untracked."""
+    if _allocator is not None:
+        _allocator.lib.fastmm_hostalloc_untrack_all()
+
+
+def candidate_address() -> int | None:
+    """The address of hostalloc.c's check "this pointer lies in a block of ours" (nanoseconds), for the C loop; None
+    where the allocator cannot be built."""
+    allocator = _get()
+    if allocator is None:
+        return None
+    return ctypes.cast(allocator.lib.fastmm_hostalloc_candidate, ctypes.c_void_p).value
+
+
+def tracking_stats() -> dict:
+    """Blocks tracked now, write faults seen, and blocks made read-only (both since the first install)."""
+    out = (ctypes.c_size_t * 3)()
+    if _allocator is not None:
+        _allocator.lib.fastmm_hostalloc_track_stats(out)
+    return dict(zip(("tracked_blocks", "write_faults", "protections"), (int(v) for v in out)))

@@ -24,12 +24,14 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import threading
 import time
 
 import numpy as np
 
 from . import hostmem as _hostmem
+from . import resident as _resident
 from .._errors import warn_once
 from .._switch import Hook, Switch
 from .host_model import (FULL_RATE_FP64, HostModel, blas_name, compute_capability, float64_model,  # noqa: F401
@@ -103,6 +105,7 @@ class _Shim:
             self.address = ctypes.cast(self.lib.fastmm_matmul_loop, ctypes.c_void_p).value
             self.lib.fastmm_below_threshold.restype = ctypes.c_longlong
             self.lib.fastmm_loop_times.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+            self.lib.fastmm_configure_resident.argtypes = [ctypes.c_void_p] + [ctypes.c_double] * 4
         else:
             self.kind = "ctypes"
             self._numpy = None
@@ -148,6 +151,14 @@ class _Shim:
         if self.lib is not None:
             self.lib.fastmm_configure(ctypes.cast(self.offload, ctypes.c_void_p) if on else None,
                                       min_flops if math.isfinite(min_flops) else 1e300)
+
+    def configure_resident(self, candidate: int | None, model: HostModel) -> None:
+        """Below the threshold, ask fastmm about products that read a block of its allocator (`candidate`: hostalloc.c's
+        check) and that NumPy takes at least 4 overheads for: with an operand on the GPU they may win there; the
+        question (microseconds) then costs NumPy's loop about a percent at most. None: never (the cache is off)."""
+        if self.lib is not None:
+            self.lib.fastmm_configure_resident(candidate, model.host, model.memory, float(model.itemsize),
+                                               4 * model.overhead)
 
     def _python_loop(self, args, dims, steps, data):
         if self._numpy is None:  # the first install's swap is still finishing (see the class docstring)
@@ -216,7 +227,15 @@ def _offload_in(args, dims, steps, lane) -> int:
     try:
         batch, m, k, n = dims[0], dims[1], dims[2], dims[3]
         sa, sb = steps[0], steps[1]
-        if not lane.model.offloads(batch, m, k, n, 1 if sa == 0 else batch, 1 if sb == 0 else batch):
+        a_batch, b_batch = 1 if sa == 0 else batch, 1 if sb == 0 else batch
+        cache, views = _state.cache, (None, None)
+        if cache is not None:
+            offload, views = cache.decide(lane.model, batch, m, k, n,
+                                          ((args[0], (batch, m, k), (sa, steps[3], steps[4]), a_batch),
+                                           (args[1], (batch, k, n), (sb, steps[5], steps[6]), b_batch)))
+        else:
+            offload = lane.model.offloads(batch, m, k, n, a_batch, b_batch)
+        if not offload:
             lane.host_faster += 1
             if _log.isEnabledFor(logging.DEBUG):
                 _log.debug("numpy hook: %s %dx%dx%d batch %d stays on NumPy (the model predicts the host faster)",
@@ -225,7 +244,12 @@ def _offload_in(args, dims, steps, lane) -> int:
         a = np.asarray(_HostBuffer(args[0], (batch, m, k), (sa, steps[3], steps[4]), True, lane.dtype))
         b = np.asarray(_HostBuffer(args[1], (batch, k, n), (sb, steps[5], steps[6]), True, lane.dtype))
         c = np.asarray(_HostBuffer(args[2], (batch, m, n), (steps[2], steps[7], steps[8]), False, lane.dtype))
-        _state.product(a, b, c)
+        a, b = (x if v is None else _resident.Resident(x, v) for x, v in zip((a, b), views))
+        try:
+            _state.product(a, b, c)
+        finally:
+            if cache is not None:
+                _hostmem.touch(args[2])  # the result may have come down by DMA, which no write fault reports
         lane.offloaded += 1
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("numpy hook: %s %dx%dx%d batch %d computed on the GPU", lane.dtype, m, n, k, batch)
@@ -254,7 +278,7 @@ def _why_no_gpu() -> str | None:
 def _gpu_product(a, b, c) -> None:
     from . import staged as _staged
 
-    _staged.matmul_host(a, b, c)
+    _staged.matmul_host(getattr(a, "dev", a), getattr(b, "dev", b), c)  # (a Resident: its device view)
 
 
 class _Lane:
@@ -282,6 +306,8 @@ class _State:
     def __init__(self):
         self.lanes = {"float32": _Lane("float32", _NPY_FLOAT), "float64": _Lane("float64", _NPY_DOUBLE)}
         self.product = _gpu_product  # tests put a stand-in GPU here
+        self.device = _resident.CupyDevice()  # ... and a stand-in device for the cache of operands here
+        self.cache: _resident.Cache | None = None  # operands kept on the GPU; None: off
 
 
 def _float32_field(name):
@@ -317,6 +343,7 @@ def _uninstall() -> None:
     for lane in _state.lanes.values():
         if lane.installed:
             _take_loop(lane)
+    _drop_cache()  # every block writable again: nothing faults once the hook is off
 
 
 _on_off = Switch(_install, _uninstall)
@@ -352,6 +379,11 @@ class accelerate_numpy(Hook):
         CuPy, on GPUs whose FP64 runs at full rate (P100, V100, A100, H100/H200, B200); elsewhere they stay NumPy's.
         Their model is float32's with eight-byte elements, NumPy's DGEMM at half its SGEMM rate and the GPU's FP64
         at half fastmm's FP32 rate.
+    cache_bytes : int, optional
+        At most this many bytes of GPU memory for operands kept there between products (arrays of fastmm's pool that
+        a program multiplies again unchanged: a write into one makes its copy unusable, see the NumPy hook page of
+        the documentation). 0 turns that off. Default: ``$FASTMM_NUMPY_CACHE`` where set (bytes, or with a K, M or
+        G suffix), else a quarter of the GPU memory free at the first copy.
 
     Raises
     ------
@@ -381,7 +413,9 @@ class accelerate_numpy(Hook):
 
     _switch, _name = _on_off, "NumPy hook"
 
-    def __init__(self, model: HostModel | None = None, *, pinned: bool = True, float64: bool = True):
+    def __init__(self, model: HostModel | None = None, *, pinned: bool = True, float64: bool = True,
+                 cache_bytes: int | None = None):
+        cap = _cache_bytes(cache_bytes)
         with _on_off.lock:
             f32, f64 = _state.lanes["float32"], _state.lanes["float64"]
             f32.model = model if model is not None else load_model()
@@ -395,6 +429,7 @@ class accelerate_numpy(Hook):
                 f64.enabled = False
             super().__init__()
             _sync_lanes()
+            _configure_cache(cap)
         # NumPy's allocator is a setting of the calling thread's context, not of the process.
         self._allocator = _hostmem.install_allocator() if pinned else None
         if _state.product is _gpu_product:  # (tests put a stand-in GPU there)
@@ -409,6 +444,51 @@ class accelerate_numpy(Hook):
         return super().__exit__(*exc)
 
 
+def _cache_bytes(given: int | None) -> int | None:
+    """The cache's cap: `given`, else $FASTMM_NUMPY_CACHE, else None (a share of the GPU's free memory)."""
+    if given is not None:
+        if given < 0:
+            raise ValueError(f"cache_bytes must be 0 or more, not {given}")
+        return int(given)
+    text = os.environ.get("FASTMM_NUMPY_CACHE", "").strip().upper()
+    if not text:
+        return None
+    if text in ("OFF", "NO", "FALSE"):
+        return 0
+    if len(text) > 2 and text.endswith("B") and text[-2] in "KMG":  # 512MB as 512M
+        text = text[:-1]
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+    try:
+        return max(0, int(float(text[:-1] if scale > 1 else text) * scale))
+    except ValueError:
+        raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {text!r}") from None
+
+
+def _configure_cache(cap: int | None) -> None:
+    """(lock held) The cache of operands on or off. A stand-in GPU (tests) goes with a stand-in device; the real
+    device only where a GPU is."""
+    usable = (not isinstance(_state.device, _resident.CupyDevice)
+              or _state.product is _gpu_product and _why_no_gpu() is None)
+    if cap == 0 or not usable:
+        _drop_cache()
+    elif _state.cache is None or _state.cache.device is not _state.device:
+        _drop_cache()
+        _state.cache = _resident.Cache(_state.device, cap)
+    elif cap is not None:
+        _state.cache.cap = cap
+    candidate = _hostmem.candidate_address() if _state.cache is not None else None
+    for lane in _state.lanes.values():
+        if lane.shim is not None:
+            lane.shim.configure_resident(candidate, lane.model)
+
+
+def _drop_cache() -> None:
+    if _state.cache is not None:
+        _state.cache.clear()
+    _state.cache = None
+    _hostmem.untrack_all()
+
+
 def time_products_only() -> None:
     """Install the float32 and float64 loops with nothing sent to the GPU: NumPy computes every product, and the
     loops' clocks time them (`numpy_hook_status()["by_dtype"][dtype]["seconds"]["kept_on_cpu"]`), which is how
@@ -419,6 +499,7 @@ def time_products_only() -> None:
             lane.model = dataclasses.replace(never, itemsize=8 if lane.dtype == "float64" else 4)
             lane.enabled = True
             lane.ensure_shim().configure(True, math.inf)
+        _configure_cache(0)
         _on_off.on()
         _sync_lanes()
 
@@ -484,8 +565,10 @@ def numpy_hook_status() -> dict:
         products it then declined; and whether the hook takes that dtype now: float32 always, float64 on GPUs
         with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own), ``pinned_allocator`` (whether
         this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
-        held and pooled, bytes pooled and page-locked, reuses, mappings). The counts are the process's, since the
-        first install.
+        held and pooled, bytes pooled and page-locked, reuses, mappings), ``cache`` (operands kept on the GPU, None
+        while that is off: its cap and bytes, copies held, products served from them and the upload bytes that
+        saved, copies made, copies dropped because their buffer was written and for room, write faults seen, blocks
+        tracked). The counts are the process's, since the first install.
 
     See Also
     --------
@@ -497,7 +580,7 @@ def numpy_hook_status() -> dict:
     --------
     >>> import fastmm
     >>> sorted(fastmm.numpy_hook_status())
-    ['active', 'by_dtype', 'declined_after_failure', 'loop', 'offloaded', 'pinned_allocator', 'pool', 'threshold']
+    ['active', 'by_dtype', 'cache', 'declined_after_failure', 'loop', 'offloaded', 'pinned_allocator', 'pool', 'threshold']
     """
     with _on_off.lock:
         by_dtype = {name: _lane_status(lane) for name, lane in _state.lanes.items()}
@@ -505,4 +588,5 @@ def numpy_hook_status() -> dict:
         return {"active": _on_off.active, "loop": _state.shim.kind if _state.shim else None,
                 "threshold": _state.model.threshold_text() if _on_off.active else None,
                 "offloaded": _state.offloaded, "declined_after_failure": _state.declined, "by_dtype": by_dtype,
-                "pinned_allocator": _hostmem.allocator_active(), "pool": _hostmem.allocator_stats()}
+                "pinned_allocator": _hostmem.allocator_active(), "pool": _hostmem.allocator_stats(),
+                "cache": _state.cache.stats() if _state.cache is not None else None}

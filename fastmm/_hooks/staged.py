@@ -26,7 +26,7 @@ from .._runtime import arrays as _arrays
 from . import hostmem as _hostmem
 from .._errors import OutOfMemoryError
 
-__all__ = ["matmul_host", "MAX_STAGING_BYTES"]
+__all__ = ["matmul_host", "to_device", "MAX_STAGING_BYTES"]
 
 # The most GPU memory one piece of a product takes (its operands and result), and the largest host block that
 # fastmm.dask stages: pieces stay modest however much memory is free.
@@ -291,6 +291,11 @@ def _put(host: np.ndarray):
     return dev
 
 
+def to_device(host: np.ndarray):
+    """A contiguous device copy of the host array `host`, done when this returns (directly where it is page-locked)."""
+    return _put(host)
+
+
 def stages(x) -> bool:
     """Whether a copy of `x` (a host or device array) goes through the staging threads: float32, within
     MAX_STAGING_BYTES (pinned memory is the whole machine's: bounded)."""
@@ -336,7 +341,15 @@ class _Shared:
         self.host, self.dev, self.futures = host, None, None
 
 
+def _on_host(x) -> bool:
+    return isinstance(x, np.ndarray) and not isinstance(x, _arrays.cupy().ndarray)
+
+
 def _operand(x, jobs, pool):
+    """(device array, futures of the copies that bring it up): an operand already on the GPU is used as it is."""
+    host = x.host if isinstance(x, _Shared) else x
+    if not _on_host(host):
+        return host, []
     if not isinstance(x, _Shared):
         return _upload(x, jobs, pool)
     if x.dev is None:
@@ -443,8 +456,10 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
     room = min(budget, MAX_STAGING_BYTES * _IN_FLIGHT)  # bytes of the pieces in flight, device memory
     if batch == 1:  # a single product: B stays up, A and C go in blocks of rows
         flight = _DIRECT_IN_FLIGHT if direct else _IN_FLIGHT
-        if k * n * item <= room // 2 and (k * n + flight * min(m, _BLOCK_ROWS) * (k + n)) * item <= room:
-            rows = _row_block(m, k, n, (room - k * n * item) // flight, item)
+        # An operand already on the GPU takes no memory of the pieces: only C's blocks (and B's upload) count.
+        ka, kn = (k if _on_host(a) else 0), (k * n if _on_host(b) else 0)
+        if kn * item <= room // 2 and (kn + flight * min(m, _BLOCK_ROWS) * (ka + n)) * item <= room:
+            rows = _row_block(m, ka, n, (room - kn * item) // flight, item)
             if direct:
                 rows = min(rows, max(_BLOCK_ROWS, -(-m // (_DIRECT_BLOCKS * _BLOCK_ROWS)) * _BLOCK_ROWS))
             shared_b = _Shared(b[0])
@@ -475,7 +490,8 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
 
 def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None = None) -> None:
     """``c[...] = a @ b`` on the GPU, for host arrays a (batch, m, k), b (batch, k, n), c (batch, m, n) of one dtype,
-    float32 (fastmm's kernels) or float64 (CuPy's, cuBLAS).
+    float32 (fastmm's kernels) or float64 (CuPy's, cuBLAS). `a` or `b` may be a device array already (an operand
+    that stays on the GPU): it is read where it is.
 
     An operand with batch stride 0 (NumPy's broadcasting) is uploaded once. `budget` bounds the GPU memory the
     pieces in flight use (default: half of what is free). Raises fastmm's errors (no GPU, out of memory, a driver
@@ -488,10 +504,10 @@ def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None 
         matmul_host(a[:1], b[:1], c[:1], budget)
         np.copyto(c[1:], c[:1])
         return
-    def once(x):  # the elements that go up: a broadcast operand once
-        return x.size // x.shape[0] if x.strides[0] == 0 else x.size
+    def once(x):  # the elements that go up: a broadcast operand once, one on the GPU not at all
+        return 0 if not _on_host(x) else x.size // x.shape[0] if x.strides[0] == 0 else x.size
 
-    direct = a.shape[0] == 1 and _direct(a[0]) and _direct(c[0])
+    direct = a.shape[0] == 1 and (not _on_host(a) or _direct(a[0])) and _direct(c[0])
     pool = _stagers((once(a) + once(b) + c.size) * c.itemsize)
     if direct:
         _run(plan(a, b, c, budget, direct), pool, _DIRECT_IN_FLIGHT, _DIRECT_BLOCKS, _DIRECT_LANES)

@@ -52,7 +52,9 @@ def _timed(model, a, b, repeats, pinned=True):
     if model is None:
         hook.restore_numpy()
         return _median_seconds(lambda: a @ b, repeats), a @ b
-    with hook.accelerate_numpy(model, pinned=pinned):
+    # The cache off: the same operands again and again would stay on the GPU, and these are the figures of a product
+    # whose operands cross the link.
+    with hook.accelerate_numpy(model, pinned=pinned, cache_bytes=0):
         if pinned:
             a, b = a.copy(), b.copy()
         return _median_seconds(lambda: a @ b, repeats), a @ b

@@ -1,0 +1,268 @@
+"""Operands that stay on the GPU: device copies of NumPy buffers that a program multiplies again unchanged.
+
+Programs multiply the same matrix many times (A in power iteration, the data X of full-batch gradient descent), and
+an offloaded product that uploads it every time loses to NumPy. So the hook keeps a device copy of such an operand,
+in a cache bounded in bytes (least recently used first out), and uses it while the buffer is unchanged. "Unchanged"
+is the allocator's to say (hostalloc.c, section 'Write tracking'): the block holding the operand is made read-only
+when it is copied, the first write into it faults and gives it a new generation, and a copy is used only at the
+generation it was made at. Views of a copied range (``X.T``, ``A[:, :k]``) are served from it.
+
+When to pay the upload is a rent-or-buy rule (docs/numpy-hook.md, section 'Operands that stay on the GPU'): per
+buffer, the seconds the program lost by not having it on the GPU (its uploads, or NumPy's time less the GPU's had it
+been there), and the upload once they add up to its cost, so a program never loses more than about twice what
+keeping it would have cost. A buffer whose bytes change between products (a sample of them, `_hostmem.fingerprint`)
+starts again from zero: it is never made read-only for nothing.
+
+Leaves the loop and the model to `numpy_hook`, the copies to `staged`, the tracking to `hostmem`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+from . import hostmem as _hostmem
+
+__all__ = ["Resident", "Cache", "CupyDevice", "DEFAULT_SHARE"]
+
+# By default the cache holds at most a quarter of the GPU memory free when it first copies an operand: the rest is
+# left to the products' pieces and to the program's own CuPy work.
+DEFAULT_SHARE = 4
+_RENTS = 256  # buffers whose losses are counted at once (the least recently seen forgotten first)
+
+
+class Resident:
+    """An operand of a product whose device copy the cache holds: `host`, NumPy's view, and `dev`, the same elements
+    on the GPU (same shape and strides)."""
+
+    __slots__ = ("host", "dev")
+
+    def __init__(self, host, dev):
+        self.host, self.dev = host, dev
+
+    shape = property(lambda self: self.host.shape)
+    strides = property(lambda self: self.host.strides)
+    dtype = property(lambda self: self.host.dtype)
+
+
+class _Bytes:
+    """`n` bytes of host memory at `ptr`, as a NumPy array (no copy)."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, ptr, n):
+        self.__array_interface__ = {"data": (ptr, True), "shape": (n,), "typestr": "|u1", "version": 3}
+
+
+def span(ptr: int, shape, strides, itemsize: int) -> tuple[int, int] | None:
+    """The bytes [lo, hi) that a view's elements lie in; None for an empty view."""
+    if 0 in shape:
+        return None
+    lo = ptr + sum(s * (d - 1) for d, s in zip(shape, strides) if s < 0)
+    hi = ptr + sum(s * (d - 1) for d, s in zip(shape, strides) if s > 0) + itemsize
+    return lo, hi
+
+
+class CupyDevice:
+    """The GPU through CuPy: copies up through `staged` (directly from page-locked blocks), views by pointer."""
+
+    def free_bytes(self) -> int:
+        from .._runtime import arrays as _arrays
+
+        return int(_arrays.cupy().cuda.runtime.memGetInfo()[0])
+
+    def prepare(self, host) -> None:
+        # Page-locked before it is made read-only: the driver may refuse to lock read-only pages.
+        _hostmem.pinned(host)
+
+    def upload(self, host):
+        from . import staged as _staged
+
+        return _staged.to_device(host)
+
+    def view(self, dev, offset: int, shape, strides, dtype):
+        from .._runtime import arrays as _arrays
+
+        return _arrays.cupy().ndarray(shape, dtype, memptr=dev.data + offset, strides=strides)
+
+
+class _Entry:
+    __slots__ = ("lo", "hi", "generation", "dev")
+
+    def __init__(self, lo, hi, generation, dev):
+        self.lo, self.hi, self.generation, self.dev = lo, hi, generation, dev
+
+
+class _Rent:
+    __slots__ = ("lost", "fingerprint", "unchanged")
+
+    def __init__(self, fingerprint):
+        self.lost, self.fingerprint, self.unchanged = 0.0, fingerprint, False
+
+
+class Cache:
+    """Device copies of operand byte ranges, at most `cap` bytes (None: a DEFAULT_SHARE-th of the GPU's free memory,
+    decided at the first copy), and the losses of the buffers not copied yet. Thread-safe."""
+
+    def __init__(self, device, cap: int | None = None):
+        self.device, self.cap = device, cap
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # (lo, hi) -> _Entry, oldest use first
+        self._rents: collections.OrderedDict = collections.OrderedDict()  # (base, serial, lo, hi) -> _Rent
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.hits = self.saved_bytes = self.uploads = self.uploaded_bytes = self.invalidated = self.evicted = 0
+
+    # ---- the copies -------------------------------------------------------------------------------------
+
+    def _find(self, lo: int, hi: int) -> _Entry | None:
+        """(lock held) A current copy holding [lo, hi); copies found stale on the way are dropped."""
+        for key, entry in list(self._entries.items()):
+            if entry.lo <= lo and hi <= entry.hi:
+                if _hostmem.generation(entry.lo) != entry.generation:
+                    self._drop(key, stale=True)
+                    continue
+                self._entries.move_to_end(key)
+                return entry
+        return None
+
+    def _drop(self, key, stale: bool) -> None:
+        entry = self._entries.pop(key)
+        self.bytes -= entry.hi - entry.lo
+        if stale:
+            self.invalidated += 1
+        else:
+            self.evicted += 1
+        if not any(_same_block(entry.lo, e.lo) for e in self._entries.values()):
+            _hostmem.untrack(entry.lo)  # no copy of it left: writes need not fault any more
+
+    def _buy(self, lo: int, hi: int) -> _Entry | None:
+        """(lock held) Copy [lo, hi) up and keep it, or None where it cannot be (too large, not trackable, written
+        while it was copied)."""
+        nbytes = hi - lo
+        if self.cap is None:
+            self.cap = self.device.free_bytes() // DEFAULT_SHARE
+        if nbytes > self.cap:
+            return None
+        host = np.asarray(_Bytes(lo, nbytes))
+        self.device.prepare(host)
+        generation = _hostmem.track(lo)
+        if not generation:
+            return None
+        for key, entry in list(self._entries.items()):  # stale copies first, then the least recently used
+            if _hostmem.generation(entry.lo) != entry.generation:
+                self._drop(key, stale=True)
+        while self._entries and self.bytes + nbytes > self.cap:
+            self._drop(next(iter(self._entries)), stale=False)
+        dev = self.device.upload(host)
+        if _hostmem.generation(lo) != generation:  # written while it went up
+            self.invalidated += 1
+            return None
+        entry = self._entries[(lo, hi)] = _Entry(lo, hi, generation, dev)
+        self.bytes += nbytes
+        self.uploads += 1
+        self.uploaded_bytes += nbytes
+        return entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._rents.clear()
+            self.bytes = 0
+
+    # ---- the decision -----------------------------------------------------------------------------------
+
+    def decide(self, model, batch, m, k, n, operands) -> tuple[bool, list]:
+        """Whether the product goes to the GPU, and for each operand (a, b) the device view to use instead of
+        uploading it, or None. `operands`: (pointer, shape, strides, batch items it has) of a and b, as NumPy's
+        loop sees them (3-D, batch first)."""
+        with self._lock:
+            if self._entries:
+                _hostmem.guard()  # (another SIGSEGV handler installed since the last copy: ours on top again)
+            spans = [span(ptr, shape, strides, model.itemsize) for ptr, shape, strides, _ in operands]
+            entries = [self._find(*s) if s and _unit_axis(op[1], op[2], model.itemsize) else None
+                       for s, op in zip(spans, operands)]
+            a_batch, b_batch = operands[0][3], operands[1][3]
+            sizes = [a_batch * m * k * model.itemsize, b_batch * k * n * model.itemsize]
+
+            def offloads(resident):
+                gpu = model.gpu_seconds(batch, m, k, n, a_batch, b_batch, resident)
+                host = (model.bound_seconds(batch, m, k, n, a_batch, b_batch) if any(resident)
+                        else model.numpy_seconds(batch, m, k, n))  # nothing resident: the hook's rule as before
+                return gpu < host, gpu, host
+
+            resident = tuple(e is not None for e in entries)
+            offload, _, _ = offloads(resident)
+            for i, s in enumerate(spans):
+                if entries[i] is not None or s is None:
+                    continue
+                if offload:
+                    lost = model.upload_seconds(sizes[i])
+                else:
+                    with_it = tuple(r or j == i for j, r in enumerate(resident))
+                    _, gpu, _ = offloads(with_it)
+                    lost = max(0.0, model.bound_seconds(batch, m, k, n, a_batch, b_batch) - gpu)
+                if self._rent(operands[i][0], s, lost, model.upload_seconds(s[1] - s[0])):
+                    try:
+                        entries[i] = self._buy(*s)
+                    finally:  # bought, or failed (out of memory, say): renting again before the next try
+                        self._rents.pop(self._rent_key(operands[i][0], s), None)
+                    if entries[i] is not None:
+                        resident = tuple(e is not None for e in entries)
+                        offload, _, _ = offloads(resident)
+            views = [None, None]
+            if offload:
+                for i, (ptr, shape, strides, _) in enumerate(operands):
+                    if entries[i] is not None:
+                        views[i] = self.device.view(entries[i].dev, ptr - entries[i].lo, shape, strides,
+                                                    np.float32 if model.itemsize == 4 else np.float64)
+                        self.hits += 1
+                        self.saved_bytes += sizes[i]
+            return offload, views
+
+    @staticmethod
+    def _rent_key(ptr, s):
+        block = _hostmem.block(ptr)
+        return None if block is None else (block[0], block[2], s[0], s[1])
+
+    def _rent(self, ptr, s, lost: float, cost: float) -> bool:
+        """(lock held) Add `lost` seconds to the buffer's losses; whether they now pay for its upload (`cost`) and
+        its bytes looked unchanged since the last product that read it."""
+        key = self._rent_key(ptr, s)
+        if key is None:
+            return False  # not a block of fastmm's allocator: its writes cannot be tracked
+        fingerprint = _hostmem.fingerprint(s[0], s[1] - s[0])
+        rent = self._rents.get(key)
+        if rent is None:
+            rent = self._rents[key] = _Rent(fingerprint)
+            while len(self._rents) > _RENTS:
+                self._rents.popitem(last=False)
+        elif rent.fingerprint != fingerprint:
+            rent.lost, rent.fingerprint, rent.unchanged = 0.0, fingerprint, False  # rewritten: renting is right
+        else:
+            rent.unchanged = True
+        self._rents.move_to_end(key)
+        rent.lost += lost
+        return rent.unchanged and rent.lost >= cost
+
+    def stats(self) -> dict:
+        with self._lock:
+            tracking = _hostmem.tracking_stats()
+            return {"bytes_cap": self.cap, "entries": len(self._entries), "bytes": self.bytes, "hits": self.hits,
+                    "saved_upload_bytes": self.saved_bytes, "uploads": self.uploads,
+                    "uploaded_bytes": self.uploaded_bytes, "invalidated_by_writes": self.invalidated,
+                    "evicted": self.evicted, "write_faults": tracking["write_faults"],
+                    "tracked_blocks": tracking["tracked_blocks"]}
+
+
+def _unit_axis(shape, strides, itemsize: int) -> bool:
+    """Whether the kernels read a view in place: one of its two core axes has unit stride (else they would copy it,
+    with a warning, where an upload gathers it for free)."""
+    (rows, cols), (sr, sc) = shape[-2:], strides[-2:]
+    return sc == itemsize or cols == 1 or sr == itemsize or rows == 1
+
+
+def _same_block(p: int, q: int) -> bool:
+    block = _hostmem.block(p)
+    return block is not None and block[0] <= q < block[0] + max(block[1], 1)

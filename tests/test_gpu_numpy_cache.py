@@ -1,0 +1,148 @@
+"""Operands kept on the GPU between products (accelerate_numpy's cache) on a real GPU: never a stale result, views
+served from the copy, fastmm's own downloads into a kept block seen, float64 too; and the programs the cache is for
+(power iteration, subspace iteration, full-batch gradient descent) timed against NumPy. Run with -s for the figures."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastmm
+from fastmm._hooks import numpy_hook as hook
+
+pytestmark = pytest.mark.gpu
+
+EVERYTHING = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _off_afterwards():
+    yield
+    fastmm.restore_numpy()
+
+
+def _close(got, a, b, tol=1e-5):
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err < tol, err
+
+
+def _cache():
+    return fastmm.numpy_hook_status()["cache"]
+
+
+WRITES = {
+    "slice": lambda x, p, q: x.__setitem__((slice(10, 20), slice(None)), 1.0),
+    "in-place ufunc": lambda x, p, q: x.__imul__(0.5),
+    "another thread": lambda x, p, q: _in_thread(lambda: x.__setitem__((5, 5), 9.0)),
+    "ctypes.memmove": lambda x, p, q: ctypes.memmove(x.ctypes.data, p.ctypes.data, 4096),
+    "fastmm's own download (matmul out=)": lambda x, p, q: np.matmul(p, q, out=x),
+}
+
+
+def _in_thread(f):
+    t = threading.Thread(target=f)
+    t.start()
+    t.join()
+
+
+@pytest.mark.parametrize("how", list(WRITES), ids=str)
+def test_a_written_operand_is_never_read_stale_on_the_gpu(how, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        x = rng.standard_normal((2048, 1024)).astype(np.float32)
+        w = rng.standard_normal((1024, 64)).astype(np.float32)
+        p = rng.standard_normal((2048, 512)).astype(np.float32)
+        q = rng.standard_normal((512, 1024)).astype(np.float32)
+        for _ in range(3):
+            _close(x @ w, x, w)
+        assert _cache()["uploads"] == 1 and _cache()["hits"] >= 1, _cache()
+        WRITES[how](x, p, q)
+        _close(x @ w, x, w)
+        assert _cache()["invalidated_by_writes"] >= 1, _cache()
+
+
+def test_views_of_a_kept_operand_and_float64(rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        x = rng.standard_normal((4096, 1024)).astype(np.float32)
+        w = rng.standard_normal((1024, 10)).astype(np.float32)
+        g = rng.standard_normal((4096, 10)).astype(np.float32)
+        for _ in range(2):
+            _close(x @ w, x, w)
+        for a, b in ((x.T, g), (x[:, :100], w[:100]), (x[::-1], w), (x[1000:3000], w)):
+            _close(a @ b, a, b)
+        assert _cache()["uploads"] == 1, _cache()
+        d = rng.standard_normal((2048, 1024))
+        v = rng.standard_normal((1024, 16))
+        for _ in range(3):
+            _close(d @ v, d, v, 1e-12)
+        assert _cache()["uploads"] == 2, _cache()
+
+
+def _timed(f, *args):
+    start = time.perf_counter()
+    out = f(*args)
+    return time.perf_counter() - start, out
+
+
+def _power(a, v, steps):
+    for _ in range(steps):
+        v = a @ v
+        v /= np.linalg.norm(v)
+    return v
+
+
+def _subspace(a, v, steps):
+    for _ in range(steps):
+        v, _ = np.linalg.qr(a @ v)
+    return v
+
+
+def _gradient_descent(x, y, w, steps):
+    for _ in range(steps):
+        z = x @ w
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        p -= y
+        w -= (0.1 / len(x)) * (x.T @ p)
+    return w
+
+
+def _program(name, setup, run):
+    """NumPy's time and the hook's (its model as measured here, its cache on), on the same arrays (fastmm's pool)."""
+    fastmm.accelerate_numpy()
+    args = setup()
+    fastmm.restore_numpy()
+    numpy_s, want = _timed(run, *[x.copy() if isinstance(x, np.ndarray) else x for x in args])
+    fastmm.accelerate_numpy()
+    hook_s, got = _timed(run, *args)
+    cache = _cache()
+    fastmm.restore_numpy()
+    print(f"\n{name}: NumPy {numpy_s * 1e3:.0f} ms, hook {hook_s * 1e3:.0f} ms, x{numpy_s / hook_s:.2f}; cache {cache}")
+    return numpy_s / hook_s, got, want
+
+
+def test_programs_on_an_unchanged_matrix_against_numpy(rng):
+    n = 12288
+
+    def square():
+        a = rng.standard_normal((n, n), np.float32)
+        a = (a + a.T) / 2
+        return a
+
+    ratio, got, want = _program("power iteration, 12288^2, 200 steps",
+                                lambda: (square(), rng.standard_normal(n).astype(np.float32), 200), _power)
+    assert abs(abs(got @ want) - 1) < 1e-2
+    ratio_s, got, want = _program("subspace iteration, 12288^2 @ 12288x256 + QR, 25 steps",
+                                  lambda: (square(), rng.standard_normal((n, 256), np.float32), 25), _subspace)
+    ratio_g, got, want = _program(
+        "softmax regression, X 65536x1024, 30 steps",
+        lambda: (rng.standard_normal((65536, 1024), np.float32),
+                 np.eye(10, dtype=np.float32)[rng.integers(0, 10, 65536)], np.zeros((1024, 10), np.float32), 30),
+        _gradient_descent)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+    assert min(ratio, ratio_s, ratio_g) >= 0.97, (ratio, ratio_s, ratio_g)

@@ -1,0 +1,349 @@
+"""Operands kept on the GPU between products (the NumPy hook's cache), without a GPU: a stand-in device keeps its
+copies in host memory, so a stale copy would give a wrong product. Every way NumPy (or C, or another thread) can
+write into an operand between two products must give NumPy's result on the new data; an unchanged operand goes up
+once; the cache stays within its bytes; restore_numpy leaves no page read-only. What could kill the interpreter
+(the SIGSEGV handler against real crashes, faulthandler, fork) runs in a child process."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import fastmm
+from fastmm._hooks import hostmem as _hostmem
+from fastmm._hooks import numpy_hook as hook
+from test_numpy_hook import EVERYTHING, StandInDevice, StandInGPU
+
+pytestmark = pytest.mark.skipif(_hostmem._c_compiler() is None, reason="the cache tracks fastmm's allocator's blocks")
+MiB = 1 << 20
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    fake = StandInGPU()
+    fake.device = StandInDevice()
+    monkeypatch.setattr(hook._state, "product", fake)
+    monkeypatch.setattr(hook._state, "device", fake.device)
+    yield fake
+    fastmm.restore_numpy()
+
+
+def _ref(a, b):
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def _check(got, a, b):
+    np.testing.assert_allclose(got, _ref(a, b), rtol=1e-5, atol=1e-4)
+
+
+def _cached(gpu, a, b):
+    """a @ b twice: the second time `a` is kept on the (stand-in) device and the product read from there."""
+    for _ in range(2):
+        _check(a @ b, a, b)
+    stats = fastmm.numpy_hook_status()["cache"]
+    assert gpu.device.uploads == [a.nbytes] and stats["hits"] >= 1, (gpu.device.uploads, stats)
+
+
+def test_an_unchanged_operand_goes_up_once(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 1024)).astype(np.float32)  # 2 MiB: a block of fastmm's pool
+        b = rng.standard_normal((1024, 8)).astype(np.float32)
+        for _ in range(6):
+            _check(a @ b, a, b)
+        stats = fastmm.numpy_hook_status()["cache"]
+    assert gpu.device.uploads == [a.nbytes]  # the first product uploaded it as any operand; then kept
+    assert stats["uploads"] == 1 and stats["hits"] == 5 and stats["saved_upload_bytes"] == 5 * a.nbytes
+    assert stats["entries"] == 1 and stats["bytes"] == a.nbytes
+
+
+def _thread_write(a):
+    t = threading.Thread(target=lambda: a.__setitem__((1, 2), 42.0))
+    t.start()
+    t.join()
+
+
+def _memmove(a):
+    src = np.arange(4, dtype=np.float32) + 100
+    ctypes.memmove(a.ctypes.data + 4096 * 3 + 8, src.ctypes.data, src.nbytes)
+
+
+def _from_buffer(a):
+    (ctypes.c_float * a.size).from_buffer(a)[a.size // 2] = -7.0
+
+
+WRITES = {
+    "slice": lambda a, s: a.__setitem__((slice(5, 9), slice(0, 3)), 7.0),
+    "ufunc out=": lambda a, s: np.add(a, 1.0, out=a),
+    "in-place ufunc": lambda a, s: a.__imul__(2.0),
+    "a view's write": lambda a, s: a.T.__setitem__((3, 4), 1.0),
+    "reshape view": lambda a, s: a.reshape(-1).__setitem__(17, 3.0),
+    "copyto": lambda a, s: np.copyto(a, s[:a.shape[0], :a.shape[1]] * 0 + 0.5),
+    "fill": lambda a, s: a.fill(2.0),
+    "a @= b": lambda a, s: a.__imatmul__(s),
+    "matmul out=": lambda a, s: np.matmul(s[:a.shape[0], :a.shape[0]], s[:a.shape[0], :a.shape[1]], out=a),
+    "another thread": lambda a, s: _thread_write(a),
+    "ctypes.memmove": lambda a, s: _memmove(a),
+    "from_buffer": lambda a, s: _from_buffer(a),
+}
+
+
+@pytest.mark.parametrize("how", list(WRITES), ids=str)
+def test_a_written_operand_is_never_read_stale(gpu, rng, how):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        s = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 16)).astype(np.float32)
+        _cached(gpu, a, b)
+        before = a.copy()
+        WRITES[how](a, s)
+        assert not np.array_equal(a, before)
+        _check(a @ b, a, b)
+        _check(a.T @ s[:, :16], a.T, s[:, :16])
+        assert fastmm.numpy_hook_status()["cache"]["invalidated_by_writes"] >= 1
+
+
+def test_resize_in_place_and_moved(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((600, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 16)).astype(np.float32)
+        _cached(gpu, a, b)
+        a.resize((590, 512), refcheck=False)  # shrinks in its block: untracked, then written without a fault
+        a[0, 0] = 123.0
+        _check(a @ b, a, b)
+        a.resize((1200, 512), refcheck=False)  # grows out of its block: moved
+        a[-1] = 1.0
+        _check(a @ b, a, b)
+
+
+def test_a_block_freed_and_reused_by_another_array(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 16)).astype(np.float32)
+        _cached(gpu, a, b)
+        address = a.ctypes.data
+        del a
+        other = np.full((512, 512), 3.0, np.float32)  # the pool's block of the same size: the same address
+        assert other.ctypes.data == address
+        _check(other @ b, other, b)
+
+
+def test_views_of_a_kept_operand_are_served_from_its_copy(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        x = rng.standard_normal((1024, 512)).astype(np.float32)  # the data of gradient descent
+        w = rng.standard_normal((512, 10)).astype(np.float32)
+        g = rng.standard_normal((1024, 10)).astype(np.float32)
+        _cached(gpu, x, w)
+        _check(x.T @ g, x.T, g)
+        _check(x[:, :100] @ w[:100], x[:, :100], w[:100])
+        _check(x[::-1] @ w, x[::-1], w)  # negative strides
+        _check(x[100:300] @ w, x[100:300], w)
+        _check(x[::2, ::2] @ w[::2], x[::2, ::2], w[::2])  # no unit-stride axis: uploaded (gathered) as before
+        assert fastmm.numpy_hook_status()["cache"]["hits"] == 5
+    assert gpu.device.uploads == [x.nbytes] and gpu.calls[-1][0] == (1, 512, 256)
+    assert fastmm.numpy_hook_status()["cache"] is None  # the hook off: no copies, no read-only pages
+
+
+def test_a_buffer_rewritten_every_step_is_never_made_read_only(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        w = np.empty((512, 512), np.float32)
+        x = rng.standard_normal((64, 512)).astype(np.float32)
+        before = _hostmem.tracking_stats()["protections"]
+        for step in range(5):
+            w[...] = rng.standard_normal(w.shape)  # new contents each step (as readinto would)
+            _check(x @ w, x, w)
+        assert _hostmem.tracking_stats()["protections"] == before and gpu.device.uploads == []
+
+
+def test_the_cache_stays_within_its_bytes(gpu, rng):
+    cap = 3 * MiB
+    with fastmm.accelerate_numpy(EVERYTHING, cache_bytes=cap):
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        arrays = [rng.standard_normal((512, 512)).astype(np.float32) for _ in range(5)]  # 1 MiB each
+        for _ in range(3):
+            for a in arrays:
+                _check(a @ b, a, b)
+                assert fastmm.numpy_hook_status()["cache"]["bytes"] <= cap
+        stats = fastmm.numpy_hook_status()["cache"]
+    assert stats["evicted"] > 0 and stats["bytes_cap"] == cap
+
+
+def test_cache_bytes_zero_turns_it_off(gpu, rng, monkeypatch):
+    for turn_off in (lambda: fastmm.accelerate_numpy(EVERYTHING, cache_bytes=0),
+                     lambda: monkeypatch.setenv("FASTMM_NUMPY_CACHE", "0") or fastmm.accelerate_numpy(EVERYTHING)):
+        turn_off()
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        for _ in range(3):
+            _check(a @ b, a, b)
+        assert fastmm.numpy_hook_status()["cache"] is None and gpu.device.uploads == []
+        fastmm.restore_numpy()
+    monkeypatch.setenv("FASTMM_NUMPY_CACHE", "512M")
+    assert hook._cache_bytes(None) == 512 * MiB and hook._cache_bytes(7) == 7
+    monkeypatch.setenv("FASTMM_NUMPY_CACHE", "1.5GB")
+    assert hook._cache_bytes(None) == 3 << 29
+    monkeypatch.setenv("FASTMM_NUMPY_CACHE", "lots")
+    with pytest.raises(ValueError, match="FASTMM_NUMPY_CACHE"):
+        fastmm.accelerate_numpy(EVERYTHING)
+    with pytest.raises(ValueError, match="cache_bytes"):
+        fastmm.accelerate_numpy(EVERYTHING, cache_bytes=-1)
+
+
+def test_restore_numpy_leaves_no_page_read_only(gpu, rng):
+    fastmm.accelerate_numpy(EVERYTHING)
+    a = rng.standard_normal((512, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 8)).astype(np.float32)
+    _cached(gpu, a, b)
+    assert _hostmem.tracking_stats()["tracked_blocks"] >= 1
+    fastmm.restore_numpy()
+    faults = _hostmem.tracking_stats()["write_faults"]
+    a[...] = 1.0
+    assert _hostmem.tracking_stats() == {**_hostmem.tracking_stats(), "tracked_blocks": 0, "write_faults": faults}
+    assert fastmm.numpy_hook_status()["cache"] is None
+
+
+def test_rent_or_buy_keeps_an_operand_once_its_uploads_would_have_paid(gpu, rng):
+    # NumPy 8 ms a product; through the GPU 42 ms with A uploaded, 0.3 ms with A there: kept after 42 ms lost.
+    model = hook.HostModel(host=1e9, link=1e8, gpu=1e15, overhead=0.0)
+    with fastmm.accelerate_numpy(model):
+        a = rng.standard_normal((1024, 1024)).astype(np.float32)
+        b = rng.standard_normal((1024, 4)).astype(np.float32)
+        placed = []
+        for _ in range(8):
+            calls = len(gpu.calls)
+            _check(a @ b, a, b)
+            placed.append(len(gpu.calls) > calls)
+    assert placed == [False] * 5 + [True] * 3, placed  # 6 x 8 ms lost >= 42 ms: the sixth product buys
+    assert gpu.device.uploads == [a.nbytes]
+
+
+def test_a_kept_operand_takes_products_below_the_threshold(gpu, rng):
+    # A matrix-vector product: far below the square-product threshold, but its 16 MiB operand, once on the GPU,
+    # makes it faster there; the C loop asks fastmm because A lies in a block of fastmm's allocator.
+    model = hook.HostModel(host=1e12, link=1e8, gpu=1e15, overhead=10e-6, memory=1e9)
+    with fastmm.accelerate_numpy(model):
+        a = rng.standard_normal((2048, 2048)).astype(np.float32)
+        v = rng.standard_normal(2048).astype(np.float32)
+        assert 2 * a.size < model.min_flops()
+        for _ in range(12):
+            np.testing.assert_allclose(a @ v, _ref(a, v), rtol=1e-4, atol=1e-3)
+        assert gpu.calls and gpu.device.uploads == [a.nbytes]
+        small = np.ones((64, 64), np.float32)
+        small @ small
+    assert len(gpu.calls) < 12 and fastmm.numpy_hook_status()["by_dtype"]["float32"]["kept_on_cpu"][
+        "below_threshold"] >= 1
+
+
+def test_readinto_a_kept_buffer_fails_with_efault_and_an_unkept_one_works(gpu, rng, tmp_path):
+    # The kernel cannot take a write fault on the program's behalf: read(2) into a read-only page fails (the docs
+    # say so, and how to turn the cache off). A buffer refilled every step is never made read-only (see above).
+    data = tmp_path / "x.bin"
+    data.write_bytes(np.full((512, 512), 5.0, np.float32).tobytes())
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        _cached(gpu, a, b)
+        with open(data, "rb", buffering=0) as f, pytest.raises(OSError) as raised:
+            f.readinto(a)
+        assert raised.value.errno == errno.EFAULT
+        a[0, 0] = 1.0  # a write from user space makes it writable again
+        with open(data, "rb", buffering=0) as f:
+            assert f.readinto(a) == a.nbytes
+        _check(a @ b, a, b)
+
+
+def _child(code: str, faulthandler_first: bool = False) -> subprocess.CompletedProcess:
+    code = f"FAULTHANDLER_FIRST = {faulthandler_first}\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+KEPT = """
+    import ctypes, faulthandler, os, sys
+    if FAULTHANDLER_FIRST:
+        faulthandler.enable()
+    import numpy as np
+    from fastmm._hooks import hostmem as _hostmem
+    _hostmem.install_allocator()
+    a = np.ones((512, 512), np.float32)
+    assert _hostmem.track(a.ctypes.data)  # read-only, and the handler installed
+"""
+
+
+@pytest.mark.parametrize("faulthandler_first", [True, False], ids=["faulthandler-first", "faulthandler-after"])
+def test_a_real_crash_still_crashes_with_faulthandlers_traceback(faulthandler_first):
+    p = _child(KEPT + """
+    if not faulthandler.is_enabled():
+        faulthandler.enable()  # after fastmm's handler: fastmm's goes on top again
+    a[1, 1] = 2.0  # a tracked write: no crash, no traceback
+    assert _hostmem.track(a.ctypes.data)
+    faulthandler.disable()
+    faulthandler.enable()
+    a[2, 2] = 3.0
+    print("alive", flush=True)
+    ctypes.string_at(0)
+""", faulthandler_first)
+    assert p.returncode == -11, (p.returncode, p.stdout, p.stderr)
+    assert "alive" in p.stdout and p.stderr.count("Fatal Python error: Segmentation fault") == 1, p.stderr
+
+
+@pytest.mark.parametrize("crash", ["ctypes.string_at(0)", "os.kill(os.getpid(), 11)"])
+def test_a_real_crash_without_faulthandler_dies_of_sigsegv(crash):
+    p = _child(KEPT + f"""
+    a[1, 1] = 2.0
+    print("alive", flush=True)
+    {crash}
+""")
+    assert p.returncode == -11 and "alive" in p.stdout, (p.returncode, p.stderr)
+
+
+def test_a_forked_child_writes_its_copy_freely():
+    p = _child(KEPT + """
+    generation = _hostmem.generation(a.ctypes.data)
+    pid = os.fork()
+    if pid == 0:
+        a[...] = 7.0  # nothing tracked in the child: no faults
+        os._exit(0 if _hostmem.tracking_stats()["tracked_blocks"] == 0 and (a == 7).all() else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert (a == 1).all() and _hostmem.generation(a.ctypes.data) == generation  # the parent's copy still current
+    a[0, 0] = 2.0
+    assert _hostmem.generation(a.ctypes.data) != generation
+    print("ok")
+""")
+    assert p.returncode == 0 and "ok" in p.stdout, (p.returncode, p.stderr)
+
+
+def test_a_process_exits_cleanly_with_blocks_kept():
+    p = _child(KEPT + """
+    import atexit
+    atexit.register(lambda: print("exit", flush=True))
+    b = np.ones((512, 512), np.float32)
+    _hostmem.track(b.ctypes.data)
+""")
+    assert p.returncode == 0 and "exit" in p.stdout, (p.returncode, p.stderr)
+
+
+def test_a_block_unmapped_from_the_pool_leaves_the_table(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        _cached(gpu, a, b)
+        address = a.ctypes.data
+        del a
+        lib = _hostmem._allocator.lib
+        lib.fastmm_hostalloc_limit(0)  # every pooled block unmapped: its slot must not outlive the mapping
+        try:
+            assert _hostmem.generation(address) == 0 and _hostmem.tracking_stats()["tracked_blocks"] == 0
+            fresh = np.ones((512, 512), np.float32)
+            fresh[...] = 2.0
+            _check(fresh @ b, fresh, b)
+        finally:
+            lib.fastmm_hostalloc_limit(_hostmem._pool_limit())
