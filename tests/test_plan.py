@@ -39,7 +39,7 @@ def test_unknown_kernel_lists_valid_names():
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
-    (16, 16, 16, 1, "few-columns"), (1000, 1, 1000, 1, "few-columns"), (1, 4096, 4096, 1, "few-columns"),
+    (16, 16, 16, 1, "short-k"), (16, 16, 17, 1, "few-columns"), (1000, 1, 1000, 1, "few-columns"), (1, 4096, 4096, 1, "few-columns"),
     (17, 17, 17, 1, "tiled"), (16, 17, 4096, 1, "few-columns"), (17, 4096, 4096, 1, "split-k"),
     (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "tiled"),
     (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
@@ -644,7 +644,7 @@ def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
         assert k // splits // 16 * 16 == depth
     # Not where the tiles already fill the GPU, nor for a K short of two slices.
     assert choose(1024, 1024, 1024).rule == "tiled" and choose(1000, 1000, 3000).rule == "tiled"
-    assert choose(804, 32, 1000).rule == "tiled"
+    assert choose(804, 32, 1000).rule != "split-k-idle"
 
 
 def test_long_k_on_large_tiles_fills_the_slots_when_k_has_no_even_cut():
@@ -715,3 +715,60 @@ def test_plans_past_the_running_sum_bound_are_the_known_classes():
         c = _plan.choose(p)
         if _plan.serial_run(c, p) > _plan.SERIAL_RUN_BOUND:
             assert _exceeds_for_a_known_reason(p, c), (p, c.rule, c.name, _plan.serial_run(c, p))
+
+
+# Issue 42's rules: shapes from the random sweep's measurements (H100; docs/kernels/heuristic.md, the break-even points)
+
+def _planned(m, n, k, batch=1, a_t=False, b_t=False, aligned=True):
+    p = _plan.Problem(m, n, k, batch, a_t=a_t, b_t=b_t, aligned=aligned, a_aligned=aligned, b_aligned=aligned)
+    return p, _plan.choose(p)
+
+
+@pytest.mark.parametrize("m,n,k,batch,b_t", [(85401, 14, 1, 1, False), (13, 10188, 1, 8, False),
+                                             (11, 1733, 8, 35, True)])
+def test_short_k_few_columns_run_on_64x64_tiles(m, n, k, batch, b_t):
+    """Few columns or rows on K <= 16 are bound by writing C: 64x64 tiles, not the few-column kernel."""
+    p, c = _planned(m, n, k, batch, b_t=b_t)
+    assert (c.rule, c.name) == ("short-k", _plan.tiles.WT64)
+    assert _planned(85401, 14, 17)[1].rule == "few-columns"
+
+
+@pytest.mark.parametrize("m,n,k,a_t,name", [(164, 4, 11662, True, "fewcol_n4_c8"), (254, 5, 10286, False, "fewcol_n16_c8"),
+                                            (1, 120, 12437, False, "fewcol_n4_c8")])
+def test_small_few_column_products_split_over_one_cluster(m, n, k, a_t, name):
+    """Below 2^24 multiply-adds, a cluster of 8 blocks in one launch rather than more slices and a slice sum."""
+    p, c = _planned(m, n, k, a_t=a_t)
+    assert c.rule == "few-columns" and c.splits == 1 and c.name.endswith("_c8"), (c.name, c.splits)
+    big = _planned(16, 16, 1 << 20)[1]
+    assert big.splits > 8  # 2^28 multiply-adds: the slices and their sum
+
+
+@pytest.mark.parametrize("m,n,k", [(38, 22, 820), (2925, 18, 477), (168, 31, 486), (32, 9598, 2655),
+                                   (462, 40, 704), (9787, 30, 1523)])
+def test_narrow_outputs_on_a_mid_k_run_on_the_few_column_kernel(m, n, k):
+    p, c = _planned(m, n, k)
+    assert (c.rule, c.name, c.splits) == ("narrow-few-columns", "fewcol_n16", 1)
+    assert _planned(719, 36, 267)[1].rule != "narrow-few-columns"  # K short: the tiles won
+    assert _planned(804, 32, 7189)[1].rule == "split-k-idle"  # a handful of tiles on a long K: split-k-idle first
+
+
+@pytest.mark.parametrize("m,n,k,splits", [(3144, 161, 10725, 4), (112, 5606, 8639, 4), (3026, 175, 2675, 4),
+                                          (8659, 71, 1820, 2), (1031, 704, 1078, 2)])
+def test_split_k_wave_cuts_k_for_64x64_tiles_short_of_a_wave(m, n, k, splits):
+    p, c = _planned(m, n, k, aligned=False)
+    assert (c.rule, c.name, c.splits) == ("split-k-wave", _plan.tiles.WT64, splits)
+    assert _planned(1024, 1024, 1024)[1].rule == "tiled"  # the tiled rule's 128x64 tiles: not split
+
+
+@pytest.mark.parametrize("m,n,k", [(751, 3551, 271), (1755, 9240, 209)])
+def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
+    p, c = _planned(m, n, k, aligned=False)
+    assert c.rule == "tiled" and c.config.tile == (128, 64), c.name
+    assert _planned(m, n, k)[1].config.tile == (128, 256)  # aligned rows: the large tile
+
+
+def test_short_k_transposed_b_runs_on_aligned_copies():
+    """10099x54648x2 with B^T (rows of 2 floats): copied into 16-float rows, 0.55x -> 0.93x cuBLAS."""
+    p, c = _planned(10099, 54648, 2, b_t=True, aligned=False)
+    assert c.rule == "aligned-copy" and c.pad
+    assert not _planned(11782, 15217, 2, aligned=False)[1].pad  # B not transposed: its rows are long

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, WgTile, get_config
 from . import tuned as _tuned
 from .forced import _FAMILY_DEFAULT, _check_name, _forced, validated
 from .precision import _WG_MIN_MACS, _WG_MIN_SIDE, _check_precision, _hopper, _macs, _tensor, _wgmma, current_precision
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
-from .tiles import (_MIN_USEFUL, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP, WT256_LOOP16, WT256_SLICES,
-                    WT128x64, WT128x64_LOOP, _few_tiles, _fill, _few_columns_for, _useful)
+from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
+                    WT256_LOOP16, WT256_SLICES, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _few_columns_for, _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
 
-__all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits",
+__all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "wave_splits",
            "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
            "after_out_of_memory", "interior"]
 
@@ -120,6 +121,19 @@ def _few(problem: Problem, device: Device) -> bool:
             and get_config(_few_columns_for(problem, device)).smem_bytes <= device.max_smem_optin)
 
 
+def _short_k_few(problem: Problem, device: Device) -> bool:
+    """Few columns or rows on a K of at most _SHORT_K: bound by writing C, where the few-column kernel's lanes (K spread
+    over them) idle and its blocks of 32 rows store C slowly (docs/kernels/heuristic.md, section 'The heuristic's
+    break-even points', short-k)."""
+    return problem.k <= _SHORT_K and _few(problem, device)
+
+
+# Few-column products below this many multiply-adds take a cluster's slices (one launch) rather than more slices summed
+# by the slice-sum kernel (a second launch, which costs them more than the deeper slices; docs/kernels/heuristic.md,
+# section 'The heuristic's break-even points', few-columns).
+_FEW_SUM_MIN_MACS = 1 << 24
+
+
 def _few_columns_count(problem: Problem, device: Device) -> int:
     """Slices of K for the few-column kernel (single products only, as for split-K; slices at least _SPLIT_SLICE
     deep). Up to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit
@@ -138,7 +152,8 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     slots = config.min_blocks * device.sm_count
     most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
     count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
-    if not _clusters(device) or count > 2 * _CLUSTERS[-1]:
+    small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
+    if not _clusters(device) or (count > 2 * _CLUSTERS[-1] and not small):
         return count
     per_sm = config.min_blocks if config.nmax > 4 else 1
     return max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
@@ -164,6 +179,20 @@ def few_columns_splits(problem: Problem, device: Device) -> int:
     """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
     count = _few_columns_count(problem, device)
     return 1 if count in _CLUSTERS and _clusters(device) else count
+
+
+# An output side from 17 to below this, on a K from the second constant up to split-k's: the few-column kernel's blocks
+# (16 columns each, K spread over a warp's lanes) beat a handful of 64x64 tiles walking K latency-bound
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', narrow-few-columns).
+_NARROW_FEW = 48
+_NARROW_FEW_MIN_K = 448
+
+
+def _narrow_few(problem: Problem, device: Device) -> bool:
+    if problem.batch != 1 or not _FEW < min(problem.m, problem.n) < _NARROW_FEW:
+        return False
+    widest = get_config(FEW_COLUMNS[-1])
+    return _NARROW_FEW_MIN_K <= problem.k < _SPLIT_MIN_K and widest.smem_bytes <= device.max_smem_optin
 
 
 # Split-K over a short K where the tiled rule's tile gives fewer than this fraction of the SMs a block, in products
@@ -240,6 +269,26 @@ def idle_splits(problem: Problem, device: Device) -> int:
     return max(2, min(slots // problem.tiles(config), problem.k // _IDLE_MIN_SLICE))
 
 
+def _wave_slots(problem: Problem, device: Device) -> bool:
+    """K >= _IDLE_MIN_K where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots
+    (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k-wave)."""
+    if problem.batch != 1 or problem.k < _IDLE_MIN_K:
+        return False
+    config = get_config(WT64)
+    return (problem.tiles(config) < config.min_blocks * device.sm_count and _fill(problem, device) == WT64
+            and wave_splits(problem, device) > 1)
+
+
+def wave_splits(problem: Problem, device: Device) -> int:
+    """The power of two (2 or more) that brings the 64x64 tiles' blocks nearest one wave of the block slots (by ratio),
+    no more than leave slices _IDLE_MIN_SLICE deep; 1 where K is too short for two."""
+    config = get_config(WT64)
+    slots, tiles = config.min_blocks * device.sm_count, problem.tiles(config)
+    most = problem.k // _IDLE_MIN_SLICE
+    counts = [s for s in (2, 4, 8, 16, 32) if s <= most]
+    return min(counts, key=lambda s: abs(math.log(tiles * s / slots)), default=1)
+
+
 # A large product's few rows or columns past a multiple of 128 run as few-column products, not as a row of mostly
 # empty tiles (docs/kernels/heuristic.md, section 'The heuristic's break-even points', ragged-edge).
 _PEEL_MAX = _FEW
@@ -268,10 +317,17 @@ _PAD_MIN_MACS = 1 << 34
 _PAD_K = 16
 
 
+# So does a product with K of at most _SHORT_K, B transposed (its rows K long) and at least this many elements of C:
+# copying its thin A and B costs little against writing C (docs/kernels/heuristic.md, section 'The heuristic's break-even points', aligned-copy).
+_PAD_SHORT_K_MIN_OUTPUT = 1 << 26
+
+
 def pads(problem: Problem, device: Device) -> bool:
     """A large single product whose A or B rows are not 16-byte aligned runs on aligned copies of them (see above)."""
     if problem.batch != 1 or problem.aligned or _narrow_output(problem):
         return False
+    if problem.k <= _SHORT_K:  # B^T's rows, K long, cannot be 16-byte aligned: the copies' rows are
+        return problem.b_t and problem.m * problem.n >= _PAD_SHORT_K_MIN_OUTPUT
     return problem.m * problem.n * problem.k >= _PAD_MIN_MACS
 
 
@@ -323,10 +379,14 @@ def _peeled_kernel(problem: Problem, device: Device) -> str:
 RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
+    Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
+         "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
+         _short_k_few, WT64),
     Rule(RuleName.FEW_COLUMNS, f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
-         "summed in a fixed order)", _few, _few_columns_kernel, few_columns_splits),
+         "summed in a fixed order; below 2^{_FEW_SUM_MIN_MACS.bit_length() - 1} multiply-adds at most a cluster's)",
+         _few, _few_columns_kernel, few_columns_splits),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),
@@ -351,6 +411,14 @@ RULES: tuple[Rule, ...] = (
          "K cut into slices of 64x64 tiles (sums per K-tile) that fill one wave of them, "
          f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound)",
          _idle_slots, WT64, idle_splits),
+    Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
+         f"{_NARROW_FEW_MIN_K} <= K < {_SPLIT_MIN_K}: the few-column kernel, its blocks covering the columns "
+         f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",
+         _narrow_few, FEW_COLUMNS[-1]),
+    Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
+         "(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles (sums per K-tile), the count that brings "
+         f"the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
+         _wave_slots, WT64, wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and narrow products)", lambda p, d: True, _fill),
 )

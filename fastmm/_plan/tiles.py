@@ -94,7 +94,7 @@ def _fill(problem: Problem, device: Device) -> str:
     big = get_config(WT256)
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
-    if _fits(problem, device, WT256) and not ragged:
+    if _fits(problem, device, WT256) and not ragged and not _small_tiles_first(problem):
         long_k = problem.k >= _LOOP_MIN_K
         if long_k and _whole_k_tiles(problem, WT256_SLICES):
             return WT256_SLICES  # K summed in runs of 512: cuBLAS's accuracy, within 2% of one run (see _LOOP_MIN_K)
@@ -112,6 +112,13 @@ def _fill(problem: Problem, device: Device) -> str:
         one_wave = problem.tiles(loop) < loop.min_blocks * device.sm_count
         return WT128x64_LOOP if one_wave and _whole_k_tiles(problem, WT128x64_LOOP) else WT128x64
     return name
+
+
+def _small_tiles_first(problem: Problem) -> bool:
+    """Rows not 16-byte aligned (4-byte loads), or their aligned copies, on a K short of the sub-tile loops' runs: 128x64
+    tiles ran 13-25% faster than 128x256 ones (docs/kernels/heuristic.md, section 'The heuristic's break-even points',
+    tiled)."""
+    return (not problem.aligned or problem.runs) and problem.k < _LOOP_MIN_K
 
 
 def _whole_k_tiles(problem: Problem, name: str) -> bool:
