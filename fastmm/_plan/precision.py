@@ -39,8 +39,9 @@ _WG_MIN_SIDE = {"high": 960, "medium": 512}
 # against 3xTF32's rate: its passes and 9 products must be amortised).
 _OZAKI_MIN_MACS = 8192 ** 3
 _OZAKI_MIN_SIDE = 4096
-# The INT8 product kernel of the Ozaki launch sequence: 128 x 256 tiles, one block each (docs/kernels/index.md: the
-# cluster pairs' multicast copies ran at 0.7x cuBLAS's INT8 rate, so no plan names int8wg_128x256x128_s4_c2).
+# The INT8 product kernel of the Ozaki launch sequence: 128 x 256 tiles, one block each, 1.5-1.6x cuBLAS's INT8 rate on an
+# H100 from 4096^3 up; the cluster pairs' multicast copies (int8wg_128x256x128_s4_c2) ran at 0.66-0.73x, so no plan
+# names them.
 OZAKI_INT8 = INT8_WG[0]
 
 
