@@ -109,3 +109,59 @@ def test_tiles_put_every_value_where_the_int8_kernel_reads_it(r, k, rows, rng):
     expected[:r, :k] = x
     assert np.array_equal(flat[at], expected)  # every value, and zeros in the padding
     assert len(np.unique(at)) == at.size
+
+
+def _crt_as_the_pass_does(products: np.ndarray, moduli: tuple[int, ...]) -> np.ndarray:
+    """pass_ozaki_crt.cu's arithmetic from its table, with Python integers for its 128-bit ones."""
+    table = ozaki.crt_table(moduli)
+    n = len(ozaki.MODULI)
+    total = int(table[2 * n]) | int(table[2 * n + 1]) << 64
+    inverse = float(table[2 * n + 2:2 * n + 3].view(np.float64)[0])
+    out = []
+    for column in products.reshape(len(moduli), -1).T:
+        s = sum(int(c) % m * (int(table[2 * t]) | int(table[2 * t + 1]) << 64)
+                for t, (c, m) in enumerate(zip(column, moduli)))
+        s -= int(np.floor(float(s) * inverse)) * total
+        s += total if s < 0 else 0
+        s -= total if s >= total else 0
+        out.append(s - total if s >= total // 2 else s)
+    return np.array(out, dtype=object)
+
+
+@pytest.mark.parametrize("k", [1, 300, 8192, ozaki.MAX_EXACT_K])
+def test_the_reconstruction_table_gives_back_the_exact_integers(k, rng):
+    moduli = ozaki.choose_moduli(k)
+    bound = k * 2**52
+    x = [int(v) for v in rng.integers(-2**62, 2**62, 50)] + [bound, -bound, 0, 1, -1]
+    x = [v % (2 * bound + 1) - bound if abs(v) > bound else v for v in x]
+    products = np.array([[v % m - (m if v % m >= (m + 1) // 2 else 0) for v in x] for m in moduli], np.int64)
+    assert list(_crt_as_the_pass_does(products, moduli)) == x
+
+
+def test_the_table_refuses_a_product_past_its_128_bit_sums():
+    with pytest.raises(ValueError, match="below 2\\^100"):
+        ozaki.crt_table(ozaki.MODULI)
+
+
+def test_the_passes_compile_in_the_moduli_of_the_reference():
+    from fastmm.kernels.passes import OZAKI_RESIDUES
+
+    macros = OZAKI_RESIDUES.macros(OZAKI_RESIDUES and __import__("fastmm").kernels.configs.Variant())
+    assert tuple(int(m) for m in macros["MODULI"].split(",")) == ozaki.MODULI
+    assert macros["NMODULI"] == len(ozaki.MODULI) and macros["NONFINITE"] == ozaki.NONFINITE
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (16384, 16384, 16384), (65536, 8192, 8192), (300, 70000, 5)])
+def test_the_workspace_is_bounded(m, n, k):
+    nm = len(ozaki.choose_moduli(k))
+    chunk = ozaki.column_chunk(m, n, nm, 256)
+    assert chunk == n or (chunk % 256 == 0 and 4 * nm * m * chunk <= ozaki.PRODUCTS_BYTES)
+    mp, np_, kp = -(-m // 128) * 128, -(-n // 256) * 256, -(-k // 128) * 128
+    tiles = nm * (mp + np_) * kp
+    assert tiles < ozaki.workspace_bytes(m, n, k, nm, 128, 256) <= tiles + ozaki.PRODUCTS_BYTES + 4 * nm * m * 256 + 2**20
+
+
+def test_what_one_launch_sequence_takes():
+    assert ozaki.fits(8192, 8192, 8192) is None
+    assert "past 131071" in ozaki.fits(8, 8, ozaki.MAX_EXACT_K + 1)
+    assert "rows per launch" in ozaki.fits(5_000_000, 8, 8)

@@ -604,7 +604,7 @@ def test_out_of_memory_fallbacks_are_the_plans():
     padded = _plan.choose(ragged)
     assert padded.pad
     assert _plan.after_out_of_memory(ragged, _plan.Device(), padded) == _plan.without_copies(ragged, _plan.Device())
-    square = _plan.Problem(8192, 8192, 8192)
+    square = _plan.Problem(6144, 6144, 6144)  # below Ozaki scheme II's threshold
     with _plan.matmul_precision("high"):
         wg = _plan.choose(square)
         assert isinstance(wg.config, configs.WgTile)
@@ -772,3 +772,48 @@ def test_short_k_transposed_b_runs_on_aligned_copies():
     p, c = _planned(10099, 54648, 2, b_t=True, aligned=False)
     assert c.rule == "aligned-copy" and c.pad
     assert not _planned(11782, 15217, 2, aligned=False)[1].pad  # B not transposed: its rows are long
+
+
+def test_high_takes_ozaki_ii_only_above_its_threshold(monkeypatch):
+    from fastmm._plan import Device, Problem, RuleName, choose
+    """'high' chooses Ozaki scheme II for single products of >= 8192^3 multiply-adds with every side >= 4096 on Hopper,
+    named by its own rule; below that, the plan of every bench shape is what it was without the rule."""
+    from fastmm._plan import precision, table
+    from fastmm._tools.bench import SHAPES
+
+    big = Problem(8192, 8192, 8192)
+    choice = choose(big, Device(), precision="high")
+    assert choice.rule == RuleName.OZAKI and choice.name == "int8wg_128x256x128_s4"
+    assert "ozaki-ii: 9 moduli" in fastmm.explain((8192, 8192), (8192, 8192), precision="high")
+    assert choose(big, Device(compute_capability=(8, 0)), precision="high").rule != RuleName.OZAKI
+    assert choose(big, Device(), precision="highest").rule != RuleName.OZAKI
+    for m, n, k in ((16384, 4095, 16384), (4096, 16384, 4096), (8192, 8192, 4095)):
+        assert choose(Problem(m, n, k), Device(), precision="high").rule != RuleName.OZAKI
+    assert choose(Problem(8192, 8192, 8192, batch=2), Device(), precision="high").rule != RuleName.OZAKI
+    assert choose(Problem(8192, 8192, 200000), Device(), precision="high").rule != RuleName.OZAKI  # K past int32's
+    below = [s for s in SHAPES if s.m * s.n * s.k * s.batch < 8192 ** 3]
+    with_rule = [choose(Problem(s.m, s.n, s.k, s.batch, s.a_t), Device(), "auto", precision="high") for s in below]
+    monkeypatch.setattr(table, "_ozaki", lambda p, d: False)
+    table._tuned._memo.clear()
+    without = [choose(Problem(s.m, s.n, s.k, s.batch, s.a_t), Device(), "auto", precision="high") for s in below]
+    table._tuned._memo.clear()
+    assert with_rule == without and below
+
+
+def test_ozaki_can_be_forced_at_any_size():
+    from fastmm._plan import Device, Problem, RuleName, choose
+    assert "ozaki" in fastmm.kernel_names()
+    choice = choose(Problem(5, 7, 3), Device(), "ozaki")
+    assert choice.rule == RuleName.FORCED and choice.name == "int8wg_128x256x128_s4"
+    with fastmm.use_kernel("ozaki"):
+        text = fastmm.explain((100, 300), (300, 50))
+    assert "Ozaki scheme II was requested" in text and "8 moduli" in text and "exact in int32" in text
+
+
+def test_ozaki_falls_back_to_3xtf32_out_of_memory():
+    from fastmm._plan import Device, Problem, choose
+    from fastmm._plan import after_out_of_memory
+
+    problem = Problem(8192, 8192, 8192)
+    choice = choose(problem, Device(), precision="high")
+    assert after_out_of_memory(problem, Device(), choice).name == "tf32x3wg_128x128x32_s3"

@@ -9,7 +9,8 @@ from .accuracy import SERIAL_RUN_BOUND, serial_run
 from .describe import describe, settings
 from .cublas_ahead import CUBLAS_AHEAD, CublasAhead, cublas_ahead, yield_to_cublas, yielding_to_cublas
 from .forced import forced_kernel, invalid, kernel_names, kernels_on, use_kernel, validated
-from .precision import (PRECISIONS, _check_precision, current_precision, get_float32_matmul_precision,
+from . import ozaki
+from .precision import (PRECISIONS, ozaki_fallback, _check_precision, current_precision, get_float32_matmul_precision,
                         matmul_precision, set_float32_matmul_precision)
 from .problem import Choice, Device, Problem, Rule, RuleName, few_rows
 from .table import (RULES, after_out_of_memory, aligned_copies, choose, interior, padded_k, split_cut, without_copies)
@@ -22,4 +23,4 @@ __all__ = ["serial_run", "SERIAL_RUN_BOUND", "Problem", "Device", "Choice", "Rul
            "few_rows", "aligned_copies", "interior", "padded_k", "split_cut",
            "without_copies", "after_out_of_memory", "CUBLAS_AHEAD", "cublas_ahead", "CublasAhead", "yielding_to_cublas",
            "yield_to_cublas", "PRECISIONS", "current_precision", "set_float32_matmul_precision",
-           "get_float32_matmul_precision", "matmul_precision", "_check_precision"]
+           "get_float32_matmul_precision", "matmul_precision", "_check_precision", "ozaki", "ozaki_fallback"]

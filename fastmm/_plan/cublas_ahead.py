@@ -56,7 +56,7 @@ def cublas_ahead(problem: Problem, choice: Choice, device: Device) -> str | None
     """Why cuBLAS is measured ahead of `choice` for `problem` (a line of `CUBLAS_AHEAD`), or None.
 
     A forced kernel is never second-guessed: the user asked for it; nor a tensor-core precision mode."""
-    if choice.rule in (RuleName.FORCED, RuleName.TENSOR):  # measured for the FP32 paths; a tensor-core mode was asked for
+    if choice.rule in (RuleName.FORCED, RuleName.TENSOR, RuleName.OZAKI):  # measured for the FP32 paths only
         return None
     for ahead in CUBLAS_AHEAD:
         if ahead.test(problem, choice, device):

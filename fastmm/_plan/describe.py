@@ -6,7 +6,7 @@ from __future__ import annotations
 from .cublas_ahead import _yield
 from .accuracy import serial_run
 from .forced import _forced, kernels_on
-from .precision import PRECISIONS, current_precision
+from .precision import OZAKI_INT8, PRECISIONS, current_precision
 from .problem import Choice, Device, Problem
 from .table import aligned_copies, choose, interior
 
@@ -43,10 +43,14 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
                  "columns on the few-column kernel")
     run = serial_run(choice, problem, device)
     sums = f"\n  sums    at most {run} terms in one FP32 running sum (K = {problem.k})"
+    mode = PRECISIONS[choice.config.precision]
+    if choice.config is OZAKI_INT8:
+        mode = "Ozaki scheme II on the INT8 tensor cores (int8 residues of A and B, exact products; FP32 accuracy)"
+        sums = "\n  sums    exact in int32 (one product per modulus); one rounding per element of C"
     off = "" if kernels_on() else "\n  note    $FASTMM_KERNELS=off: CuPy (cuBLAS) computes it instead of this kernel"
     return (f"{shape} float32 ({layout}) on {device.name}:\n"
             f"  kernel  {choice.config.binary_name(choice.variant)}{split}\n"
-            f"  mode    {choice.config.precision}: {PRECISIONS[choice.config.precision]}\n"
+            f"  mode    {choice.config.precision}: {mode}\n"
             f"  rule    {choice.rule}: {choice.reason}\n"
             f"  grid    {problem.blocks(choice.config) * choice.splits} blocks of {choice.config.threads} threads "
             f"for {device.sm_count} SMs{sums}{off}")

@@ -13,7 +13,7 @@ from .problem import Device, Problem
 from .tiles import (NAIVE, TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill, _fill_from, _fill_regtile,
                     _few_columns_for, _smem_for)
 
-__all__ = ["kernel_names", "use_kernel", "forced_kernel", "invalid", "validated", "kernels_on"]
+__all__ = ["OZAKI", "kernel_names", "use_kernel", "forced_kernel", "invalid", "validated", "kernels_on"]
 
 def _kernels_from_environment() -> bool:
     """$FASTMM_KERNELS: "off" runs every float32 product on CuPy (cuBLAS) instead of fastmm's kernels, for a quick
@@ -35,6 +35,10 @@ def kernels_on() -> bool:
     """False where $FASTMM_KERNELS=off: float32 products run on CuPy (cuBLAS), as every other dtype does."""
     return _KERNELS_ON
 
+
+# `kernel="ozaki"`: float32 products by Ozaki scheme II on the INT8 tensor cores (fastmm/_plan/ozaki.py), at any
+# size (the plan takes it for 'high' only above a threshold); Hopper only.
+OZAKI = "ozaki"
 
 # What `kernel="<family>"` means: the table restricted to one family.
 _FAMILY_DEFAULT: dict[str, Callable[[Problem, Device], str]] = {
@@ -58,7 +62,8 @@ def kernel_names() -> list[str]:
     list of str
         ``"auto"`` (the heuristic table, or an autotuned entry), then the kernel families (``"naive"``,
         ``"smem"``, ``"regtile"``, ``"warptile"``: the table restricted to that family, tile chosen for the
-        shape), then every kernel configuration by name.
+        shape), ``"ozaki"`` (Ozaki scheme II on the INT8 tensor cores, Hopper only), then every kernel configuration
+        by name.
 
     See Also
     --------
@@ -77,7 +82,7 @@ def kernel_names() -> list[str]:
     >>> "regtile_128x128x8_8x8" in fastmm.kernel_names()
     True
     """
-    return ["auto", *FAMILIES, *(c.name for c in CONFIGS)]
+    return ["auto", *FAMILIES, OZAKI, *(c.name for c in CONFIGS)]
 
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_forced_kernel", default=None)
@@ -86,7 +91,7 @@ _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("fastmm_for
 def _check_name(name: str) -> str:
     """`name`, checked (KeyError with the valid names) and in this version's spelling (see `current_name`)."""
     current = current_name(name)
-    if current != "auto" and current not in FAMILIES and current not in BY_NAME:
+    if current not in ("auto", OZAKI) and current not in FAMILIES and current not in BY_NAME:
         raise KeyError(f"unknown kernel {name!r}; valid names: {', '.join(kernel_names())}")
     return current
 

@@ -19,12 +19,15 @@ import math
 
 import numpy as np
 
-__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "choose_moduli", "scaled_integers", "symmetric_residues", "tiles",
+from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_RESIDUES
+
+__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "choose_moduli",
+           "scaled_integers", "symmetric_residues", "tiles", "crt_table", "column_chunk", "workspace_bytes", "fits",
            "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
-# moduli for a given product M.
-MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 211, 199, 197, 193, 191, 181, 179, 173, 167)
+# moduli for a given product M. (Defined beside the passes that compile them in as constants.)
+MODULI = OZAKI_MODULI
 # |residue| <= 128: K products of two of them stay within int32 while K * 128 * 128 < 2^31.
 MAX_EXACT_K = (2**31 - 1) // (128 * 128)
 # int8 values of k per K-tile of the INT8 product kernel (fastmm/kernels/8_int8_wgmma.cu): one 128-byte swizzled row.
@@ -79,6 +82,57 @@ def tiles(x, rows: int, xp=np):
     rr = xp.arange(rows)[:, None]
     source = xp.arange(8)[None, :] ^ (rr % 8)  # piece p of row rr holds piece p ^ (rr % 8) of the row as written
     return xp.ascontiguousarray(blocks[:, :, rr, source]).reshape(rp // rows, kp // TILE_K, rows, TILE_K)
+
+
+# The reconstruction pass's table (pass_ozaki_crt.cu): 8-byte words, the weights and the modulus product as pairs,
+# then 1 / product as a double.
+TABLE_WORDS = 2 * len(MODULI) + 3
+# Bytes of int32 residue products one launch sequence keeps at a time: the product runs over chunks of columns that fit.
+PRODUCTS_BYTES = 1 << 31
+
+
+def crt_table(moduli: tuple[int, ...]) -> np.ndarray:
+    """The reconstruction pass's table for `moduli` (uint64, TABLE_WORDS long): w_t = (P / m_t) * ((P / m_t)^-1 mod
+    m_t) as (low, high) words at 2t, 2t + 1, P = prod(moduli) at 2 len(MODULI), 1 / P (a double's bits) after it. The
+    pass sums (r_t w_t) in 128 bits: P must stay below 2^100."""
+    total = math.prod(moduli)
+    if total >= 2**100 or len(moduli) > len(MODULI):
+        raise ValueError(f"{len(moduli)} moduli (product 2^{total.bit_length() - 1}): the reconstruction pass takes a "
+                         "product below 2^100")
+    words = np.zeros(TABLE_WORDS, np.uint64)
+    for t, m in enumerate(moduli):
+        rest = total // m
+        w = rest * pow(rest, -1, m) % total
+        words[2 * t], words[2 * t + 1] = w & (2**64 - 1), w >> 64
+    words[2 * len(MODULI)], words[2 * len(MODULI) + 1] = total & (2**64 - 1), total >> 64
+    words[2 * len(MODULI) + 2] = np.array([1.0 / total]).view(np.uint64)[0]
+    return words
+
+
+def column_chunk(m: int, n: int, n_moduli: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:
+    """Columns of C per launch sequence: the most, in whole block tiles of `bn`, whose n_moduli int32 products (M x
+    columns each) fit in `budget` bytes; at least one block tile, at most N."""
+    fit = budget // (4 * n_moduli * max(m, 1)) // bn * bn
+    return min(n, max(bn, fit))
+
+
+def workspace_bytes(m: int, n: int, k: int, n_moduli: int, bm: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:
+    """Bytes of the Ozaki launch sequence's workspace: the table, the shifts of A's rows and B's columns, the residue
+    tiles of A and B^T (n_moduli x (M + N) x K, padded to whole tiles) and the products of one chunk of columns."""
+    mp, np_, kp = -(-m // bm) * bm, -(-n // bn) * bn, -(-max(k, 1) // TILE_K) * TILE_K
+    return (8 * TABLE_WORDS + 4 * (mp + np_) + n_moduli * (mp + np_) * kp
+            + 4 * n_moduli * m * column_chunk(m, n, n_moduli, bn, budget))
+
+
+def fits(m: int, n: int, k: int) -> str | None:
+    """Why one Ozaki launch sequence (fastmm/_runtime/ozaki.py) cannot take an M x N x K product, or None where it can:
+    K past MAX_EXACT_K (those products take the FP32 path whole), or a side past the residue pass's rows."""
+    rows = OZAKI_RESIDUES.rows_per_launch()
+    if k > MAX_EXACT_K:
+        return f"K = {k} is past {MAX_EXACT_K}, the longest sum of int8 products that int32 holds exactly"
+    if max(m, n) > rows:
+        return f"an output side of {max(m, n)} is past {rows}, the residue pass's rows per launch"
+    return None
 
 
 def _crt(residues: list[np.ndarray], moduli: tuple[int, ...]) -> np.ndarray:

@@ -7,7 +7,8 @@ import contextvars
 import os
 import warnings
 
-from ..kernels.configs import SPLIT, get_config
+from ..kernels.configs import INT8_WG, SPLIT, get_config
+from . import ozaki
 from .problem import Device, Problem, RuleName
 from .tiles import TF32_TILES, TF32_WG, TF32X3_TILES, TF32X3_WG, _fill_from
 
@@ -31,6 +32,44 @@ _WG_MIN_MACS = {"high": 960 ** 3, "medium": 1 << 28}
 # ... and an output at least this wide both ways: the split passes' share of the time grows as 1/M + 1/N
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tensor/wgmma thresholds).
 _WG_MIN_SIDE = {"high": 960, "medium": 512}
+
+
+# Ozaki scheme II (fastmm/_plan/ozaki.py) on the INT8 tensor cores for 'high': only for products this large, each side
+# at least this long, until the crossover with 3xTF32 is measured (a conservative guess from the INT8 kernel's 1.5 POPS
+# against 3xTF32's rate: its passes and 9 products must be amortised).
+_OZAKI_MIN_MACS = 8192 ** 3
+_OZAKI_MIN_SIDE = 4096
+# The INT8 product kernel of the Ozaki launch sequence: 128 x 256 tiles, one block each, 1.5-1.6x cuBLAS's INT8 rate on an
+# H100 from 4096^3 up; the cluster pairs' multicast copies (int8wg_128x256x128_s4_c2) ran at 0.66-0.73x, so no plan
+# names them.
+OZAKI_INT8 = INT8_WG[0]
+
+
+def _ozaki(problem: Problem, device: Device) -> bool:
+    """A product that 'high' runs by Ozaki scheme II: a single large one on Hopper, K within the exact int32 range."""
+    return (_hopper(device) and problem.batch == 1 and min(problem.m, problem.n, problem.k) >= _OZAKI_MIN_SIDE
+            and problem.m * problem.n * problem.k >= _OZAKI_MIN_MACS and ozaki.fits(problem.m, problem.n,
+                                                                                       problem.k) is None)
+
+
+def ozaki_reason(problem: Problem) -> str:
+    """What `explain` says of an Ozaki scheme II product: the moduli and why that many."""
+    moduli = ozaki.choose_moduli(min(problem.k, ozaki.MAX_EXACT_K))
+    total = 1
+    for m in moduli:
+        total *= m
+    why = ozaki.fits(problem.m, problem.n, problem.k)
+    return (f"{len(moduli)} moduli ({moduli[0]}, {moduli[1]}, ..., {moduli[-1]}: product 2^{total.bit_length() - 1}) "
+            f"keep 26 bits of every row of A and column of B over K = {problem.k}; A and B scaled by a power of two per "
+            f"row and column, their int8 residues multiplied exactly on the INT8 tensor cores ({OZAKI_INT8.name}, "
+            f"one product per modulus), C rebuilt by the Chinese remainder theorem; rows and columns holding NaN or an "
+            "infinity computed on 3xTF32" + (f" (here on 3xTF32 whole: {why})" if why else ""))
+
+
+def ozaki_fallback(problem: Problem, device: Device) -> str:
+    """The 3xTF32 kernel that takes an Ozaki product's place: its non-finite rows and columns, a product one launch
+    sequence cannot take, or one whose workspace does not fit."""
+    return _tensor(problem, device, "high")[0]
 
 
 def _macs(n: int) -> str:

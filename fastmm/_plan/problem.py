@@ -92,6 +92,7 @@ class RuleName(str, enum.Enum):
     TILED = "tiled"
     TENSOR = "tensor"
     TENSOR_WGMMA = "tensor-wgmma"
+    OZAKI = "ozaki-ii"
     FORCED = "forced"
     TUNED = "tuned"
 

@@ -14,7 +14,9 @@ import math
 from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, WgTile, get_config
 from . import tuned as _tuned
 from .forced import _FAMILY_DEFAULT, _check_name, _forced, validated
-from .precision import _WG_MIN_MACS, _WG_MIN_SIDE, _check_precision, _hopper, _macs, _tensor, _wgmma, current_precision
+from .forced import OZAKI
+from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision, _hopper, _macs, _ozaki, _tensor, _wgmma,
+                        current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
 from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
                     WT256_LOOP16, WT256_SLICES, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _few_columns_for, _useful)
@@ -364,6 +366,8 @@ def after_out_of_memory(problem: Problem, device: Device, choice: Choice) -> Cho
         return without_copies(problem, device)
     if isinstance(choice.config, WgTile):
         return choose(problem, device, choice.config.fallback)
+    if choice.config is OZAKI_INT8:  # Ozaki scheme II's residues and products: 3xTF32
+        return choose(problem, device, ozaki_fallback(problem, device))
     raise ValueError(f"{choice.name} needs no workspace: nothing to fall back from")
 
 
@@ -461,7 +465,7 @@ def _lighter(choice: Choice, device: Device) -> Choice:
 
 
 # The table's answers that are not a choice of one configuration, which the tuner therefore never times.
-_NOT_TUNED = (RuleName.EMPTY, RuleName.TENSOR, RuleName.TENSOR_WGMMA, RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE,
+_NOT_TUNED = (RuleName.EMPTY, RuleName.TENSOR, RuleName.TENSOR_WGMMA, RuleName.OZAKI, RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE,
               RuleName.ALIGNED_COPY)
 
 
@@ -469,6 +473,8 @@ def _in_precision(choice: Choice, problem: Problem, device: Device, precision: s
     """The table's FP32 answer in a tensor-core precision: kept where FP32 is the better path, else its tiles."""
     if precision == "highest":
         return choice
+    if precision == "high" and _ozaki(problem, device):
+        return Choice(OZAKI_INT8, problem.variant, RuleName.OZAKI, ozaki_reason(problem))
     if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS):  # memory-bound or split: the FP32 paths
         return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                    "uses FP32 FMAs here)")
@@ -495,6 +501,9 @@ def _tuned_instead(choice: Choice, problem: Problem, device: Device) -> Choice:
 
 
 def _forced_choice(problem: Problem, device: Device, kernel: str) -> Choice:
+    if kernel == OZAKI:
+        return Choice(OZAKI_INT8, problem.variant, RuleName.FORCED,
+                      "Ozaki scheme II was requested ('ozaki'): " + ozaki_reason(problem))
     if kernel in FAMILIES:
         config = get_config(_FAMILY_DEFAULT[kernel](problem, device))
         return _lighter(Choice(config, problem.variant_for(config), RuleName.FORCED,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 
 from .. import _errors, _plan
-from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Split, Variant, WgTile
+from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile
 from .arrays import cupy as _cupy
 from .arrays import empty, may_overlap, problem_for
 
@@ -122,6 +123,15 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
             return _padded(*launch["keep"], c, problem, device_id, record)
         except _errors.OutOfMemoryError:  # no room for the copies
             choice = _plan.after_out_of_memory(problem, device, choice)
+    if isinstance(choice.config, Int8Tile):  # Ozaki scheme II: data-dependent fallbacks, never replayed
+        if record is not None:
+            record.append(None)
+            record = None
+        try:
+            return _ozaki(*launch["keep"], c, problem, device, device_id)
+        except _errors.OutOfMemoryError:  # no room for the residues and products
+            choice = _plan.after_out_of_memory(problem, device, choice)
+            _warn_once(f"out of GPU memory for Ozaki scheme II's workspace: {choice.name} (3xTF32) instead")
     if isinstance(choice.config, WgTile):
         if launch["copied"] and record is not None:  # the operands' own copies change address per call
             record.append(None)
@@ -369,6 +379,34 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
         record.append(run)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, _errors.PerformanceWarning, stacklevel=4)
+
+
+def _ozaki(a, b, c, problem, device, device_id: int) -> None:
+    """c = a @ b by Ozaki scheme II (fastmm/_runtime/ozaki.py), batch item by batch item; a product one launch sequence
+    cannot take runs on 3xTF32 instead, with a PerformanceWarning."""
+    from .ozaki import ozaki_product
+
+    if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
+        for index in np.ndindex(*c.shape[:-2]):
+            _ozaki(_batch_item(a, index), _batch_item(b, index), c[index], problem, device, device_id)
+        return
+    a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
+    why = _plan.ozaki.fits(*c.shape, a.shape[1])
+    if why is None:
+        return ozaki_product(a, b, c, device_id)
+    single = _plan.Problem(c.shape[0], c.shape[1], a.shape[1])
+    name = _plan.ozaki_fallback(single, device)
+    _warn_once(f"Ozaki scheme II cannot take this product ({why}): {name} (3xTF32) instead")
+    gemm(a, b, c, name)
 
 
 def _batch_item(x, index: tuple[int, ...]):

@@ -74,6 +74,10 @@ class Int8Tile(Warpgroups, KernelConfig):
         return "fastmm_int8"
 
     @property
+    def precision(self) -> str:
+        return "high"  # Ozaki scheme II's float32 products: FP32 accuracy
+
+    @property
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
                 + (f"_g{self.group}" if self.group != 8 else "") + (f"_c{self.cluster}" if self.cluster > 1 else ""))

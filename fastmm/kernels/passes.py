@@ -1,5 +1,6 @@
-"""The passes around the products: split-K's ordered slice sum, the aligned copies (repitch) and the TF32 split.
-Each is launched through the same runtime as the products, one binary for every layout."""
+"""The passes around the products: split-K's ordered slice sum, the aligned copies (repitch), the TF32 split, and Ozaki
+scheme II's scaling, residue and reconstruction passes. Each is launched through the same runtime as the products, one
+binary for every layout."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import ClassVar
 
 from .base import MAX_GRID_Y, KernelConfig
 
-__all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "AUXILIARY"]
+__all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE", "OzakiScale",
+           "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT", "AUXILIARY"]
 
 
 class _Auxiliary(KernelConfig):
@@ -116,8 +118,95 @@ class Split(_Auxiliary):
         return self.TILE * max_grid_y // block_rows * block_rows
 
 
+# Ozaki scheme II's moduli (fastmm/_plan/ozaki.py says why these): compiled into its passes as constants, so that each
+# `%` is a multiplication.
+OZAKI_MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 211, 199, 197, 193, 191, 181, 179, 173, 167)
+# The scaling pass's shift for a row or column that holds a NaN or an infinity (it takes the FP32 path instead).
+NONFINITE = -(1 << 30)
+
+
+class _Ozaki(_Auxiliary):
+    """An Ozaki scheme II pass: the moduli and the non-finite marker as macros."""
+
+    def _tile_macros(self) -> dict[str, int | str]:
+        return {"NMODULI": len(OZAKI_MODULI), "MODULI": ", ".join(map(str, OZAKI_MODULI)), "NONFINITE": NONFINITE}
+
+
+@dataclasses.dataclass(frozen=True)
+class OzakiScale(_Ozaki):
+    """Not a product's kernel: Ozaki scheme II's scaling pass (fastmm/kernels/pass_ozaki_scale.cu). One operand (R x K,
+    any strides; B as B^T) gets a shift per row: the power of two that puts its largest magnitude just below 2^bits,
+    or NONFINITE. M = R, K = K, C the shifts, c_sn = bits; a block per 32 rows."""
+
+    family: ClassVar[str] = "ozakiscale"
+    source: ClassVar[str] = "pass_ozaki_scale.cu"
+
+    ROWS: ClassVar[int] = 32  # rows per block (pass_ozaki_scale.cu's ROWS)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.ROWS, 1)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 8 * self.ROWS * 4
+
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
+        return (max(1, -(-m // self.ROWS)), 1, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class OzakiResidues(_Ozaki):
+    """Not a product's kernel: Ozaki scheme II's residue pass (fastmm/kernels/pass_ozaki_residues.cu). One operand (R x
+    K, any strides; B as B^T), scaled by its shifts and rounded, written as the int8 residues of each of the first n
+    moduli in the INT8 product kernel's tiles (`fastmm._plan.ozaki.tiles`). M = R, N = the padded rows, K = K, b_sk =
+    the tile's rows, b_sn = n, c_sm = the padded K, c_sb0 = bytes per modulus; a block per 64 x 64 tile."""
+
+    family: ClassVar[str] = "ozakiresidues"
+    source: ClassVar[str] = "pass_ozaki_residues.cu"
+
+    TILE: ClassVar[int] = 64  # pass_ozaki_residues.cu's square tile
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.TILE, self.TILE)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.TILE * (self.TILE + 1) * 4
+
+    def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
+        return (max(1, 2 * -(-k // 128)), max(1, -(-n // self.TILE)), 1)  # whole 128-deep K-tiles, padded rows
+
+    def rows_per_launch(self) -> int:
+        """The most rows one launch writes (the grid's y): the pass's layout is not made for a second launch at an
+        offset, so Ozaki scheme II takes operands up to this many rows."""
+        return self.TILE * MAX_GRID_Y // 256 * 256
+
+
+@dataclasses.dataclass(frozen=True)
+class OzakiCrt(_Ozaki):
+    """Not a product's kernel: Ozaki scheme II's reconstruction (fastmm/kernels/pass_ozaki_crt.cu): C from the n int32
+    residue products by the Chinese remainder theorem, scaled back, as float32. M x N the result (one launch: at most
+    MAX_GRID_Y rows), K = n; A the products, B the table and the shifts, C and c_sm the result."""
+
+    family: ClassVar[str] = "ozakicrt"
+    source: ClassVar[str] = "pass_ozaki_crt.cu"
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (1, self.THREADS)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+
 SLICE_SUM = SliceSum()
 REPITCH = Repitch()
 SPLIT = Split()
 # Kernels that are not products (never planned, forced or benchmarked as one), compiled and checked like the rest.
-AUXILIARY: tuple[KernelConfig, ...] = (SLICE_SUM, REPITCH, SPLIT)
+OZAKI_SCALE = OzakiScale()
+OZAKI_RESIDUES = OzakiResidues()
+OZAKI_CRT = OzakiCrt()
+AUXILIARY: tuple[KernelConfig, ...] = (SLICE_SUM, REPITCH, SPLIT, OZAKI_SCALE, OZAKI_RESIDUES, OZAKI_CRT)

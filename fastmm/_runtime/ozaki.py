@@ -1,0 +1,126 @@
+"""float32 products by Ozaki scheme II on the INT8 tensor cores (fastmm/_plan/ozaki.py has the arithmetic): the
+launch sequence of one product and its workspace.
+
+The sequence: the scaling pass over A's rows and B's columns (a shift each, or a non-finite flag), the residue pass
+writing each modulus's int8 residues of A and B^T in the INT8 kernel's tiles, then per chunk of C's columns the
+batched INT8 products (one batch item per modulus) and the reconstruction pass into C. Rows of A and columns of B
+holding a NaN or an infinity are computed again on the FP32 path (3xTF32's kernels) and written over their part of C.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from .. import _errors, _plan
+from .._plan import ozaki as _ozaki
+from ..kernels.configs import INT8_WG, Int8Tile, Variant
+from ..kernels.passes import OZAKI_CRT, OZAKI_RESIDUES, OZAKI_SCALE
+from .arrays import cupy as _cupy
+from .arrays import empty
+from .int8 import int8_launch
+
+__all__ = ["ozaki_product"]
+
+_ALIGN = 256  # bytes: each part of the workspace starts aligned for 16-byte stores and bulk copies
+_tables: dict[tuple[int, int], object] = {}  # (device, moduli) -> the reconstruction table on that device
+
+
+def _up(x: int) -> int:
+    return -(-x // _ALIGN) * _ALIGN
+
+
+def _table(device_id: int, moduli: tuple[int, ...]):
+    cp = _cupy()
+    key = (device_id, moduli)
+    table = _tables.get(key)
+    if table is None:
+        table = _tables[key] = cp.asarray(_ozaki.crt_table(moduli))
+    return table
+
+
+def _launch(config, device_id: int, **args):
+    from . import cuda as _cuda
+
+    base = dict(m=1, n=1, k=1, a_sm=0, a_sk=0, b_sk=0, b_sn=0, c_sm=0, c_sn=0, batch=1, batch_inner=1,
+                batch_strides=(0,) * 6)
+    base.update(args)
+    return _cuda.Launch(config, Variant(), device_id, **base)
+
+
+def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: int = 26) -> None:
+    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II.
+
+    Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
+    shape is past what one sequence takes (`fastmm._plan.ozaki.fits`)."""
+    cp = _cupy()
+    (m, k), n = a.shape, b.shape[1]
+    why = _ozaki.fits(m, n, k)
+    if why is not None:
+        raise ValueError(f"Ozaki scheme II cannot take this product: {why}")
+    moduli = _ozaki.choose_moduli(k, bits)
+    nm = len(moduli)
+    bm, bn = config.bm, config.bn
+    mp, np_, kp = -(-m // bm) * bm, -(-n // bn) * bn, -(-k // config.BK) * config.BK
+    chunk = _ozaki.column_chunk(m, n, nm, bn)
+    # Workspace: the table, the shifts of A's rows and of B's columns, A's tiles, B^T's tiles, one chunk's products.
+    table_at = 0
+    shifts_a = _up(8 * _ozaki.TABLE_WORDS)
+    shifts_b = shifts_a + 4 * mp
+    tiles_a = _up(shifts_b + 4 * np_)
+    tiles_b = tiles_a + nm * mp * kp
+    products = _up(tiles_b + nm * np_ * kp)
+    size = products + 4 * nm * m * chunk
+    ws = empty((size,), np.uint8)
+    base = ws.data.ptr
+    ws[table_at:table_at + 8 * _ozaki.TABLE_WORDS] = _table(device_id, moduli).view(cp.uint8)
+
+    sa = [s // 4 for s in a.strides]
+    sb = [s // 4 for s in b.strides]
+    # A's rows and B^T's rows (B's columns): R x K with strides (along r, along k).
+    for x_ptr, rows, padded, (s_r, s_k), shifts, tiles, tile_rows in (
+            (a.data.ptr, m, mp, (sa[0], sa[1]), shifts_a, tiles_a, bm),
+            (b.data.ptr, n, np_, (sb[1], sb[0]), shifts_b, tiles_b, bn)):
+        _launch(OZAKI_SCALE, device_id, m=rows, k=k, a_sm=s_r, a_sk=s_k, c_sm=1, c_sn=bits)(x_ptr, 0, base + shifts)
+        _launch(OZAKI_RESIDUES, device_id, m=rows, n=padded, k=k, a_sm=s_r, a_sk=s_k, b_sk=tile_rows, b_sn=nm,
+                c_sm=kp, batch_strides=(0, 0, 0, 0, padded * kp, 0))(x_ptr, base + shifts, base + tiles)
+
+    c_sm = c.strides[0] // 4 if m > 1 else 0
+    crt_rows = OZAKI_CRT.tile[0] * 65535  # one launch of the reconstruction: at most this many rows
+    for n0 in range(0, n, chunk):
+        nc = min(chunk, n - n0)
+        int8_launch(config, device_id, m, nc, k, nm, mp * kp, np_ * kp, nc, m * nc)(
+            base + tiles_a, base + tiles_b + n0 * kp, base + products)
+        for m0 in range(0, m, crt_rows):
+            mc = min(crt_rows, m - m0)
+            _launch(OZAKI_CRT, device_id, m=mc, n=nc, k=nm, a_sm=nc, a_sk=m * nc,
+                    b_sk=shifts_a // 4 + m0, b_sn=shifts_b // 4 + n0, c_sm=c_sm, c_sn=1)(
+                base + products + 4 * m0 * nc, base, c.data.ptr + 4 * (m0 * c_sm + n0))
+
+    shifts = ws[shifts_a:shifts_a + 4 * m].view(cp.int32), ws[shifts_b:shifts_b + 4 * n].view(cp.int32)
+    bad_a, bad_b = (cp.flatnonzero(s == _ozaki.NONFINITE) for s in shifts)
+    del ws
+    if bad_a.size or bad_b.size:  # NaN and infinities as IEEE arithmetic gives them: the FP32 path
+        _nonfinite(a, b, c, bad_a, bad_b, device_id)
+
+
+def _nonfinite(a, b, c, bad_a, bad_b, device_id: int) -> None:
+    """Rows `bad_a` and columns `bad_b` of c computed again on the 3xTF32 kernels (gathered copies)."""
+    from . import cuda as _cuda
+    from .gemm import gemm
+
+    device = _cuda.device(device_id)
+    for rows, cols in ((bad_a, None), (None, bad_b)):
+        if (rows if rows is not None else cols).size == 0:
+            continue
+        sub_a = a[rows] if rows is not None else a
+        sub_b = b[:, cols] if cols is not None else b
+        out = empty((sub_a.shape[0], sub_b.shape[1]))
+        problem = _plan.Problem(out.shape[0], out.shape[1], a.shape[1])
+        gemm(sub_a, sub_b, out, _plan.ozaki_fallback(problem, device))
+        if rows is not None:
+            c[rows] = out
+        else:
+            c[:, cols] = out

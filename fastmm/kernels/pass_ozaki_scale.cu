@@ -1,0 +1,62 @@
+// Not a product's kernel: the scaling pass of Ozaki scheme II (fastmm/_plan/ozaki.py, `scaled_integers`). One operand,
+// R x K with element (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), gets one int per row: the
+// power of two `shift` that puts the row's largest magnitude in [2^(bits-1), 2^bits) (bits - frexp's exponent; 0 for a
+// row of zeros), or NONFINITE where the row holds a NaN or an infinity (that row takes the FP32 path instead).
+//
+// One block per 32 rows. Magnitudes compare as unsigned ints of their bits (sign cleared), so one maximum also finds
+// non-finite values: a NaN's or an infinity's bits are at least 0x7f800000, every finite value's below. Read along the
+// unit stride: a warp per row (lanes along k) where k has it, else a lane per row (the 8 warps along k), then the
+// block's partial maxima meet in shared memory.
+//
+// Launched through the same runtime as the products (FASTMM_GEMM_PARAMS, reinterpreted): M = R, K = K, A and its
+// strides; C the shifts (int, one per row); c_sn = bits. Grid (R / 32 rounded up, 1, 1).
+
+#define THREADS 256
+#define ROWS 32
+#define WARPS (THREADS / 32)
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+fastmm_ozakiscale(FASTMM_GEMM_PARAMS)
+{
+    __shared__ unsigned largest[WARPS][ROWS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const long long r0 = (long long)blockIdx.x * ROWS;
+    const bool along_k = a_sk == 1 || a_sm != 1;
+    if (along_k) {
+        // Warp w takes rows w, w + 8, w + 16, w + 24 of the block's 32, its lanes every 32nd k.
+        for (int i = warp; i < ROWS; i += WARPS) {
+            unsigned most = 0;
+            if (r0 + i < M)
+                for (int k = lane; k < K; k += 32)
+                    most = max(most, __float_as_uint(A[(r0 + i) * a_sm + (long long)k * a_sk]) & 0x7fffffffu);
+            for (int d = 16; d > 0; d /= 2) most = max(most, __shfl_xor_sync(0xffffffffu, most, d));
+            if (lane == 0) largest[0][i] = most;
+        }
+    } else {
+        // Lane l takes row l, warp w every 8th k from w: 32 consecutive rows per load where r has the unit stride.
+        unsigned most = 0;
+        if (r0 + lane < M)
+            for (int k = warp; k < K; k += WARPS)
+                most = max(most, __float_as_uint(A[(r0 + lane) * a_sm + (long long)k * a_sk]) & 0x7fffffffu);
+        largest[warp][lane] = most;
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) most = max(most, largest[w][lane]);
+            largest[0][lane] = most;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && r0 + threadIdx.x < M) {
+        const unsigned most = largest[0][threadIdx.x];
+        int shift = 0;
+        if (most >= 0x7f800000u) {
+            shift = NONFINITE;
+        } else if (most != 0u) {
+            int exponent;
+            frexpf(__uint_as_float(most), &exponent);  // largest = f * 2^exponent, f in [0.5, 1)
+            shift = (int)c_sn - exponent;
+        }
+        reinterpret_cast<int*>(C)[r0 + threadIdx.x] = shift;
+    }
+}
