@@ -402,11 +402,31 @@ def _ozaki(a, b, c, problem, device, device_id: int) -> None:
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     why = _plan.ozaki.fits(*c.shape, a.shape[1])
     if why is None:
-        return ozaki_product(a, b, c, device_id)
+        bad_a, bad_b = ozaki_product(a, b, c, device_id)
+        if bad_a.size or bad_b.size:  # NaN and infinities as IEEE arithmetic gives them: the FP32 path
+            _nonfinite(a, b, c, bad_a, bad_b, device)
+        return
     single = _plan.Problem(c.shape[0], c.shape[1], a.shape[1])
     name = _plan.ozaki_fallback(single, device)
     _warn_once(f"Ozaki scheme II cannot take this product ({why}): {name} (3xTF32) instead")
     gemm(a, b, c, name)
+
+
+def _nonfinite(a, b, c, bad_a, bad_b, device) -> None:
+    """Rows `bad_a` and columns `bad_b` of c, after Ozaki scheme II, computed again on the 3xTF32 kernels (gathered
+    copies)."""
+    for rows, cols in ((bad_a, None), (None, bad_b)):
+        if (rows if rows is not None else cols).size == 0:
+            continue
+        sub_a = a[rows] if rows is not None else a
+        sub_b = b[:, cols] if cols is not None else b
+        out = empty((sub_a.shape[0], sub_b.shape[1]))
+        problem = _plan.Problem(out.shape[0], out.shape[1], a.shape[1])
+        gemm(sub_a, sub_b, out, _plan.ozaki_fallback(problem, device))
+        if rows is not None:
+            c[rows] = out
+        else:
+            c[:, cols] = out
 
 
 def _batch_item(x, index: tuple[int, ...]):

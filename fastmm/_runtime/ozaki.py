@@ -9,12 +9,8 @@ holding a NaN or an infinity are computed again on the FP32 path (3xTF32's kerne
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import numpy as np
 
-from .. import _errors, _plan
 from .._plan import ozaki as _ozaki
 from ..kernels.configs import INT8_WG, Int8Tile, Variant
 from ..kernels.passes import OZAKI_CRT, OZAKI_RESIDUES, OZAKI_SCALE
@@ -50,8 +46,9 @@ def _launch(config, device_id: int, **args):
     return _cuda.Launch(config, Variant(), device_id, **base)
 
 
-def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: int = 26) -> None:
-    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II.
+def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: int = 26):
+    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II; returns the rows of A and
+    the columns of B that hold NaN or an infinity, whose rows and columns of c the caller computes on the FP32 path.
 
     Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
     shape is past what one sequence takes (`fastmm._plan.ozaki.fits`)."""
@@ -102,25 +99,4 @@ def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: 
     shifts = ws[shifts_a:shifts_a + 4 * m].view(cp.int32), ws[shifts_b:shifts_b + 4 * n].view(cp.int32)
     bad_a, bad_b = (cp.flatnonzero(s == _ozaki.NONFINITE) for s in shifts)
     del ws
-    if bad_a.size or bad_b.size:  # NaN and infinities as IEEE arithmetic gives them: the FP32 path
-        _nonfinite(a, b, c, bad_a, bad_b, device_id)
-
-
-def _nonfinite(a, b, c, bad_a, bad_b, device_id: int) -> None:
-    """Rows `bad_a` and columns `bad_b` of c computed again on the 3xTF32 kernels (gathered copies)."""
-    from . import cuda as _cuda
-    from .gemm import gemm
-
-    device = _cuda.device(device_id)
-    for rows, cols in ((bad_a, None), (None, bad_b)):
-        if (rows if rows is not None else cols).size == 0:
-            continue
-        sub_a = a[rows] if rows is not None else a
-        sub_b = b[:, cols] if cols is not None else b
-        out = empty((sub_a.shape[0], sub_b.shape[1]))
-        problem = _plan.Problem(out.shape[0], out.shape[1], a.shape[1])
-        gemm(sub_a, sub_b, out, _plan.ozaki_fallback(problem, device))
-        if rows is not None:
-            c[rows] = out
-        else:
-            c[:, cols] = out
+    return bad_a, bad_b
