@@ -145,7 +145,7 @@ def test_error_at_most_sgemms(kind, rng):
 
 
 def test_high_takes_ozaki_above_the_threshold_only():
-    assert "ozaki-ii" in fastmm.explain((8192, 8192), (8192, 8192), precision="high")
+    assert "ozaki-ii" in fastmm.explain((16384, 16384), (16384, 16384), precision="high")
     assert "ozaki-ii" not in fastmm.explain((4096, 4096), (4096, 4096), precision="high")
 
 
@@ -156,4 +156,4 @@ def test_long_k_takes_3xtf32_with_a_warning(rng):
     with pytest.warns(fastmm.PerformanceWarning, match="Ozaki scheme II cannot take"):
         got = cp.asnumpy(_ozaki(cp.asarray(a), cp.asarray(b)))
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    assert _rel(got, ref) < 1e-6
+    assert _rel(got, ref) < 2e-5  # K = 131072 summed in float32: sqrt(K) * 2^-24 = 2.2e-5
