@@ -817,3 +817,11 @@ def test_ozaki_falls_back_to_3xtf32_out_of_memory():
     problem = Problem(16384, 16384, 16384)
     choice = choose(problem, Device(), precision="high")
     assert after_out_of_memory(problem, Device(), choice).name == "tf32x3wg_128x128x32_s3"
+
+
+def test_every_rules_text_has_its_numbers_filled_in():
+    """A rule's text is what `explain` prints: a `{name}` left in it is a continuation line that lost its f prefix."""
+    for rule in _plan.RULES:
+        assert "{" not in rule.reason and "}" not in rule.reason, (rule.name, rule.reason)
+    few = next(r for r in _plan.RULES if r.name == "few-columns")
+    assert "below 2^24 multiply-adds" in few.reason

@@ -389,7 +389,7 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.FEW_COLUMNS, f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
-         "summed in a fixed order; below 2^{_FEW_SUM_MIN_MACS.bit_length() - 1} multiply-adds at most a cluster's)",
+         f"summed in a fixed order; below 2^{_FEW_SUM_MIN_MACS.bit_length() - 1} multiply-adds at most a cluster's)",
          _few, _few_columns_kernel, few_columns_splits),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
