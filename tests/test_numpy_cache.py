@@ -347,3 +347,21 @@ def test_a_block_unmapped_from_the_pool_leaves_the_table(gpu, rng):
             _check(fresh @ b, fresh, b)
         finally:
             lib.fastmm_hostalloc_limit(_hostmem._pool_limit())
+
+
+def test_a_stale_copy_of_another_range_of_the_block_does_not_undo_a_new_copy(gpu, rng):
+    # x[:256] kept, then x written (that copy stale), then x[256:] kept: dropping the stale copy of the same block must
+    # not untrack the block just made read-only for the new one (the new upload would be thrown away).
+    with fastmm.accelerate_numpy(EVERYTHING):
+        x = rng.standard_normal((1024, 512)).astype(np.float32)
+        w = rng.standard_normal((512, 8)).astype(np.float32)
+        top, bottom = x[:256], x[256:]
+        for _ in range(2):
+            _check(top @ w, top, w)
+        assert gpu.device.uploads == [top.nbytes]
+        x[0, 0] = 5.0
+        for _ in range(3):
+            _check(bottom @ w, bottom, w)
+        stats = fastmm.numpy_hook_status()["cache"]
+    assert gpu.device.uploads == [top.nbytes, bottom.nbytes], gpu.device.uploads
+    assert stats["uploads"] == 2 and stats["hits"] >= 2, stats

@@ -145,16 +145,18 @@ class Cache:
             self.cap = self.device.free_bytes() // DEFAULT_SHARE
         if nbytes > self.cap:
             return None
-        host = np.asarray(_Bytes(lo, nbytes))
-        self.device.prepare(host)
-        generation = _hostmem.track(lo)
-        if not generation:
-            return None
+        # Room first: dropping a copy untracks its block when no other copy of it is left, which would undo the
+        # tracking below where that block is this one.
         for key, entry in list(self._entries.items()):  # stale copies first, then the least recently used
             if _hostmem.generation(entry.lo) != entry.generation:
                 self._drop(key, stale=True)
         while self._entries and self.bytes + nbytes > self.cap:
             self._drop(next(iter(self._entries)), stale=False)
+        host = np.asarray(_Bytes(lo, nbytes))
+        self.device.prepare(host)
+        generation = _hostmem.track(lo)
+        if not generation:
+            return None
         dev = self.device.upload(host)
         if _hostmem.generation(lo) != generation:  # written while it went up
             self.invalidated += 1
