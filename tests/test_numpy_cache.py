@@ -349,6 +349,30 @@ def test_a_block_unmapped_from_the_pool_leaves_the_table(gpu, rng):
             lib.fastmm_hostalloc_limit(_hostmem._pool_limit())
 
 
+def test_a_failed_copy_leaves_its_block_writable_and_untracked(gpu, rng, monkeypatch):
+    # The upload fails (out of GPU memory, say): NumPy computes the product, and the block that was made read-only for
+    # the copy is not left tracked with no copy of it (every later write would fault for nothing, and its slot be lost).
+    monkeypatch.setattr(fastmm._errors, "_warned", set())
+    fails = []
+
+    def upload(host):
+        fails.append(host.nbytes)
+        raise MemoryError("out of device memory (stand-in)")
+
+    monkeypatch.setattr(gpu.device, "upload", upload)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        with pytest.warns(fastmm.PerformanceWarning, match="MemoryError"):
+            for _ in range(2):
+                _check(a @ b, a, b)
+        assert fails == [a.nbytes]
+        assert _hostmem.generation(a.ctypes.data) == 0 and _hostmem.tracking_stats()["tracked_blocks"] == 0
+        faults = _hostmem.tracking_stats()["write_faults"]
+        a[0, 0] = 1.0
+        assert _hostmem.tracking_stats()["write_faults"] == faults
+
+
 def test_a_stale_copy_of_another_range_of_the_block_does_not_undo_a_new_copy(gpu, rng):
     # x[:256] kept, then x written (that copy stale), then x[256:] kept: dropping the stale copy of the same block must
     # not untrack the block just made read-only for the new one (the new upload would be thrown away).

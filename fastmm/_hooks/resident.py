@@ -157,10 +157,16 @@ class Cache:
         generation = _hostmem.track(lo)
         if not generation:
             return None
-        dev = self.device.upload(host)
-        if _hostmem.generation(lo) != generation:  # written while it went up
-            self.invalidated += 1
-            return None
+        kept = False
+        try:
+            dev = self.device.upload(host)
+            if _hostmem.generation(lo) != generation:  # written while it went up
+                self.invalidated += 1
+                return None
+            kept = True
+        finally:
+            if not kept and not any(_same_block(lo, e.lo) for e in self._entries.values()):
+                _hostmem.untrack(lo)  # no copy of it: not left read-only for nothing
         entry = self._entries[(lo, hi)] = _Entry(lo, hi, generation, dev)
         self.bytes += nbytes
         self.uploads += 1
