@@ -192,6 +192,10 @@ def test_cache_bytes_zero_turns_it_off(gpu, rng, monkeypatch):
     monkeypatch.setenv("FASTMM_NUMPY_CACHE", "lots")
     with pytest.raises(ValueError, match="FASTMM_NUMPY_CACHE"):
         fastmm.accelerate_numpy(EVERYTHING)
+    for wrong in ("inf", "nan", "-1G", "1e400"):  # never an OverflowError, never a silent 0
+        monkeypatch.setenv("FASTMM_NUMPY_CACHE", wrong)
+        with pytest.raises(ValueError, match=f"not '{wrong}'"):
+            hook._cache_bytes(None)
     with pytest.raises(ValueError, match="cache_bytes"):
         fastmm.accelerate_numpy(EVERYTHING, cache_bytes=-1)
 

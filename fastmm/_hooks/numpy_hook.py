@@ -450,7 +450,8 @@ def _cache_bytes(given: int | None) -> int | None:
         if given < 0:
             raise ValueError(f"cache_bytes must be 0 or more, not {given}")
         return int(given)
-    text = os.environ.get("FASTMM_NUMPY_CACHE", "").strip().upper()
+    given_text = os.environ.get("FASTMM_NUMPY_CACHE", "").strip()
+    text = given_text.upper()
     if not text:
         return None
     if text in ("OFF", "NO", "FALSE"):
@@ -459,9 +460,12 @@ def _cache_bytes(given: int | None) -> int | None:
         text = text[:-1]
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
     try:
-        return max(0, int(float(text[:-1] if scale > 1 else text) * scale))
+        nbytes = float(text[:-1] if scale > 1 else text) * scale
+        if not 0 <= nbytes < math.inf:  # (NaN, infinities and negative sizes too)
+            raise ValueError
+        return int(nbytes)
     except ValueError:
-        raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {text!r}") from None
+        raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {given_text!r}") from None
 
 
 def _configure_cache(cap: int | None) -> None:
