@@ -393,3 +393,17 @@ def test_a_stale_copy_of_another_range_of_the_block_does_not_undo_a_new_copy(gpu
         stats = fastmm.numpy_hook_status()["cache"]
     assert gpu.device.uploads == [top.nbytes, bottom.nbytes], gpu.device.uploads
     assert stats["uploads"] == 2 and stats["hits"] >= 2, stats
+
+
+def test_a_product_that_took_the_cache_before_restore_numpy_keeps_nothing(gpu, rng):
+    # A thread inside the loop holds the cache when another calls restore_numpy: its copies must not make a block
+    # read-only after every block was made writable (nothing would untrack it again).
+    fastmm.accelerate_numpy(EVERYTHING)
+    a = rng.standard_normal((512, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 8)).astype(np.float32)
+    cache = hook._state.cache
+    fastmm.restore_numpy()
+    operands = ((a.ctypes.data, (1, 512, 512), (0, 2048, 4), 1), (b.ctypes.data, (1, 512, 8), (0, 32, 4), 1))
+    for _ in range(3):
+        cache.decide(EVERYTHING, 1, 512, 512, 8, operands)
+    assert gpu.device.uploads == [] and _hostmem.tracking_stats()["tracked_blocks"] == 0

@@ -111,6 +111,7 @@ class Cache:
         self._entries: collections.OrderedDict = collections.OrderedDict()  # (lo, hi) -> _Entry, oldest use first
         self._rents: collections.OrderedDict = collections.OrderedDict()  # (base, serial, lo, hi) -> _Rent
         self._lock = threading.Lock()
+        self._closed = False  # cleared: a product that took the cache before then copies nothing more
         self.bytes = 0
         self.hits = self.saved_bytes = self.uploads = self.uploaded_bytes = self.invalidated = self.evicted = 0
 
@@ -141,6 +142,8 @@ class Cache:
         """(lock held) Copy [lo, hi) up and keep it, or None where it cannot be (too large, not trackable, written
         while it was copied)."""
         nbytes = hi - lo
+        if self._closed:  # the hook went off meanwhile: every block was made writable, and must stay so
+            return None
         if self.cap is None:
             self.cap = self.device.free_bytes() // DEFAULT_SHARE
         if nbytes > self.cap:
@@ -174,7 +177,9 @@ class Cache:
         return entry
 
     def clear(self) -> None:
+        """Every copy dropped, for good: the cache copies nothing after this (the hook makes its blocks writable)."""
         with self._lock:
+            self._closed = True
             self._entries.clear()
             self._rents.clear()
             self.bytes = 0
