@@ -1,10 +1,11 @@
-"""accelerate_numpy(): plain NumPy float32 matmul on the GPU, by replacing NumPy's own inner loop.
+"""accelerate_numpy(): plain NumPy float32 and float64 matmul on the GPU, by replacing NumPy's own inner loops.
 
 NumPy lets a package replace a ufunc's inner loop for one type signature (``PyUFunc_ReplaceLoopBySignature``, in
-NumPy's ufunc C API since NumPy 1.x and still in NumPy 2). ``np.matmul`` is a gufunc, and its float32 loop (``ff->f``)
-receives the host pointers, the batch count, the core dimensions and every stride, after NumPy has done all of its
-own work: argument parsing, broadcasting, type resolution, ``out=``, overlap checks, temporaries. So fastmm replaces
-that one loop and nothing else, and every case NumPy accepts comes through with NumPy's semantics.
+NumPy's ufunc C API since NumPy 1.x and still in NumPy 2). ``np.matmul`` is a gufunc, and its float32 loop (``ff->f``;
+float64's, ``dd->d``, alike) receives the host pointers, the batch count, the core dimensions and every stride, after
+NumPy has done all of its own work: argument parsing, broadcasting, type resolution, ``out=``, overlap checks,
+temporaries. So fastmm replaces those loops and nothing else, and every case NumPy accepts comes through with NumPy's
+semantics.
 
 The replacement is a small C loop (fastmm/_hooks/hostloop.c, compiled on first use with the machine's C compiler) that
 hands a product to fastmm only when it has enough work to be worth the trip to the GPU (`HostModel`), and runs
@@ -519,7 +520,7 @@ def _sync_lanes() -> None:
 
 
 def restore_numpy() -> None:
-    """Put NumPy's own float32 matmul loop back: NumPy is then exactly as it was before `accelerate_numpy`.
+    """Put NumPy's own float32 and float64 matmul loops back: NumPy is then exactly as it was before `accelerate_numpy`.
 
     Idempotent and thread-safe. A product already inside fastmm's loop finishes there; fastmm's compiled loop stays
     loaded (a thread may still be about to call it) and sends everything to NumPy's loop. In the calling thread, NumPy
