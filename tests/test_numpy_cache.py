@@ -407,3 +407,16 @@ def test_a_product_that_took_the_cache_before_restore_numpy_keeps_nothing(gpu, r
     for _ in range(3):
         cache.decide(EVERYTHING, 1, 512, 512, 8, operands)
     assert gpu.device.uploads == [] and _hostmem.tracking_stats()["tracked_blocks"] == 0
+
+
+def test_a_smaller_cap_given_later_drops_copies_down_to_it(gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING, cache_bytes=8 * MiB):
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        arrays = [rng.standard_normal((512, 512)).astype(np.float32) for _ in range(4)]  # 1 MiB each
+        for a in arrays:
+            _cached(gpu, a, b) if a is arrays[0] else [_check(a @ b, a, b) for _ in range(2)]
+        assert fastmm.numpy_hook_status()["cache"]["bytes"] == 4 * MiB
+        with fastmm.accelerate_numpy(EVERYTHING, cache_bytes=2 * MiB):
+            stats = fastmm.numpy_hook_status()["cache"]
+            assert stats["bytes"] <= 2 * MiB and stats["bytes_cap"] == 2 * MiB, stats
+            assert _hostmem.tracking_stats()["tracked_blocks"] == stats["entries"]

@@ -480,7 +480,7 @@ def _configure_cache(cap: int | None) -> None:
         _drop_cache()
         _state.cache = _resident.Cache(_state.device, cap)
     elif cap is not None:
-        _state.cache.cap = cap
+        _state.cache.set_cap(cap)
     candidate = _hostmem.candidate_address() if _state.cache is not None else None
     for lane in _state.lanes.values():
         if lane.shim is not None:

@@ -176,6 +176,13 @@ class Cache:
         self.uploaded_bytes += nbytes
         return entry
 
+    def set_cap(self, cap: int) -> None:
+        """At most `cap` bytes from now on: the least recently used copies dropped down to it."""
+        with self._lock:
+            self.cap = cap
+            while self._entries and self.bytes > cap:
+                self._drop(next(iter(self._entries)), stale=False)
+
     def clear(self) -> None:
         """Every copy dropped, for good: the cache copies nothing after this (the hook makes its blocks writable)."""
         with self._lock:
