@@ -165,3 +165,25 @@ def test_what_one_launch_sequence_takes():
     assert ozaki.fits(8192, 8192, 8192) is None
     assert "past 131071" in ozaki.fits(8, 8, ozaki.MAX_EXACT_K + 1)
     assert "rows per launch" in ozaki.fits(5_000_000, 8, 8)
+
+
+def test_a_product_ozaki_cannot_take_warns_once_through_fastmms_warnings(monkeypatch):
+    """Forced 'ozaki' on a K past int32's exact range: 3xTF32 instead, with one PerformanceWarning that the process's
+    once-only registry (`fastmm._errors.warn_once`) knows, as every other fallback's."""
+    import warnings
+
+    import fastmm
+    from fastmm import _errors, _plan
+    from fastmm._runtime import gemm as _gemm
+
+    monkeypatch.setattr(_errors, "_warned", set())
+    ran = []
+    monkeypatch.setattr(_gemm, "gemm", lambda a, b, c, kernel=None, **kw: ran.append(kernel))
+    k = _plan.ozaki.MAX_EXACT_K + 1
+    a, b, c = np.zeros((4, k), np.float32), np.zeros((k, 4), np.float32), np.zeros((4, 4), np.float32)
+    with pytest.warns(fastmm.PerformanceWarning, match="Ozaki scheme II cannot take this product"):
+        _gemm._ozaki(a, b, c, None, _plan.Device(), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _gemm._ozaki(a, b, c, None, _plan.Device(), 0)
+    assert len(ran) == 2 and len(_errors._warned) == 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import numpy as np
 
@@ -131,7 +130,8 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
             return _ozaki(*launch["keep"], c, problem, device, device_id)
         except _errors.OutOfMemoryError:  # no room for the residues and products
             choice = _plan.after_out_of_memory(problem, device, choice)
-            _warn_once(f"out of GPU memory for Ozaki scheme II's workspace: {choice.name} (3xTF32) instead")
+            message = f"out of GPU memory for Ozaki scheme II's workspace: {choice.name} (3xTF32) instead"
+            _errors.warn_once(message, message)
     if isinstance(choice.config, WgTile):
         if launch["copied"] and record is not None:  # the operands' own copies change address per call
             record.append(None)
@@ -381,15 +381,6 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
         record.append(run)
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, _errors.PerformanceWarning, stacklevel=4)
-
-
 def _ozaki(a, b, c, problem, device, device_id: int) -> None:
     """c = a @ b by Ozaki scheme II (fastmm/_runtime/ozaki.py), batch item by batch item; a product one launch sequence
     cannot take runs on 3xTF32 instead, with a PerformanceWarning."""
@@ -408,7 +399,8 @@ def _ozaki(a, b, c, problem, device, device_id: int) -> None:
         return
     single = _plan.Problem(c.shape[0], c.shape[1], a.shape[1])
     name = _plan.ozaki_fallback(single, device)
-    _warn_once(f"Ozaki scheme II cannot take this product ({why}): {name} (3xTF32) instead")
+    message = f"Ozaki scheme II cannot take this product ({why}): {name} (3xTF32) instead"
+    _errors.warn_once(message, message)
     gemm(a, b, c, name)
 
 
