@@ -263,6 +263,26 @@ def test_readinto_a_kept_buffer_fails_with_efault_and_an_unkept_one_works(gpu, r
         _check(a @ b, a, b)
 
 
+def test_a_write_the_page_protection_does_not_see_is_caught_by_the_sample(gpu, rng):
+    # A GPU or a network card writing into page-locked memory (DMA) bypasses the page protection: stood in for here by
+    # making the block writable behind fastmm's back. Each use of a copy compares a sample of the bytes, so a write that
+    # replaces the buffer is seen.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        b = rng.standard_normal((512, 8)).astype(np.float32)
+        _cached(gpu, a, b)
+        generation = _hostmem.generation(a.ctypes.data)
+        length = -(-a.nbytes // 4096) * 4096
+        assert libc.mprotect(a.ctypes.data, length, 3) == 0  # PROT_READ | PROT_WRITE, unknown to fastmm
+        a[...] = rng.standard_normal(a.shape).astype(np.float32)
+        assert libc.mprotect(a.ctypes.data, length, 1) == 0  # PROT_READ again
+        assert _hostmem.generation(a.ctypes.data) == generation  # no fault: the page protection saw nothing
+        _check(a @ b, a, b)
+        assert fastmm.numpy_hook_status()["cache"]["invalidated_by_writes"] >= 1
+
+
 def _child(code: str, faulthandler_first: bool = False) -> subprocess.CompletedProcess:
     code = f"FAULTHANDLER_FIRST = {faulthandler_first}\n" + textwrap.dedent(code)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -306,6 +326,63 @@ def test_a_real_crash_without_faulthandler_dies_of_sigsegv(crash):
     {crash}
 """)
     assert p.returncode == -11 and "alive" in p.stdout, (p.returncode, p.stderr)
+
+
+# A runtime that cures its own segfaults (a JVM's safepoint polls and null checks fault at the same address again and
+# again): its handler, installed before fastmm's, must get every one of them, not only the first.
+CURING_HANDLER = r"""
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+static char *guard;
+static volatile int cured;
+static void on_fault(int sig, siginfo_t *info, void *context)
+{
+    if ((char *)info->si_addr >= guard && (char *)info->si_addr < guard + 4096) {
+        mprotect(guard, 4096, PROT_READ | PROT_WRITE);
+        cured++;
+        return;
+    }
+    signal(SIGSEGV, SIG_DFL);
+}
+int install(void)
+{
+    struct sigaction sa;
+    guard = mmap(0, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGSEGV, &sa, 0);
+}
+int touch(void)
+{
+    mprotect(guard, 4096, PROT_READ);
+    guard[0]++;
+    return cured;
+}
+"""
+
+
+def test_a_runtime_that_cures_its_own_faults_gets_every_one(tmp_path):
+    import shutil
+
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in runtime's handler")
+    src, lib = tmp_path / "curing.c", tmp_path / "libcuring.so"
+    src.write_text(CURING_HANDLER)
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    p = _child(f"""
+    import ctypes
+    runtime = ctypes.CDLL({str(lib)!r})
+    assert runtime.install() == 0  # the runtime's handler first, then fastmm's on top of it
+""" + KEPT + """
+    cured = [runtime.touch() for _ in range(3)]  # the same address each time
+    a[1, 1] = 2.0  # and fastmm's own faults still fastmm's
+    print("cured", cured, flush=True)
+""")
+    assert p.returncode == 0 and "cured [1, 2, 3]" in p.stdout, (p.returncode, p.stdout, p.stderr)
 
 
 def test_a_forked_child_writes_its_copy_freely():

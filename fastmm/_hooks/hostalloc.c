@@ -324,8 +324,7 @@ static size_t tracked_top; /* every slot in use lies below it: the scans stay sh
 static uint64_t generations, retirements;
 static struct sigaction previous; /* the handler that was there when ours went on top */
 static int installed;
-static volatile sig_atomic_t forwarding; /* a fault that is not ours went on to `previous`: don't loop back */
-static void *volatile forwarded;         /* ... at this address */
+static volatile sig_atomic_t forwarding; /* a fault that is not ours went on to `previous` (see forward) */
 static uint64_t stat_faults, stat_protected;
 
 static uint64_t next_generation(void)
@@ -349,27 +348,27 @@ static long slot_of(uintptr_t p, int any)
 }
 
 /* A fault that is not a write into a tracked block: to the handler that was there before ours, as if ours were not
- * installed. When that is SIG_DFL, or the fault comes back here after it (faulthandler re-raises it with kill, through
- * ours when ours was its previous; a handler that returned without curing the fault sends it again from the same
- * address), SIG_DFL is put back and the fault happens again on return (or is raised again when it came from kill): a
- * real crash still crashes, with faulthandler's traceback once. A runtime that cures its own faults gets every one. */
+ * installed, every time (a runtime that cures its own faults, a JVM's polls say, faults at the same address again and
+ * again, and gets each one). When that handler is SIG_DFL, or a SIGSEGV raised by a handler (not by the hardware)
+ * arrives after one was handed on (faulthandler, having printed its traceback, puts its previous handler back, ours
+ * when ours was there first, and raises the signal again), SIG_DFL is put back and the fault happens again on return
+ * (or is raised again): a real crash still crashes, with faulthandler's traceback once. A handler that returns without
+ * curing a hardware fault gets it again, as it would without ours. */
 static void forward(int sig, siginfo_t *info, void *context)
 {
     struct sigaction to = previous;
     int hardware = info != NULL && info->si_code > 0;
-    if (forwarding && (!hardware || info->si_addr == forwarded)) {
+    if (forwarding && !hardware) {
         memset(&to, 0, sizeof to);
         to.sa_handler = SIG_DFL;
     }
     if ((to.sa_flags & SA_SIGINFO) && to.sa_sigaction != NULL) {
         forwarding = 1;
-        forwarded = hardware ? info->si_addr : NULL;
         to.sa_sigaction(sig, info, context);
         return;
     }
     if (!(to.sa_flags & SA_SIGINFO) && to.sa_handler != SIG_DFL && to.sa_handler != SIG_IGN) {
         forwarding = 1;
-        forwarded = hardware ? info->si_addr : NULL;
         to.sa_handler(sig);
         return;
     }

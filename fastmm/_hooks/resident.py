@@ -89,10 +89,17 @@ class CupyDevice:
 
 
 class _Entry:
-    __slots__ = ("lo", "hi", "generation", "dev")
+    __slots__ = ("lo", "hi", "generation", "fingerprint", "dev")
 
-    def __init__(self, lo, hi, generation, dev):
-        self.lo, self.hi, self.generation, self.dev = lo, hi, generation, dev
+    def __init__(self, lo, hi, generation, fingerprint, dev):
+        self.lo, self.hi, self.generation, self.fingerprint, self.dev = lo, hi, generation, fingerprint, dev
+
+    def current(self) -> bool:
+        """The copy still holds the buffer's bytes: no write faulted since it was made, and a sample of the bytes is
+        the same (a device or a network card writing into page-locked memory bypasses the page protection; the
+        sample catches a write that replaces the buffer, not one of a few bytes between the sampled places)."""
+        return (_hostmem.generation(self.lo) == self.generation
+                and _hostmem.fingerprint(self.lo, self.hi - self.lo) == self.fingerprint)
 
 
 class _Rent:
@@ -121,7 +128,7 @@ class Cache:
         """(lock held) A current copy holding [lo, hi); copies found stale on the way are dropped."""
         for key, entry in list(self._entries.items()):
             if entry.lo <= lo and hi <= entry.hi:
-                if _hostmem.generation(entry.lo) != entry.generation:
+                if not entry.current():
                     self._drop(key, stale=True)
                     continue
                 self._entries.move_to_end(key)
@@ -151,7 +158,7 @@ class Cache:
         # Room first: dropping a copy untracks its block when no other copy of it is left, which would undo the
         # tracking below where that block is this one.
         for key, entry in list(self._entries.items()):  # stale copies first, then the least recently used
-            if _hostmem.generation(entry.lo) != entry.generation:
+            if not entry.current():
                 self._drop(key, stale=True)
         while self._entries and self.bytes + nbytes > self.cap:
             self._drop(next(iter(self._entries)), stale=False)
@@ -162,6 +169,7 @@ class Cache:
             return None
         kept = False
         try:
+            sample = _hostmem.fingerprint(lo, nbytes)
             dev = self.device.upload(host)
             if _hostmem.generation(lo) != generation:  # written while it went up
                 self.invalidated += 1
@@ -170,7 +178,7 @@ class Cache:
         finally:
             if not kept and not any(_same_block(lo, e.lo) for e in self._entries.values()):
                 _hostmem.untrack(lo)  # no copy of it: not left read-only for nothing
-        entry = self._entries[(lo, hi)] = _Entry(lo, hi, generation, dev)
+        entry = self._entries[(lo, hi)] = _Entry(lo, hi, generation, sample, dev)
         self.bytes += nbytes
         self.uploads += 1
         self.uploaded_bytes += nbytes
