@@ -328,7 +328,8 @@ def pads(problem: Problem, device: Device) -> bool:
     """A large single product whose A or B rows are not 16-byte aligned runs on aligned copies of them (see above)."""
     if problem.batch != 1 or problem.aligned or _narrow_output(problem):
         return False
-    if problem.k <= _SHORT_K:  # B^T's rows, K long, cannot be 16-byte aligned: the copies' rows are
+    if problem.k <= _SHORT_K:  # B^T's rows are K floats: the copies' are 16 (measured with B^T's rows unaligned; the
+        # rule also takes a product whose only unaligned operand is A, which was not measured)
         return problem.b_t and problem.m * problem.n >= _PAD_SHORT_K_MIN_OUTPUT
     return problem.m * problem.n * problem.k >= _PAD_MIN_MACS
 

@@ -95,7 +95,9 @@ def _cluster(gpus: int, protocol: str = "tcp"):
     if ucx:
         import dask
 
-        dask.config.set({f"distributed-ucxx.{k}": v for k, v in UCX_NVLINK.items()})  # this process: the scheduler's
+        # This process's UCX (the scheduler's and the client's) starts once, with the first cluster over UCX: set
+        # for good, as a dask-cuda cluster would set it, rather than only while this one is built.
+        dask.config.set({f"distributed-ucxx.{k}": v for k, v in UCX_NVLINK.items()})
     try:
         from dask_cuda import LocalCUDACluster
 
