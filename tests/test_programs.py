@@ -65,3 +65,23 @@ def test_float64_products_are_timed_too():
     assert row["product_seconds"]["kept_on_cpu"] > 0 and row["on_gpu"] == 0
     assert row["checksum"] == programs._child("covariance_float64", "numpy", 0.1)["checksum"]  # NumPy's own loop
     assert np.isfinite(row["checksum"])
+
+
+def test_repeated_runs_count_each_modes_median(monkeypatch):
+    """With --programs-repeat the modes take turns, and each mode's median run makes the line."""
+    order, times = [], {"numpy": iter([3.0, 1.0, 2.0]), "share": iter([2.0, 2.0, 2.0]), "hook": iter([1.5, 0.5, 9.0])}
+
+    def child(name, mode, scale):
+        order.append(mode)
+        row = {"program": name, "mode": mode, "seconds": next(times[mode]), "checksum": 1.0,
+               "product_seconds": {"on_gpu": 0.0, "kept_on_cpu": 0.5, "deciding_then_declining": 0.0},
+               "on_gpu": 0, "kept_on_cpu": {"host_faster": 1}}
+        return row
+
+    monkeypatch.setattr(programs, "_child", child)
+    (row,) = programs.run(["block_cg"], TINY, repeat=3)
+    assert order == list(programs.MODES) * 3
+    assert row["numpy_s"] == 2.0 and row["hook_s"] == 1.5 and row["runs"] == 3
+    assert programs.median_run([{"seconds": 2.0}, {"seconds": 1.0}]) == {"seconds": 1.0}
+    args = argparse.Namespace(programs_only="", programs_scale=TINY, programs_repeat=0, json=None)
+    assert programs.main(args) == 2

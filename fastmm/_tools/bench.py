@@ -358,6 +358,8 @@ def add_arguments(p) -> None:
                         "NumPy and hook times, the share of time in products and the bound it allows")
     p.add_argument("--programs-scale", type=float, default=1.0, help="--programs: size factor (default: 1)")
     p.add_argument("--programs-only", default="", help="--programs: these programs only (comma-separated)")
+    p.add_argument("--programs-repeat", type=int, default=1,
+                   help="--programs: runs of each mode, the median counting (default: 1; 3 to judge a few percent)")
     p.add_argument("--cupy-hook", action="store_true",
                    help="instead: scikit-learn on float32 CuPy data with and without accelerate_cupy(), in one run")
     p.add_argument("--hook-n", type=int, default=16384, help="--cupy-hook: samples (default: 16384)")

@@ -234,11 +234,25 @@ def summarize(numpy_row: dict, share_row: dict, hook_row: dict) -> dict:
             "agree": abs(a - b) <= 1e-3 * max(abs(a), abs(b), 1e-30)}
 
 
-def run(names=None, scale: float = 1.0) -> list[dict]:
+def median_run(runs: list[dict]) -> dict:
+    """Of one mode's runs, the one with the median time (the lower middle of an even number)."""
+    return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+
+
+def run(names=None, scale: float = 1.0, repeat: int = 1) -> list[dict]:
+    """Each program's line; with `repeat` > 1 each mode runs that many times, the modes taking turns (a host's
+    drift touches all three alike), and each mode's median run counts: one run each varied by 15% on our host,
+    too much to tell 0.97x from 1.0x."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1 (got {repeat})")
     rows = []
     for name in names or PROGRAMS:
-        numpy_row, share_row, hook_row = (_child(name, mode, scale) for mode in MODES)
-        rows.append(summarize(numpy_row, share_row, hook_row))
+        runs = {mode: [] for mode in MODES}
+        for _ in range(repeat):
+            for mode in MODES:
+                runs[mode].append(_child(name, mode, scale))
+        rows.append(summarize(*(median_run(runs[mode]) for mode in MODES)))
+        rows[-1]["runs"] = repeat
         print_row(rows[-1])
     return rows
 
@@ -267,7 +281,11 @@ def main(args) -> int:
     if unknown:
         print(f"bench --programs: unknown program(s) {unknown}; valid: {', '.join(PROGRAMS)}", file=sys.stderr)
         return 2
-    rows = run(names, args.programs_scale)
+    repeat = getattr(args, "programs_repeat", 1)
+    if repeat < 1:
+        print(f"bench --programs-repeat must be at least 1 (got {repeat})", file=sys.stderr)
+        return 2
+    rows = run(names, args.programs_scale, repeat)
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
