@@ -161,6 +161,16 @@ def test_the_workspace_is_bounded(m, n, k):
     assert tiles < ozaki.workspace_bytes(m, n, k, nm, 128, 256) <= tiles + ozaki.PRODUCTS_BYTES + 4 * nm * m * 256 + 2**20
 
 
+def test_the_workspace_tiles_k_as_the_int8_kernels_do():
+    """One layout of the workspace for the plan and the runtime: its K-tiles are every INT8 kernel's."""
+    from fastmm.kernels.configs import INT8_WG
+
+    assert all(config.BK == ozaki.TILE_K for config in INT8_WG)
+    w = ozaki.workspace(300, 70000, 5, 8, 128, 256)
+    assert w.size == ozaki.workspace_bytes(300, 70000, 5, 8, 128, 256)
+    assert all(x % 256 == 0 for x in (w.shifts_a, w.tiles_a, w.products)) and w.shifts_a >= 8 * ozaki.TABLE_WORDS
+
+
 def test_what_one_launch_sequence_takes():
     assert ozaki.fits(8192, 8192, 8192) is None
     assert "past 131071" in ozaki.fits(8, 8, ozaki.MAX_EXACT_K + 1)

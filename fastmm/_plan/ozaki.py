@@ -15,6 +15,7 @@ against float64.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_RESIDUES
 
 __all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "choose_moduli",
-           "scaled_integers", "symmetric_residues", "tiles", "crt_table", "column_chunk", "workspace_bytes", "fits",
+           "scaled_integers", "symmetric_residues", "tiles", "crt_table", "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits",
            "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
@@ -116,12 +117,47 @@ def column_chunk(m: int, n: int, n_moduli: int, bn: int, budget: int = PRODUCTS_
     return min(n, max(bn, fit))
 
 
-def workspace_bytes(m: int, n: int, k: int, n_moduli: int, bm: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:
-    """Bytes of the Ozaki launch sequence's workspace: the table, the shifts of A's rows and B's columns, the residue
-    tiles of A and B^T (n_moduli x (M + N) x K, padded to whole tiles) and the products of one chunk of columns."""
+# Each part of the workspace starts 256-byte aligned: for the passes' 16-byte stores and the bulk copies.
+_ALIGN = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """The Ozaki launch sequence's workspace, one allocation: where each part starts (bytes) and how large it is. The
+    table, the shifts of A's rows and B's columns, the residue tiles of A and B^T (n_moduli x (M + N) x K, padded to
+    whole tiles: `mp`, `np_`, `kp`) and the int32 products of one chunk of `chunk` columns."""
+
+    mp: int
+    np_: int
+    kp: int
+    chunk: int
+    shifts_a: int
+    shifts_b: int
+    tiles_a: int
+    tiles_b: int
+    products: int
+    size: int
+
+
+def workspace(m: int, n: int, k: int, n_moduli: int, bm: int, bn: int, budget: int = PRODUCTS_BYTES) -> Workspace:
+    """The workspace of an M x N x K product over `n_moduli` moduli on bm x bn block tiles (the table first, at 0)."""
+    def up(x: int) -> int:
+        return -(-x // _ALIGN) * _ALIGN
+
     mp, np_, kp = -(-m // bm) * bm, -(-n // bn) * bn, -(-max(k, 1) // TILE_K) * TILE_K
-    return (8 * TABLE_WORDS + 4 * (mp + np_) + n_moduli * (mp + np_) * kp
-            + 4 * n_moduli * m * column_chunk(m, n, n_moduli, bn, budget))
+    chunk = column_chunk(m, n, n_moduli, bn, budget)
+    shifts_a = up(8 * TABLE_WORDS)
+    shifts_b = shifts_a + 4 * mp
+    tiles_a = up(shifts_b + 4 * np_)
+    tiles_b = tiles_a + n_moduli * mp * kp
+    products = up(tiles_b + n_moduli * np_ * kp)
+    return Workspace(mp, np_, kp, chunk, shifts_a, shifts_b, tiles_a, tiles_b, products,
+                     products + 4 * n_moduli * m * chunk)
+
+
+def workspace_bytes(m: int, n: int, k: int, n_moduli: int, bm: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:
+    """Bytes of the Ozaki launch sequence's workspace (`workspace`)."""
+    return workspace(m, n, k, n_moduli, bm, bn, budget).size
 
 
 def fits(m: int, n: int, k: int) -> str | None:

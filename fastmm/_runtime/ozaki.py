@@ -20,12 +20,7 @@ from .int8 import int8_launch
 
 __all__ = ["ozaki_product"]
 
-_ALIGN = 256  # bytes: each part of the workspace starts aligned for 16-byte stores and bulk copies
 _tables: dict[tuple[int, int], object] = {}  # (device, moduli) -> the reconstruction table on that device
-
-
-def _up(x: int) -> int:
-    return -(-x // _ALIGN) * _ALIGN
 
 
 def _table(device_id: int, moduli: tuple[int, ...]):
@@ -60,19 +55,12 @@ def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: 
     moduli = _ozaki.choose_moduli(k, bits)
     nm = len(moduli)
     bm, bn = config.bm, config.bn
-    mp, np_, kp = -(-m // bm) * bm, -(-n // bn) * bn, -(-k // config.BK) * config.BK
-    chunk = _ozaki.column_chunk(m, n, nm, bn)
-    # Workspace: the table, the shifts of A's rows and of B's columns, A's tiles, B^T's tiles, one chunk's products.
-    table_at = 0
-    shifts_a = _up(8 * _ozaki.TABLE_WORDS)
-    shifts_b = shifts_a + 4 * mp
-    tiles_a = _up(shifts_b + 4 * np_)
-    tiles_b = tiles_a + nm * mp * kp
-    products = _up(tiles_b + nm * np_ * kp)
-    size = products + 4 * nm * m * chunk
-    ws = empty((size,), np.uint8)
+    w = _ozaki.workspace(m, n, k, nm, bm, bn)  # (its K-tiles are the INT8 kernel's: config.BK)
+    mp, np_, kp, chunk = w.mp, w.np_, w.kp, w.chunk
+    shifts_a, shifts_b, tiles_a, tiles_b, products = w.shifts_a, w.shifts_b, w.tiles_a, w.tiles_b, w.products
+    ws = empty((w.size,), np.uint8)
     base = ws.data.ptr
-    ws[table_at:table_at + 8 * _ozaki.TABLE_WORDS] = _table(device_id, moduli).view(cp.uint8)
+    ws[:8 * _ozaki.TABLE_WORDS] = _table(device_id, moduli).view(cp.uint8)
 
     sa = [s // 4 for s in a.strides]
     sb = [s // 4 for s in b.strides]
