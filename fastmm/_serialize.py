@@ -80,7 +80,7 @@ def _dask_deserialize(header, frames):
 
     (frame,) = frames
     host = np.frombuffer(frame, np.uint8).view(np.dtype(header["typestr"]))
-    return _array_from(header, staged._put(host) if staged.stages(host) else cupy.asarray(host))
+    return _array_from(header, staged.to_device(host) if staged.stages(host) else cupy.asarray(host))
 
 
 def register() -> bool:

@@ -72,7 +72,7 @@ def _to_fastmm(block):
     from ._hooks import staged as _staged
 
     if isinstance(block, np.ndarray) and block.ndim >= 1 and _staged.stages(block):
-        return _array._wrap(_staged._put(block))
+        return _array._wrap(_staged.to_device(block))
     return _array.asarray(block)
 
 

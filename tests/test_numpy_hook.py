@@ -580,7 +580,7 @@ def test_staged_refuses_what_cannot_fit(lazy_gpu):
                                         ((5, 3000, 7), lambda x: x[:, ::2])], ids=str)
 def test_staging_threads_copy_any_layout_exactly(lazy_gpu, shape, view, rng):
     src = view(rng.standard_normal(shape).astype(np.float32))
-    dev = _staged._put(src)
+    dev = _staged.to_device(src)
     assert np.array_equal(np.asarray(dev), src)
     dst = np.full(src.shape, np.nan, np.float32).swapaxes(-1, -2).copy().swapaxes(-1, -2)  # a strided output
     _staged._get(dev, dst)
@@ -625,7 +625,7 @@ def test_uploads_wait_for_work_queued_on_memory_the_pool_hands_out_again(lazy_gp
         seen[...] = recycled
     gpu.queue(None, queued_kernel)
     monkeypatch.setattr(gpu.cupy, "empty", lambda shape, dtype: recycled)  # the pool hands the same memory out
-    dev = _staged._put(np.full((4, 4), 7.0, np.float32))
+    dev = _staged.to_device(np.full((4, 4), 7.0, np.float32))
     gpu.null.synchronize()
     assert (seen == 1.0).all(), "the upload overwrote memory before the work queued on it had read it"
     assert (dev == 7.0).all()

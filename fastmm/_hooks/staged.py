@@ -278,8 +278,9 @@ def _settle(jobs: list) -> None:
                 pass
 
 
-def _put(host: np.ndarray):
-    """A contiguous device copy of `host` (any strides), through the staging threads; done when this returns."""
+def to_device(host: np.ndarray):
+    """A contiguous device copy of the host array `host` (any strides), through the staging threads (directly where it
+    is page-locked); done when this returns."""
     jobs: list = []
     try:
         dev, futures = _upload(host, jobs, _stagers(host.nbytes))
@@ -289,11 +290,6 @@ def _put(host: np.ndarray):
         _settle(jobs)
         raise
     return dev
-
-
-def to_device(host: np.ndarray):
-    """A contiguous device copy of the host array `host`, done when this returns (directly where it is page-locked)."""
-    return _put(host)
 
 
 def stages(x) -> bool:
