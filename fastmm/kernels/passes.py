@@ -87,8 +87,23 @@ class Repitch(_Auxiliary):
         return 0
 
 
+class _SquareTile:
+    """A pass that moves TILE x TILE squares of 4-byte values through shared memory, padded by a column (no bank
+    conflicts on the transposed reads)."""
+
+    TILE: ClassVar[int]
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.TILE, self.TILE)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.TILE * (self.TILE + 1) * 4
+
+
 @dataclasses.dataclass(frozen=True)
-class Split(_Auxiliary):
+class Split(_SquareTile, _Auxiliary):
     """Not a product's kernel: the split pass of the wgmma kernels (fastmm/kernels/pass_tf32_split.cu). One operand (R x K, any
     strides) written as TF32 big and small parts in swizzled block tiles of b_sk rows by whole K-tiles, k contiguous,
     zero-padded, and a flag per 32 x 32 tile: whether it holds an infinity. M = R, N = the padded rows, K = K,
@@ -99,14 +114,6 @@ class Split(_Auxiliary):
     headers: ClassVar[tuple[str, ...]] = ("tf32_round.cuh",)
 
     TILE: ClassVar[int] = 32  # pass_tf32_split.cu's square tile, one flag each
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.TILE, self.TILE)
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.TILE * (self.TILE + 1) * 4
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         return (max(1, -(-k // self.TILE)), max(1, -(-n // self.TILE)), 1)
@@ -156,7 +163,7 @@ class OzakiScale(_Ozaki):
 
 
 @dataclasses.dataclass(frozen=True)
-class OzakiResidues(_Ozaki):
+class OzakiResidues(_SquareTile, _Ozaki):
     """Not a product's kernel: Ozaki scheme II's residue pass (fastmm/kernels/pass_ozaki_residues.cu). One operand (R x
     K, any strides; B as B^T), scaled by its shifts and rounded, written as the int8 residues of each of the first n
     moduli in the INT8 product kernel's tiles (`fastmm._plan.ozaki.tiles`). M = R, N = the padded rows, K = K, b_sk =
@@ -166,14 +173,6 @@ class OzakiResidues(_Ozaki):
     source: ClassVar[str] = "pass_ozaki_residues.cu"
 
     TILE: ClassVar[int] = 64  # pass_ozaki_residues.cu's square tile
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.TILE, self.TILE)
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.TILE * (self.TILE + 1) * 4
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         return (max(1, 2 * -(-k // 128)), max(1, -(-n // self.TILE)), 1)  # whole 128-deep K-tiles, padded rows
