@@ -12,17 +12,9 @@ import numpy as np
 import pytest
 
 import fastmm
-from fastmm._hooks import numpy_hook as hook
+from test_gpu_numpy_hook import EVERYTHING, _off_afterwards  # noqa: F401 - the hook off after each test
 
 pytestmark = pytest.mark.gpu
-
-EVERYTHING = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)
-
-
-@pytest.fixture(autouse=True)
-def _off_afterwards():
-    yield
-    fastmm.restore_numpy()
 
 
 def _close(got, a, b, tol=1e-5):

@@ -20,20 +20,10 @@ import pytest
 import fastmm
 from fastmm._hooks import hostmem as _hostmem
 from fastmm._hooks import numpy_hook as hook
-from test_numpy_hook import EVERYTHING, StandInDevice, StandInGPU
+from test_numpy_hook import EVERYTHING, gpu  # noqa: F401 - gpu: the stand-in GPU fixture
 
 pytestmark = pytest.mark.skipif(_hostmem._c_compiler() is None, reason="the cache tracks fastmm's allocator's blocks")
 MiB = 1 << 20
-
-
-@pytest.fixture
-def gpu(monkeypatch):
-    fake = StandInGPU()
-    fake.device = StandInDevice()
-    monkeypatch.setattr(hook._state, "product", fake)
-    monkeypatch.setattr(hook._state, "device", fake.device)
-    yield fake
-    fastmm.restore_numpy()
 
 
 def _ref(a, b):
