@@ -6,8 +6,9 @@ moduli m_1..m_n, each at most 256. Then C' is exact from its residues: each modu
 int8, their product is exact in int32 (K below `MAX_EXACT_K`), and the Chinese remainder theorem puts the n
 products back together into C', which the scaling turns back into C. The only rounding is A's and B's to integers,
 so the number of moduli sets the accuracy: `choose_moduli` takes the fewest that keep `bits` bits of every row of
-A and column of B. Rows and columns holding NaN or an infinity take the FP32 path instead, so they come out as
-IEEE arithmetic says. The method is that of Ozaki, Uchino and Imamura (arXiv 2508.03984); this module is our own.
+A and column of B, and `BITS_BY_K` says how many bits float32 accuracy needs. Rows and columns holding NaN or an
+infinity take the FP32 path instead, so they come out as IEEE arithmetic says. The method is that of Ozaki, Uchino
+and Imamura (arXiv 2508.03984); this module is our own.
 
 Pure NumPy and Python integers (no CUDA): it fixes what the kernels must compute, and the CPU tests check it
 against float64.
@@ -22,9 +23,9 @@ import numpy as np
 
 from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_RESIDUES
 
-__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "choose_moduli",
-           "scaled_integers", "symmetric_residues", "tiles", "crt_table", "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits",
-           "matmul_reference"]
+__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "BITS_BY_K", "bits_for",
+           "choose_moduli", "scaled_integers", "symmetric_residues", "tiles", "crt_table", "column_chunk",
+           "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
 # moduli for a given product M. (Defined beside the passes that compile them in as constants.)
@@ -35,9 +36,24 @@ MAX_EXACT_K = (2**31 - 1) // (128 * 128)
 TILE_K = 128
 
 
-def choose_moduli(k: int, bits: int = 26) -> tuple[int, ...]:
-    """The fewest moduli whose product keeps `bits` bits of each row of A and column of B in a K-long product:
-    K * 2^bits * 2^bits < M / 2."""
+# Bits kept of each row of A and column of B, by K (up to and including the first number): all that 8 moduli hold,
+# 2 bits + 1 + ceil(log2 K) <= 63 (their product is 2^63.6). They leave 0.01-0.11x the error of a float32 sum in
+# cuBLAS's SGEMM order on normal, random-sign, uniform and row-scaled data; 7 would leave 0.8-1.2x (2x on the worst
+# scaled row), and 9 buy bits that a float32 result rounds away (docs/kernels/ozaki.md, "How many moduli").
+BITS_BY_K = ((1024, 26), (4096, 25), (16384, 24), (65536, 23), (MAX_EXACT_K, 22))
+
+
+def bits_for(k: int) -> int:
+    """Bits kept of each row of A and column of B in a K-long product (`BITS_BY_K`); a K past MAX_EXACT_K is summed in
+    slices of MAX_EXACT_K, so it keeps that K's bits."""
+    k = min(max(k, 1), MAX_EXACT_K)
+    return next(bits for most, bits in BITS_BY_K if k <= most)
+
+
+def choose_moduli(k: int, bits: int | None = None) -> tuple[int, ...]:
+    """The fewest moduli whose product keeps `bits` bits (by default `bits_for(k)`) of each row of A and column of B
+    in a K-long product: K * 2^bits * 2^bits < M / 2."""
+    bits = bits_for(k) if bits is None else bits
     need = 2 * bits + 1 + math.ceil(math.log2(max(k, 1)))
     product, chosen = 1, []
     for m in MODULI:
@@ -182,13 +198,15 @@ def _crt(residues: list[np.ndarray], moduli: tuple[int, ...]) -> np.ndarray:
     return np.where(acc >= total // 2, acc - total, acc)
 
 
-def matmul_reference(a: np.ndarray, b: np.ndarray, bits: int = 26) -> np.ndarray:
-    """float32 A @ B by Ozaki scheme II, as the INT8 kernels are to compute it (float32 result)."""
+def matmul_reference(a: np.ndarray, b: np.ndarray, bits: int | None = None) -> np.ndarray:
+    """float32 A @ B by Ozaki scheme II, as the INT8 kernels are to compute it (float32 result), keeping `bits` bits
+    (by default `bits_for(K)`) of each row of A and column of B."""
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul_reference multiplies (M, K) by (K, N) (got {a.shape} and {b.shape})")
     k = a.shape[1]
+    bits = bits_for(k) if bits is None else bits
     bad_rows = ~np.isfinite(a).all(axis=1)
     bad_cols = ~np.isfinite(b).all(axis=0)
     a_ok, b_ok = np.where(bad_rows[:, None], 0, a), np.where(bad_cols[None, :], 0, b)

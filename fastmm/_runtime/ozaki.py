@@ -41,9 +41,10 @@ def _launch(config, device_id: int, **args):
     return _cuda.Launch(config, Variant(), device_id, **base)
 
 
-def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: int = 26):
-    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II; returns the rows of A and
-    the columns of B that hold NaN or an infinity, whose rows and columns of c the caller computes on the FP32 path.
+def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: int | None = None):
+    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II, keeping `bits` bits (by
+    default `fastmm._plan.ozaki.bits_for(K)`) of each row of A and column of B; returns the rows of A and the columns
+    of B that hold NaN or an infinity, whose rows and columns of c the caller computes on the FP32 path.
 
     Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
     shape is past what one sequence takes (`fastmm._plan.ozaki.fits`)."""
@@ -52,6 +53,7 @@ def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: 
     why = _ozaki.fits(m, n, k)
     if why is not None:
         raise ValueError(f"Ozaki scheme II cannot take this product: {why}")
+    bits = _ozaki.bits_for(k) if bits is None else bits
     moduli = _ozaki.choose_moduli(k, bits)
     nm = len(moduli)
     bm, bn = config.bm, config.bn
