@@ -102,3 +102,44 @@ def test_unaligned_columns_of_a_vector_matrix_product(kernel, k, n, offset, rng)
     err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
     assert err < 1e-5, err
     assert bool((fastmm.matmul(v, a, kernel=kernel) == c).all())
+
+
+WIDE = ["fewcol_n32_s3", "fewcol_n32_s3_c4", "fewcol_n64_s3", "fewcol_n64_s3_c8"]
+
+
+@pytest.mark.parametrize("kernel", WIDE)
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt", "ff", "offset"])
+@pytest.mark.parametrize("m,n,k", [(1848, 19, 7157), (142, 28, 15596), (300, 17, 20011), (97, 31, 1001),
+                                   (2049, 32, 4100), (33, 33, 129), (1000, 47, 3001), (513, 64, 19999), (5, 64, 1)],
+                         ids=str)
+def test_wide_few_columns_are_right_and_deterministic(kernel, layout, m, n, k, rng):
+    """17 to 64 columns in one pass (a lane per row of C): ragged M, N and K, every layout (transposed views, Fortran
+    order, rows starting 1-3 floats past a 16-byte boundary); outputs NaN-poisoned, against float64, the same bits
+    on every run. Forced on more columns than it holds, a configuration covers them nmax at a time."""
+    if layout == "ff":
+        a = cp.asfortranarray(_operand(rng, m, k, False))
+        b = cp.asfortranarray(_operand(rng, k, n, False))
+    elif layout == "offset":  # odd row lengths at odd offsets: every misalignment of A's and B's rows
+        a = cp.asarray(rng.uniform(-1, 1, (m, k + 5)).astype(np.float32))[:, 1:k + 1]
+        b = cp.asarray(rng.uniform(-1, 1, (k, n + 3)).astype(np.float32))[:, 3:n + 3]
+    else:
+        a, b = _operand(rng, m, k, layout[0] == "t"), _operand(rng, k, n, layout[1] == "t")
+    want = a.astype(cp.float64) @ b.astype(cp.float64)
+    c = cp.full((m, n), cp.nan, cp.float32)
+    fastmm.matmul(a, b, out=c, kernel=kernel)
+    err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
+    assert err < 1e-5, err
+    assert bool((fastmm.matmul(a, b, kernel=kernel) == c).all())
+
+
+@pytest.mark.parametrize("kernel", ["fewcol_n32_s3", "fewcol_n64_s3_c2"])
+@pytest.mark.parametrize("m,n,k", [(23, 3567, 11324), (28, 1537, 10694), (32, 958, 2655), (17, 200, 5000)], ids=str)
+def test_wide_few_rows_as_the_transposed_product(kernel, m, n, k, rng, launches):
+    """17-64 rows on a long K, as C^T = B^T A^T (A's rows unaligned where K is odd), and wider than the configuration
+    (its blocks then cover the columns nmax at a time)."""
+    a, b = _operand(rng, m, k, False), _operand(rng, k, n, False)
+    want = a.astype(cp.float64) @ b.astype(cp.float64)
+    for got in (fastmm.matmul(b.T, a.T, kernel=kernel).T, fastmm.matmul(a, b, kernel=kernel)):
+        err = float(cp.linalg.norm(got - want) / cp.linalg.norm(want))
+        assert err < 1e-5, err
+    assert launches == [kernel, kernel], launches

@@ -27,7 +27,7 @@ _STEP, _FOLD = 128, 8
 def _run_of(config, k: int, a_t: bool = False) -> int:
     """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound)."""
     if isinstance(config, FewColumns):
-        per_step = 16 if a_t else 4
+        per_step = 16 if a_t or config.nmax > 16 else 4  # past 16 columns a warp takes every 8th k in every layout
         steps = -(-k // (_STEP * config.cluster))
         if config.nmax == 1:
             return max(1, min(steps, _FOLD) * per_step, -(-steps // _FOLD))

@@ -33,6 +33,14 @@
 // slice-sum pass that split K needs otherwise cost 5-8% of these memory-bound products). The grid's z axis holds a
 // cluster per batch item.
 //
+// More than 16 columns (NMAX = 32, 64: LANE_ROWS): with A row-major too, lane l owns row l and warp w the k's congruent
+// to w mod 8, as for A_T = 1, so that a thread keeps NMAX sums, not 4 x NMAX (4 x 64 would not fit its registers, and
+// fewer rows per warp would make every warp re-read all of B's step for a few rows). A row-major A is then staged
+// k-major, As[k][33] (a pitch of 33: the 32 lanes' copies of consecutive k fall in distinct banks), by 4-byte copies of
+// consecutive k per warp: 16 copies per thread and step, cheap against the 32-64 FMAs per element of A. A B with unit
+// stride along k (B_T = 1) is copied by lanes that cover 8 k x 4 columns, so that their writes to Bs[k][j] (a row pitch
+// of 4 mod 32 floats) fall in distinct banks too.
+//
 // Macros: NMAX (columns per block), THREADS (256: 8 warps), STAGES (ring slots), MIN_BLOCKS, CLUSTER (blocks that
 // split K), A_T, B_T, VEC (4: the rows (A_T = 0) or columns (A_T = 1) of A start 16-byte aligned, so A is copied 16
 // bytes at a time; B and C do not matter, they are copied and written in 4-byte pieces).
@@ -47,12 +55,13 @@
 // columns are read as 16-byte broadcasts (a 4-byte shared load per FMA left the A_T = 1 kernel bound by shared
 // loads: 8x4096x4096 ran at 0.48x cuBLAS), so they keep 16-byte alignment.
 #define KPITCH (STEP + 4)
+#define LANE_ROWS (A_T == 1 || NMAX > 16)
 #define JPITCH (NMAX == 1 ? 1 : NMAX % 4 == 0 ? NMAX + 4 : NMAX + 1)
 // The transposed product's matrix-vector case (v . A: A_T = 1) with columns of A not 16-byte aligned: each k's 32 rows
 // are copied as 9 aligned 16-byte pieces from the column's last 16-byte boundary, into a row of APITCH = 36 floats of
 // which the rows start at the column's shift (see issue_step). 4-byte copies ran v . 4097^2 at 0.66x cuBLAS.
 #define WINDOW_T (A_T == 1 && NMAX == 1 && VEC == 1)
-#define APITCH (ROWS_PER_BLOCK + (WINDOW_T ? 4 : 0))
+#define APITCH (ROWS_PER_BLOCK + (WINDOW_T ? 4 : A_T == 0 && LANE_ROWS ? 1 : 0))
 #define A_FLOATS (APITCH * STEP)
 // A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies
 // (16 bytes a step): then every thread reads back only what it copied, and the K loop needs no barrier at all.
@@ -75,9 +84,15 @@
 #define BLOCKED (NMAX == 1)
 #define FOLD 8
 #define PARTS (NMAX == 1 ? 4 : 1)
-#define B_FLOATS (PRIVATE_B ? THREADS * 4 : A_T == 0 ? NMAX * KPITCH : STEP * JPITCH)
+#define B_FLOATS (PRIVATE_B ? THREADS * 4 : !LANE_ROWS ? NMAX * KPITCH : STEP * JPITCH)
 #define B_FLOATS_ALIGNED ((B_FLOATS + 3) / 4 * 4)
 #define SLOT_FLOATS (A_FLOATS + B_FLOATS_ALIGNED)
+// LANE_ROWS: the warps' partial sums at the end, from the ring's start, in rows of PPITCH (NMAX + 1 past 16 columns:
+// the lanes' stores of one column then fall in distinct banks); a cluster's block sums after them, or after the first
+// slot, whichever ends later.
+#define PPITCH (NMAX > 16 ? NMAX + 1 : NMAX)
+#define PARTIAL_FLOATS (LANE_ROWS ? WARPS * ROWS_PER_BLOCK * PPITCH : 0)
+#define SUMS_AT (PARTIAL_FLOATS > SLOT_FLOATS ? PARTIAL_FLOATS : SLOT_FLOATS)
 
 static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
 static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster: at most 8 blocks");
@@ -88,8 +103,9 @@ static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster: at most 8 block
 #endif
 #endif
 static_assert(STAGES >= 2, "a ring of at least two slots");
-static_assert(SLOT_FLOATS >= WARPS * ROWS_PER_BLOCK * NMAX, "a slot holds the warps' partial sums (A_T = 1)");
-static_assert(SLOT_FLOATS >= ROWS_PER_BLOCK * NMAX, "a slot holds the block's sums (CLUSTER > 1)");
+static_assert(STAGES * SLOT_FLOATS >= PARTIAL_FLOATS, "the ring holds the warps' partial sums (LANE_ROWS)");
+static_assert(CLUSTER == 1 || STAGES * SLOT_FLOATS >= SUMS_AT + ROWS_PER_BLOCK * NMAX,
+              "the ring holds the block's sums (CLUSTER > 1) past the warps'");
 static_assert(THREADS % (B_T ? STEP : NMAX) == 0, "a pass of B's copies covers whole rows along its unit-stride axis");
 
 // Copy step `s` (k from s * STEP) of A and B into `slot`, zero outside A and B. A copy that reads nothing (src-size 0)
@@ -101,7 +117,22 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
     const int tid = threadIdx.x, k0 = s * STEP;
     float* as = slot;
     float* bs = slot + A_FLOATS;
-#if A_T == 0
+#if A_T == 0 && LANE_ROWS
+    // As[k][APITCH]: thread t copies k = t % STEP of rows t / STEP + 2 q, 4 bytes at a time; `a` is the block's first row.
+    {
+        constexpr int ROWS_PER_PASS = THREADS / STEP;
+        const int kk = tid % STEP, r0 = tid / STEP;
+        const int rows_left = M - m0 - r0;
+        const bool k_in = k0 + kk < K;
+        const float* src = a + (long long)r0 * a_sm + k0 + kk;
+        const long long pass = ROWS_PER_PASS * a_sm;
+#pragma unroll
+        for (int q = 0; q < ROWS_PER_BLOCK / ROWS_PER_PASS; ++q, src += pass) {
+            const bool in = k_in && ROWS_PER_PASS * q < rows_left;
+            cp_async4(smem_addr(as + kk * APITCH + r0 + ROWS_PER_PASS * q), in ? src : a, in ? 4 : 0);
+        }
+    }
+#elif A_T == 0
     // The thread's own 4 rows x 4 k: what it reads back after the step's barrier. `a` points at the lane's first
     // value of k in the warp's first row (WINDOW: at the warp's first row), `rows` counts the warp's rows inside A.
     const int warp = tid / 32, lane = tid % 32;
@@ -194,6 +225,28 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
         return;
     }
 #endif
+#if B_T == 1 && NMAX > 16
+    // Bs[k][j] from a B with unit stride along k: a warp's lanes copy 8 consecutive k (32 bytes) of 4 columns, whose
+    // banks 4 k + j (mod 32) are distinct. Warp w takes the 8-k runs w, w + 8 and every 4th column from its lane's.
+    {
+        static_assert(NMAX % 4 == 0 && STEP == 2 * 8 * WARPS, "8-k runs of 4 columns, two per warp");
+        const int lane = tid % 32, kk0 = 8 * (tid / 32) + lane % 8, j0 = lane / 8;
+        const float* bsrc = b + (long long)(k0 + kk0) * b_sk + (long long)(n0 + j0) * b_sn;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int kk = kk0 + 8 * WARPS * h;
+            const bool k_in = k0 + kk < K;
+#pragma unroll
+            for (int q = 0; q < NMAX / 4; ++q) {
+                const int j = j0 + 4 * q;
+                const bool in = k_in && n0 + j < N;
+                const float* src = bsrc + (long long)(8 * WARPS * h) * b_sk + (long long)(4 * q) * b_sn;
+                cp_async4(smem_addr(bs + kk * JPITCH + j), in ? src : b, in ? 4 : 0);
+            }
+        }
+        return;
+    }
+#endif
     // B: STEP x NMAX; consecutive threads take the elements that are consecutive in global memory (k when B has unit
     // stride along k, else j): coalesced reads. As for A, a thread keeps its column (or k) and moves by a fixed
     // stride from pass to pass.
@@ -210,7 +263,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
         if (STEP * NMAX % THREADS != 0 && slow * FAST + f0 >= STEP * NMAX) break;
         const int kk = B_T ? f0 : slow, j = B_T ? slow : f0;
         const bool in = k0 + kk < K && n0 + j < N;
-        cp_async4(smem_addr(bs + (A_T == 0 ? j * KPITCH + kk : kk * JPITCH + j)), in ? bsrc : b, in ? 4 : 0);
+        cp_async4(smem_addr(bs + (!LANE_ROWS ? j * KPITCH + kk : kk * JPITCH + j)), in ? bsrc : b, in ? 4 : 0);
     }
 }
 
@@ -252,8 +305,9 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
     const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1);
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
     // A_T = 0: each thread copies (and reads back) 4 rows of its warp from the lane's 4 values of k.
-    const int rows = A_T == 0 ? M - m0 - warp * ROWS_PER_WARP : 0;
-    const float* a_copy = A_T == 0 ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + (WINDOW ? 0 : 4 * lane) : a;
+    const int rows = !LANE_ROWS ? M - m0 - warp * ROWS_PER_WARP : 0;
+    const float* a_copy = !LANE_ROWS ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + (WINDOW ? 0 : 4 * lane)
+                        : A_T == 0 ? a + (long long)m0 * a_sm : a;
 #if WINDOW_T
     const int mis0 = fastmm_misalignment(a + m0), a_sk4 = static_cast<int>(a_sk & 3);
 #endif
@@ -286,7 +340,7 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
     // PARTS partial sums per element of C: for a matrix-vector product, one per k of the lane's 16-byte load (A_T = 0)
     // or per k of a warp's step modulo 4 (A_T = 1): four running sums a quarter as long (A_T = 0 with one: the error
     // came out at 2.7x cuBLAS gemv's at 16384^2); with more columns, one.
-#if A_T == 0
+#if !LANE_ROWS
     constexpr int ACC = ROWS_PER_WARP * NMAX * PARTS;  // acc[(r * NMAX + j) * PARTS + p]
 #else
     constexpr int ACC = NMAX * PARTS;                  // acc[j * PARTS + p]
@@ -314,7 +368,7 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
         const float* as = smem + (s % STAGES) * SLOT_FLOATS;
         const float* bs = as + A_FLOATS;
         // Past K, A and B's stages hold zeros: the FMAs add nothing.
-#if A_T == 0
+#if !LANE_ROWS
         float4 x[ROWS_PER_WARP];
 #pragma unroll
         for (int r = 0; r < ROWS_PER_WARP; ++r)
@@ -361,7 +415,7 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
             // The column's shift: that of the block's first column, moved by k x (its stride mod 4).
             const float x = as[kk * APITCH + lane + ((mis0 + ((first + s) * STEP + kk) * a_sk4) & 3)];
 #else
-            const float x = as[kk * ROWS_PER_BLOCK + lane];
+            const float x = as[kk * APITCH + lane];
 #endif
             const float* y = bs + kk * JPITCH;
             if (NMAX % 4 == 0) {
@@ -394,7 +448,7 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
     for (int i = 0; i < ACC; ++i) acc[i] += total[i];  // the last, partial block first: then the blocks' sum
 #endif
 
-#if A_T == 0
+#if !LANE_ROWS
 #if CLUSTER > 1
     // The block's sums go to the second slot (element (r, j) at r * NMAX + j), once no copy can land there and every
     // warp is done reading it.
@@ -427,18 +481,18 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
 #pragma unroll
     for (int j = 0; j < NMAX; ++j) {
         const float* sum = acc + j * PARTS;
-        partial[(warp * ROWS_PER_BLOCK + lane) * NMAX + j] =
+        partial[(warp * ROWS_PER_BLOCK + lane) * PPITCH + j] =
             PARTS == 4 ? (sum[0] + sum[PARTS - 3]) + (sum[PARTS - 2] + sum[PARTS - 1]) : sum[0];
     }
     __syncthreads();
 #if CLUSTER > 1
-    float* mine = smem + SLOT_FLOATS;  // the block's sums (element (r, j) at r * NMAX + j), beside the warps' in the first
+    float* mine = smem + SUMS_AT;  // the block's sums (element (r, j) at r * NMAX + j), past the warps'
 #endif
     for (int i = tid; i < ROWS_PER_BLOCK * NMAX; i += THREADS) {
         const int r = i / NMAX, j = i % NMAX;
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) v += partial[(w * ROWS_PER_BLOCK + r) * NMAX + j];
+        for (int w = 0; w < WARPS; ++w) v += partial[(w * ROWS_PER_BLOCK + r) * PPITCH + j];
 #if CLUSTER > 1
         mine[i] = v;
 #else

@@ -380,7 +380,7 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
 class FewColumns(KernelConfig):
     """Few columns (N <= nmax): bound by memory, each element of A read once, A's and B's 128-deep steps copied into
     a ring of `stages` shared-memory slots ahead of the FMAs, a fixed-order reduction (fastmm/kernels/7_few_columns.cu).
-    Few rows run it transposed."""
+    Few rows run it transposed. Past 16 columns a lane owns a row of C in every layout (LANE_ROWS)."""
 
     nmax: int = 16
     stages: int = 4
@@ -414,10 +414,15 @@ class FewColumns(KernelConfig):
     def smem_bytes(self) -> int:
         # 7_few_columns.cu's slots: A's step, then B's in the largest of its layouts (k-contiguous rows of STEP + 4,
         # j-contiguous rows of JPITCH, or for a matrix-vector product 4 values per thread), rounded to 16 bytes.
+        return self.stages * 4 * self._slot_floats
+
+    @property
+    def _slot_floats(self) -> int:
         jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
         b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch, 4 * 256 if self.nmax == 1 else 0)
-        a = (self.ROWS + (4 if self.nmax == 1 else 0)) * self.STEP  # rows of 36 for v . A on unaligned columns
-        return self.stages * 4 * (a + -(-b // 4) * 4)
+        # rows of 36 for v . A on unaligned columns; of 33 for a row-major A staged k-major (more than 16 columns)
+        a = (self.ROWS + (4 if self.nmax == 1 else 1 if self.nmax > 16 else 0)) * self.STEP
+        return a + -(-b // 4) * 4
 
     def _tile_macros(self) -> dict[str, int]:
         return {"NMAX": self.nmax, "STAGES": self.stages, "THREADS": 256, "MIN_BLOCKS": self.min_blocks,
@@ -439,6 +444,13 @@ class FewColumns(KernelConfig):
         if self.stages < 2 or self.nmax < 1 or not 1 <= self.cluster <= 8:
             return [f"stages must be at least 2, nmax at least 1, cluster 1 to 8 (got {self.stages}, {self.nmax}, "
                     f"{self.cluster})"]
+        if self.nmax > 16:
+            # 7_few_columns.cu's end: the 8 warps' partial sums (rows of nmax + 1), then a cluster's block sums, in the ring
+            partials = 8 * self.ROWS * (self.nmax + 1)
+            need = max(partials, self._slot_floats) + (self.ROWS * self.nmax if self.cluster > 1 else 0)
+            if self.nmax % 4 or need > self.stages * self._slot_floats:
+                return [f"past 16 columns nmax must be a multiple of 4 (got {self.nmax}) and the ring of "
+                        f"{self.stages * self._slot_floats} floats must hold {need} floats of sums"]
         return []
 
 
@@ -488,6 +500,10 @@ TF32X3_WG = WgTile(bm=128, bn=128, stages=3, passes=3)
 TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
 FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=16))
+# 17 to 64 columns in one pass over A, a lane per row of C (docs/kernels/few-columns.md, section 'Up to 64 columns'):
+# forced only (`use_kernel`) until measured. 32 columns: two blocks per SM (3 slots each); 64: one (3 slots), since
+# 64 sums per thread and the copies' addresses spill at two blocks' 128 registers.
+FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3, min_blocks=1))
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -498,6 +514,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
     *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
+    *FEW_COLUMNS_WIDE, *(dataclasses.replace(f, cluster=c) for f in FEW_COLUMNS_WIDE for c in (2, 4, 8)),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
