@@ -1,6 +1,6 @@
 """The INT8 products of Ozaki scheme II (fastmm/kernels/8_int8_wgmma.cu) on the GPU: exact against NumPy's int64
-products, for ragged shapes (K not a multiple of 128: zero padding), a batch of residue slices, the extremes of int8
-and rows of C wider than N. Hopper only (wgmma)."""
+products (or, for a configuration that reduces them, each modulo its modulus), for ragged shapes (K not a multiple of
+128: zero padding), a batch of residue slices, the extremes of int8 and rows of C wider than N. Hopper only (wgmma)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,20 @@ def _product(a, b, config, pitch=0):
     (s, m, k), n = a.shape, b.shape[2]
     a_t = cp.stack([ozaki.tiles(cp.asarray(x), config.bm, xp=cp) for x in a])
     b_t = cp.stack([ozaki.tiles(cp.asarray(np.ascontiguousarray(x.T)), config.bn, xp=cp) for x in b])
-    wide = cp.full((s, m, n + pitch), -7, dtype=cp.int32)  # any unwritten element shows
+    poison = 171 if config.residues else -7  # any unwritten element shows
+    wide = cp.full((s, m, n + pitch), poison, dtype=cp.uint8 if config.residues else cp.int32)
     int8_products(a_t, b_t, wide[:, :, :n], k, config)
     out = cp.asnumpy(wide)
-    assert (out[:, :, n:] == -7).all(), "the kernel wrote past N"
+    assert (out[:, :, n:] == poison).all(), "the kernel wrote past N"
     return out[:, :, :n]
+
+
+def _expected(a, b, config):
+    """The exact products (int64), or where the kernel reduces them, each slice z modulo the z-th modulus."""
+    exact = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    if not config.residues:
+        return exact
+    return np.mod(exact, np.array(ozaki.MODULI[:len(exact)], np.int64)[:, None, None])
 
 
 @pytest.mark.parametrize("config", INT8_WG, ids=lambda c: c.name)
@@ -44,7 +53,7 @@ def _product(a, b, config, pitch=0):
 def test_int8_products_are_exact(m, n, k, config, rng):
     a = rng.integers(-128, 128, (SLICES, m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (SLICES, k, n), dtype=np.int8)
-    ref = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    ref = _expected(a, b, config)
     got = _product(a, b, config, pitch=3 if n % 2 else 0)
     bad = np.argwhere(got != ref)
     assert bad.size == 0, f"{len(bad)} wrong elements, first at {tuple(bad[0])}: {got[tuple(bad[0])]} != {ref[tuple(bad[0])]}"
@@ -60,12 +69,12 @@ def test_the_extremes_of_int8_sum_exactly(config):
     a[2] = np.where(np.arange(k) % 3 == 0, 127, -128).astype(np.int8)[None, :]
     ref = np.matmul(a.astype(np.int64), b.astype(np.int64))
     assert np.abs(ref).max() < 2**31
-    assert np.array_equal(_product(a, b, config), ref)
+    assert np.array_equal(_product(a, b, config), _expected(a, b, config))
 
 
-def test_odd_row_strides_of_c_take_the_scalar_stores(rng):
-    """C's rows an odd number of int32 apart: no 8-byte store may be issued."""
-    config = INT8_WG[0]
+@pytest.mark.parametrize("config", [c for c in INT8_WG if c.cluster == 1 and c.bn == 256], ids=lambda c: c.name)
+def test_odd_row_strides_of_c_take_the_scalar_stores(config, rng):
+    """C's rows an odd number of elements apart: no 8-byte (int32) or 2-byte (residues) store may be issued."""
     a = rng.integers(-128, 128, (SLICES, 130, 200), dtype=np.int8)
     b = rng.integers(-128, 128, (SLICES, 200, 270), dtype=np.int8)
-    assert np.array_equal(_product(a, b, config, pitch=1), np.matmul(a.astype(np.int64), b.astype(np.int64)))
+    assert np.array_equal(_product(a, b, config, pitch=1), _expected(a, b, config))

@@ -107,13 +107,19 @@ def _kind(kind, m, k, n, rng):
 @pytest.mark.parametrize("kind", ["normal", "random signs", "uniform", "rows spanning 2^+-60"])
 def test_the_bits_by_k_keep_the_error_at_half_sgemms(kind, k, rng):
     a, b = _kind(kind, 32, k, 24, rng)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    rowwise = [np.linalg.norm(c.astype(np.float64) - ref, axis=1) / np.linalg.norm(ref, axis=1)
-               for c in (ozaki.matmul_reference(a, b), _fma_in_order(a, b), np.matmul(a, b))]
-    ozaki_rows, sgemm_rows, blas_rows = rowwise
-    # Every row at most half the in-order sum's worst (measured 0.1-0.2x on 256 x 256 outputs), and no worse than
-    # NumPy's float32 BLAS, whose blocked sums are 3-10x more accurate than cuBLAS's (measured 0.1-0.9x).
-    assert ozaki_rows.max() <= 0.5 * sgemm_rows.max()
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref, scale = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    products = ozaki.matmul_reference(a, b), _fma_in_order(a, b), np.matmul(a, b)
+    ozaki_rows, sgemm_rows, blas_rows = (np.linalg.norm(c.astype(np.float64) - ref, axis=1) / np.linalg.norm(ref, axis=1)
+                                         for c in products)
+    # Each element's error against |A| @ |B| (what a sum's rounding is bounded by): Ozaki's worst at most half the
+    # in-order sum's worst (measured <= 0.09x over 100 seeds a kind). Not a row's relative error: where a row of C is
+    # one element (columns of B scaled 2^+-60 apart), that element's cancellation makes either method's worst row a
+    # lottery (Ozaki's worst row reached 1.4x in 1 seed of 100, its median row 0.15x at most).
+    ozaki_elements, sgemm_elements = (np.abs(c.astype(np.float64) - ref) / scale for c in products[:2])
+    assert ozaki_elements.max() <= 0.5 * sgemm_elements.max()
+    # The median row at most half the in-order sum's, and no worse than NumPy's float32 BLAS, whose blocked sums are
+    # 3-10x more accurate than cuBLAS's (measured 0.1-0.9x).
     assert np.median(ozaki_rows) <= 0.5 * np.median(sgemm_rows)
     assert np.median(ozaki_rows) <= max(np.median(blas_rows), 2**-24)
 
@@ -203,10 +209,10 @@ def test_the_passes_compile_in_the_moduli_of_the_reference():
 def test_the_workspace_is_bounded(m, n, k):
     nm = len(ozaki.choose_moduli(k))
     chunk = ozaki.column_chunk(m, n, nm, 256)
-    assert chunk == n or (chunk % 256 == 0 and 4 * nm * m * chunk <= ozaki.PRODUCTS_BYTES)
+    assert chunk == n or (chunk % 256 == 0 and nm * m * chunk <= ozaki.PRODUCTS_BYTES)
     mp, np_, kp = -(-m // 128) * 128, -(-n // 256) * 256, -(-k // 128) * 128
     tiles = nm * (mp + np_) * kp
-    assert tiles < ozaki.workspace_bytes(m, n, k, nm, 128, 256) <= tiles + ozaki.PRODUCTS_BYTES + 4 * nm * m * 256 + 2**20
+    assert tiles < ozaki.workspace_bytes(m, n, k, nm, 128, 256) <= tiles + ozaki.PRODUCTS_BYTES + nm * m * 256 + 2**20
 
 
 def test_the_workspace_tiles_k_as_the_int8_kernels_do():
@@ -232,6 +238,7 @@ def test_a_product_ozaki_cannot_take_warns_once_through_fastmms_warnings(monkeyp
 
     import fastmm
     from fastmm import _errors, _plan
+    from fastmm._plan.precision import OZAKI_INT8
     from fastmm._runtime import gemm as _gemm
 
     monkeypatch.setattr(_errors, "_warned", set())
@@ -240,8 +247,8 @@ def test_a_product_ozaki_cannot_take_warns_once_through_fastmms_warnings(monkeyp
     k = _plan.ozaki.MAX_EXACT_K + 1
     a, b, c = np.zeros((4, k), np.float32), np.zeros((k, 4), np.float32), np.zeros((4, 4), np.float32)
     with pytest.warns(fastmm.PerformanceWarning, match="Ozaki scheme II cannot take this product"):
-        _gemm._ozaki(a, b, c, None, _plan.Device(), 0)
+        _gemm._ozaki(a, b, c, None, _plan.Device(), 0, OZAKI_INT8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _gemm._ozaki(a, b, c, None, _plan.Device(), 0)
+        _gemm._ozaki(a, b, c, None, _plan.Device(), 0, OZAKI_INT8)
     assert len(ran) == 2 and len(_errors._warned) == 1

@@ -783,7 +783,7 @@ def test_high_takes_ozaki_ii_only_above_its_threshold(monkeypatch):
 
     big = Problem(16384, 16384, 16384)
     choice = choose(big, Device(), precision="high")
-    assert choice.rule == RuleName.OZAKI and choice.name == "int8wg_128x256x128_s4"
+    assert choice.rule == RuleName.OZAKI and choice.name == "int8wg_128x256x128_s4_mod"
     assert "ozaki-ii: 8 moduli" in fastmm.explain((16384, 16384), (16384, 16384), precision="high")
     assert choose(big, Device(compute_capability=(8, 0)), precision="high").rule != RuleName.OZAKI
     assert choose(big, Device(), precision="highest").rule != RuleName.OZAKI
@@ -804,7 +804,7 @@ def test_ozaki_can_be_forced_at_any_size():
     from fastmm._plan import Device, Problem, RuleName, choose
     assert "ozaki" in fastmm.kernel_names()
     choice = choose(Problem(5, 7, 3), Device(), "ozaki")
-    assert choice.rule == RuleName.FORCED and choice.name == "int8wg_128x256x128_s4"
+    assert choice.rule == RuleName.FORCED and choice.name == "int8wg_128x256x128_s4_mod"
     with fastmm.use_kernel("ozaki"):
         text = fastmm.explain((100, 300), (300, 50))
     assert "Ozaki scheme II was requested" in text and "8 moduli" in text and "exact in int32" in text

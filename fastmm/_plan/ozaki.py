@@ -104,7 +104,8 @@ def tiles(x, rows: int, xp=np):
 # The reconstruction pass's table (pass_ozaki_crt.cu): 8-byte words, the weights and the modulus product as pairs,
 # then 1 / product as a double.
 TABLE_WORDS = 2 * len(MODULI) + 3
-# Bytes of int32 residue products one launch sequence keeps at a time: the product runs over chunks of columns that fit.
+# Bytes of residue products (one byte each: the INT8 kernel reduces each sum modulo its modulus) one launch sequence
+# keeps at a time: the product runs over chunks of columns that fit.
 PRODUCTS_BYTES = 1 << 31
 
 
@@ -127,9 +128,9 @@ def crt_table(moduli: tuple[int, ...]) -> np.ndarray:
 
 
 def column_chunk(m: int, n: int, n_moduli: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:
-    """Columns of C per launch sequence: the most, in whole block tiles of `bn`, whose n_moduli int32 products (M x
-    columns each) fit in `budget` bytes; at least one block tile, at most N."""
-    fit = budget // (4 * n_moduli * max(m, 1)) // bn * bn
+    """Columns of C per launch sequence: the most, in whole block tiles of `bn`, whose n_moduli residue products (M x
+    columns each, one byte an element) fit in `budget` bytes; at least one block tile, at most N."""
+    fit = budget // (n_moduli * max(m, 1)) // bn * bn
     return min(n, max(bn, fit))
 
 
@@ -141,7 +142,7 @@ _ALIGN = 256
 class Workspace:
     """The Ozaki launch sequence's workspace, one allocation: where each part starts (bytes) and how large it is. The
     table, the shifts of A's rows and B's columns, the residue tiles of A and B^T (n_moduli x (M + N) x K, padded to
-    whole tiles: `mp`, `np_`, `kp`) and the int32 products of one chunk of `chunk` columns."""
+    whole tiles: `mp`, `np_`, `kp`) and the residue products (uint8) of one chunk of `chunk` columns."""
 
     mp: int
     np_: int
@@ -168,7 +169,7 @@ def workspace(m: int, n: int, k: int, n_moduli: int, bm: int, bn: int, budget: i
     tiles_b = tiles_a + n_moduli * mp * kp
     products = up(tiles_b + n_moduli * np_ * kp)
     return Workspace(mp, np_, kp, chunk, shifts_a, shifts_b, tiles_a, tiles_b, products,
-                     products + 4 * n_moduli * m * chunk)
+                     products + n_moduli * m * chunk)
 
 
 def workspace_bytes(m: int, n: int, k: int, n_moduli: int, bm: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:

@@ -127,7 +127,7 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
             record.append(None)
             record = None
         try:
-            return _ozaki(*launch["keep"], c, problem, device, device_id)
+            return _ozaki(*launch["keep"], c, problem, device, device_id, choice.config)
         except _errors.OutOfMemoryError:  # no room for the residues and products
             choice = _plan.after_out_of_memory(problem, device, choice)
             message = f"out of GPU memory for Ozaki scheme II's workspace: {choice.name} (3xTF32) instead"
@@ -381,19 +381,19 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
         record.append(run)
 
 
-def _ozaki(a, b, c, problem, device, device_id: int) -> None:
+def _ozaki(a, b, c, problem, device, device_id: int, config: Int8Tile) -> None:
     """c = a @ b by Ozaki scheme II (fastmm/_runtime/ozaki.py), batch item by batch item; a product one launch sequence
     cannot take runs on 3xTF32 instead, with a PerformanceWarning."""
     from .ozaki import ozaki_product
 
     if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
         for index in np.ndindex(*c.shape[:-2]):
-            _ozaki(_batch_item(a, index), _batch_item(b, index), c[index], problem, device, device_id)
+            _ozaki(_batch_item(a, index), _batch_item(b, index), c[index], problem, device, device_id, config)
         return
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     why = _plan.ozaki.fits(*c.shape, a.shape[1])
     if why is None:
-        bad_a, bad_b = ozaki_product(a, b, c, device_id)
+        bad_a, bad_b = ozaki_product(a, b, c, device_id, config)
         if bad_a.size or bad_b.size:  # NaN and infinities as IEEE arithmetic gives them: the FP32 path
             _nonfinite(a, b, c, bad_a, bad_b, device)
         return

@@ -3,8 +3,9 @@ launch sequence of one product and its workspace.
 
 The sequence: the scaling pass over A's rows and B's columns (a shift each, or a non-finite flag), the residue pass
 writing each modulus's int8 residues of A and B^T in the INT8 kernel's tiles, then per chunk of C's columns the
-batched INT8 products (one batch item per modulus) and the reconstruction pass into C. Rows of A and columns of B
-holding a NaN or an infinity are computed again on the FP32 path (3xTF32's kernels) and written over their part of C.
+batched INT8 products (one batch item per modulus, each sum written as its residue, one byte) and the reconstruction
+pass into C. Rows of A and columns of B holding a NaN or an infinity are computed again on the FP32 path (3xTF32's
+kernels) and written over their part of C.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._plan import ozaki as _ozaki
-from ..kernels.configs import INT8_WG, Int8Tile, Variant
+from ..kernels.configs import Int8Tile, Variant
 from ..kernels.passes import OZAKI_CRT, OZAKI_RESIDUES, OZAKI_SCALE
 from .arrays import cupy as _cupy
 from .arrays import empty
@@ -41,18 +42,21 @@ def _launch(config, device_id: int, **args):
     return _cuda.Launch(config, Variant(), device_id, **base)
 
 
-def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: int | None = None):
+def ozaki_product(a, b, c, device_id: int, config: Int8Tile, bits: int | None = None):
     """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II, keeping `bits` bits (by
     default `fastmm._plan.ozaki.bits_for(K)`) of each row of A and column of B; returns the rows of A and the columns
     of B that hold NaN or an infinity, whose rows and columns of c the caller computes on the FP32 path.
 
-    Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
+    `config` must reduce its sums to residues (``config.residues``). Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
     shape is past what one sequence takes (`fastmm._plan.ozaki.fits`)."""
     cp = _cupy()
     (m, k), n = a.shape, b.shape[1]
     why = _ozaki.fits(m, n, k)
     if why is not None:
         raise ValueError(f"Ozaki scheme II cannot take this product: {why}")
+    if not config.residues:
+        raise ValueError(f"{config.name} writes int32 sums; Ozaki scheme II's reconstruction reads residues (an "
+                         "Int8Tile with residues=True)")
     bits = _ozaki.bits_for(k) if bits is None else bits
     moduli = _ozaki.choose_moduli(k, bits)
     nm = len(moduli)
@@ -84,7 +88,7 @@ def ozaki_product(a, b, c, device_id: int, config: Int8Tile = INT8_WG[0], bits: 
             mc = min(crt_rows, m - m0)
             _launch(OZAKI_CRT, device_id, m=mc, n=nc, k=nm, a_sm=nc, a_sk=m * nc,
                     b_sk=shifts_a // 4 + m0, b_sn=shifts_b // 4 + n0, c_sm=c_sm, c_sn=1)(
-                base + products + 4 * m0 * nc, base, c.data.ptr + 4 * (m0 * c_sm + n0))
+                base + products + m0 * nc, base, c.data.ptr + 4 * (m0 * c_sm + n0))
 
     shifts = ws[shifts_a:shifts_a + 4 * m].view(cp.int32), ws[shifts_b:shifts_b + 4 * n].view(cp.int32)
     bad_a, bad_b = (cp.flatnonzero(s == _ozaki.NONFINITE) for s in shifts)

@@ -26,10 +26,14 @@
 // columns 8j + 2t and 8j + 2t + 1 (j < BN / 8). Exact sums need no partial sums: the accumulators chain over all of K.
 //
 // Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, GROUP (rows of clusters per group of
-// the launch order), CLUSTER (1 or 2 blocks along m; the grid's y a multiple of it), THREADS = BM * 2 + 128. Parameters (FASTMM_GEMM_PARAMS, reinterpreted): M, N the product's; K the
-// padded K (a multiple of 128); A, B the tiles of A and of B^T (int8); C the result (int32), c_sm its row stride in
-// elements; batch item z = z0 + blockIdx.z at A + its offset (a_sb0, a_sb1, in bytes), B + (b_sb0, b_sb1, bytes),
-// C + (c_sb0, c_sb1, int32 elements), split into two axes by batch_inner as every product's is (common.cuh).
+// the launch order), CLUSTER (1 or 2 blocks along m; the grid's y a multiple of it), THREADS = BM * 2 + 128, RESIDUES
+// (1: C is uint8, each sum reduced modulo MODULI's z-th, z the batch item: the reconstruction pass reads a quarter of
+// int32's bytes; NMODULI, MODULI as the Ozaki passes have them).
+//
+// Parameters (FASTMM_GEMM_PARAMS, reinterpreted): M, N the product's; K the padded K (a multiple of 128); A, B the tiles
+// of A and of B^T (int8); C the result (int32, or uint8 with RESIDUES), c_sm its row stride in elements; batch item
+// z = z0 + blockIdx.z at A + its offset (a_sb0, a_sb1, in bytes), B + (b_sb0, b_sb1, bytes), C + (c_sb0, c_sb1, C's
+// elements), split into two axes by batch_inner as every product's is (common.cuh).
 
 #define BK 128  // int8 values of k per K-tile: one 128-byte swizzled row
 #define WGS (BM / 64)  // multiplying warpgroups; warpgroup WGS copies
@@ -54,6 +58,17 @@ __device__ __forceinline__ void store_int2(int* crow, int n, int N, int x, int y
     } else {
         if (n < N) crow[n] = x;
         if (n + 1 < N) crow[n + 1] = y;
+    }
+}
+
+// The same for two bytes (RESIDUES): values in [0, 256).
+__device__ __forceinline__ void store_byte2(unsigned char* crow, int n, int N, int x, int y, bool vec)
+{
+    if (vec && n + 1 < N) {
+        *reinterpret_cast<uchar2*>(crow + n) = make_uchar2((unsigned char)x, (unsigned char)y);
+    } else {
+        if (n < N) crow[n] = (unsigned char)x;
+        if (n + 1 < N) crow[n + 1] = (unsigned char)y;
     }
 }
 
@@ -157,15 +172,36 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
         }
         wgmma_wait<0>();
 
+        const int m = bm + wg * 64 + warp * 16 + g;
+#if RESIDUES
+        // Each sum modulo batch item z's modulus, in [0, modulus): one byte for the reconstruction pass to read.
+        constexpr int moduli[NMODULI] = {MODULI};
+        int modulus = moduli[0];
+#pragma unroll
+        for (int i = 1; i < NMODULI; ++i) modulus = z == i ? moduli[i] : modulus;
+        unsigned char* const c = reinterpret_cast<unsigned char*>(C) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+        const bool vec = reinterpret_cast<unsigned long long>(c) % 2 == 0 && c_sm % 2 == 0;
+#pragma unroll
+        for (int i = 0; i < NREG; ++i) {
+            const int r = acc[i] % modulus;
+            acc[i] = r < 0 ? r + modulus : r;
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int n = bn + 8 * j + 2 * t;
+            if (m < M) store_byte2(c + (long long)m * c_sm, n, N, acc[4 * j], acc[4 * j + 1], vec);
+            if (m + 8 < M) store_byte2(c + (long long)(m + 8) * c_sm, n, N, acc[4 * j + 2], acc[4 * j + 3], vec);
+        }
+#else
         int* const c = reinterpret_cast<int*>(C) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
         const bool vec = reinterpret_cast<unsigned long long>(c) % 8 == 0 && c_sm % 2 == 0;
-        const int m = bm + wg * 64 + warp * 16 + g;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int n = bn + 8 * j + 2 * t;
             if (m < M) store_int2(c + (long long)m * c_sm, n, N, acc[4 * j], acc[4 * j + 1], vec);
             if (m + 8 < M) store_int2(c + (long long)(m + 8) * c_sm, n, N, acc[4 * j + 2], acc[4 * j + 3], vec);
         }
+#endif
     }
 #if CLUSTER > 1
     cluster_sync();  // neither block leaves while the other may still copy into its stages or arrive on its barriers

@@ -12,6 +12,7 @@ import dataclasses
 from typing import ClassVar
 
 from .base import KernelConfig
+from .passes import OZAKI_MODULI
 
 __all__ = ["Warpgroups", "Int8Tile", "INT8_WG"]
 
@@ -64,6 +65,9 @@ class Int8Tile(Warpgroups, KernelConfig):
     group: int = 8  # rows of clusters per group of the launch order (1: row by row)
     # 2: clusters of two blocks one above the other, each copying half of their common tile of B^T into both
     cluster: int = 1
+    # True: C receives each product reduced modulo its batch item's modulus (OZAKI_MODULI[z]) as uint8, a quarter of the
+    # int32 products' bytes for the reconstruction pass to read (Ozaki scheme II); False: the int32 products.
+    residues: bool = False
     family: ClassVar[str] = "int8wg"
     source: ClassVar[str] = "8_int8_wgmma.cu"
 
@@ -80,7 +84,8 @@ class Int8Tile(Warpgroups, KernelConfig):
     @property
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
-                + (f"_g{self.group}" if self.group != 8 else "") + (f"_c{self.cluster}" if self.cluster > 1 else ""))
+                + (f"_g{self.group}" if self.group != 8 else "") + (f"_c{self.cluster}" if self.cluster > 1 else "")
+                + ("_mod" if self.residues else ""))
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         x, y, z = super().grid(m, n, batch, k)
@@ -90,9 +95,10 @@ class Int8Tile(Warpgroups, KernelConfig):
     def smem_bytes(self) -> int:
         return self.stages * ((self.bm + self.bn) * self.BK + 16) + self.ALIGN  # stages (one byte a value), barriers
 
-    def _tile_macros(self) -> dict[str, int]:
+    def _tile_macros(self) -> dict[str, int | str]:
         return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "THREADS": self.threads, "GROUP": self.group,
-                "CLUSTER": self.cluster}
+                "CLUSTER": self.cluster, "RESIDUES": int(self.residues), "NMODULI": len(OZAKI_MODULI),
+                "MODULI": ", ".join(map(str, OZAKI_MODULI))}
 
     def _check(self) -> list[str]:
         errors = self._warpgroup_errors()
@@ -103,6 +109,6 @@ class Int8Tile(Warpgroups, KernelConfig):
 
 # Large products (the Ozaki passes' 6 to 10 residue products of one shape): 48 KiB stages, four of them in 193 KiB,
 # alone or in pairs sharing B^T's tiles; and 128 x 128 tiles (32 KiB stages, six), twice the blocks for shapes that
-# leave a wave of 128 x 256 ones short.
+# leave a wave of 128 x 256 ones short. Last, the one Ozaki scheme II runs: 128 x 256, its products as residues.
 INT8_WG: tuple[Int8Tile, ...] = (Int8Tile(bm=128, bn=256, stages=4), Int8Tile(bm=128, bn=256, stages=4, cluster=2),
-                                 Int8Tile(bm=128, bn=128, stages=6))
+                                 Int8Tile(bm=128, bn=128, stages=6), Int8Tile(bm=128, bn=256, stages=4, residues=True))

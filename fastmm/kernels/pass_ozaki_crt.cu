@@ -1,8 +1,8 @@
 // Not a product's kernel: the reconstruction pass of Ozaki scheme II (fastmm/_plan/ozaki.py, `crt_table` and
-// `matmul_reference`). For each element (i, j) of C (M x N, rows c_sm apart, unit column stride), the n INT8 products
-// P[t] (int32, exact: element (i, j) at A[t * a_sk + i * a_sm + j]) are residues of one integer x in [-P/2, P/2),
-// P the product of the n moduli; the Chinese remainder theorem gives it exactly: x = sum_t (P[t] mod m_t) * w_t
-// mod P, with w_t = (P / m_t) * ((P / m_t)^-1 mod m_t), in 128-bit integers (x < 2^100: the table's limit). Then
+// `matmul_reference`). For each element (i, j) of C (M x N, rows c_sm apart, unit column stride), the n INT8 products,
+// each reduced modulo its modulus m_t by the product kernel (r_t in [0, m_t), uint8: element (i, j) at
+// A[t * a_sk + i * a_sm + j]), are residues of one integer x in [-P/2, P/2), P the product of the n moduli; the
+// Chinese remainder theorem gives it exactly: x = sum_t r_t * w_t mod P, with w_t = (P / m_t) * ((P / m_t)^-1 mod m_t), in 128-bit integers (x < 2^100: the table's limit). Then
 // C = x * 2^-(ea_i + eb_j), rounded once to double (x exactly there where |x| < 2^53) and once to float32, as the
 // reference rounds. Elements of rows or columns whose shift is NONFINITE are written 0: the FP32 path overwrites
 // them.
@@ -11,11 +11,10 @@
 // 1 / P as a double at 2 NMODULI + 2; then, as ints from B, the shifts of A's rows at b_sk and of B's columns at b_sn
 // (the first row and column of this launch's C).
 //
-// Bound by memory: n int32 read per float written, coalesced along j. One thread per element; the moduli are
-// constants (MODULI), so each `%` is a multiplication.
+// Bound by memory: n bytes read per float written, coalesced along j. One thread per element.
 //
-// Launched through the same runtime as the products (FASTMM_GEMM_PARAMS, reinterpreted): M, N; K = n; A the products
-// (a_sm, a_sk their row and modulus strides in elements); B the table; C, c_sm. Grid (N / 256 rounded up, M).
+// Launched through the same runtime as the products (FASTMM_GEMM_PARAMS, reinterpreted): M, N; K = n; A the residues
+// (a_sm, a_sk their row and modulus strides in bytes); B the table; C, c_sm. Grid (N / 256 rounded up, M).
 
 #define THREADS 256
 
@@ -24,7 +23,6 @@ typedef unsigned __int128 u128;
 extern "C" __global__ void __launch_bounds__(THREADS)
 fastmm_ozakicrt(FASTMM_GEMM_PARAMS)
 {
-    constexpr int moduli[NMODULI] = {MODULI};
     const long long i = blockIdx.y, j = (long long)blockIdx.x * THREADS + threadIdx.x;
     if (j >= N) return;
     const unsigned long long* const table = reinterpret_cast<const unsigned long long*>(B);
@@ -34,14 +32,12 @@ fastmm_ozakicrt(FASTMM_GEMM_PARAMS)
         *out = 0.0f;
         return;
     }
-    const int* const products = reinterpret_cast<const int*>(A) + i * a_sm + j;
+    const unsigned char* const residues = reinterpret_cast<const unsigned char*>(A) + i * a_sm + j;
     u128 sum = 0;
 #pragma unroll
     for (int t = 0; t < NMODULI; ++t) {
         if (t >= K) break;
-        int r = products[t * a_sk] % moduli[t];
-        r += r < 0 ? moduli[t] : 0;
-        sum += (u128)(unsigned)r * (((u128)table[2 * t + 1] << 64) | table[2 * t]);
+        sum += (u128)residues[t * a_sk] * (((u128)table[2 * t + 1] << 64) | table[2 * t]);
     }
     const u128 total = ((u128)table[2 * NMODULI + 1] << 64) | table[2 * NMODULI];
     const double inverse = __longlong_as_double((long long)table[2 * NMODULI + 2]);

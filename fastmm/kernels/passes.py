@@ -185,8 +185,8 @@ class OzakiResidues(_SquareTile, _Ozaki):
 
 @dataclasses.dataclass(frozen=True)
 class OzakiCrt(_Ozaki):
-    """Not a product's kernel: Ozaki scheme II's reconstruction (fastmm/kernels/pass_ozaki_crt.cu): C from the n int32
-    residue products by the Chinese remainder theorem, scaled back, as float32. M x N the result (one launch: at most
+    """Not a product's kernel: Ozaki scheme II's reconstruction (fastmm/kernels/pass_ozaki_crt.cu): C from the uint8
+    residues of the n INT8 products (int8wg_..._mod's) by the Chinese remainder theorem, scaled back, as float32. M x N the result (one launch: at most
     MAX_GRID_Y rows), K = n; A the products, B the table and the shifts, C and c_sm the result."""
 
     family: ClassVar[str] = "ozakicrt"
