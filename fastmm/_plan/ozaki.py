@@ -24,8 +24,8 @@ import numpy as np
 from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_RESIDUES
 
 __all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "BITS_BY_K", "bits_for",
-           "choose_moduli", "scaled_integers", "symmetric_residues", "tiles", "crt_table", "column_chunk",
-           "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
+           "choose_moduli", "scaled_integers", "symmetric_residues", "tiles", "crt_table", "crt_as_the_pass_does",
+           "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
 # moduli for a given product M. (Defined beside the passes that compile them in as constants.)
@@ -101,30 +101,37 @@ def tiles(x, rows: int, xp=np):
     return xp.ascontiguousarray(blocks[:, :, rr, source]).reshape(rp // rows, kp // TILE_K, rows, TILE_K)
 
 
-# The reconstruction pass's table (pass_ozaki_crt.cu): 8-byte words, the weights and the modulus product as pairs,
-# then 1 / product as a double.
-TABLE_WORDS = 2 * len(MODULI) + 3
+# The reconstruction pass's table (pass_ozaki_crt.cu): 8-byte words, an inverse per modulus, then the moduli's product
+# as a double.
+TABLE_WORDS = len(MODULI) + 1
 # Bytes of residue products (one byte each: the INT8 kernel reduces each sum modulo its modulus) one launch sequence
 # keeps at a time: the product runs over chunks of columns that fit.
 PRODUCTS_BYTES = 1 << 31
 
 
 def crt_table(moduli: tuple[int, ...]) -> np.ndarray:
-    """The reconstruction pass's table for `moduli` (uint64, TABLE_WORDS long): w_t = (P / m_t) * ((P / m_t)^-1 mod
-    m_t) as (low, high) words at 2t, 2t + 1, P = prod(moduli) at 2 len(MODULI), 1 / P (a double's bits) after it. The
-    pass sums (r_t w_t) in 128 bits: P must stay below 2^100."""
+    """The reconstruction pass's table for `moduli`, a prefix of MODULI (uint64, TABLE_WORDS long): v_t = (P / m_t)^-1
+    mod m_t at word t, P = prod(moduli) as a double's bits at word len(MODULI)."""
+    if tuple(moduli) != MODULI[:len(moduli)]:
+        raise ValueError(f"the reconstruction pass takes a prefix of MODULI (its moduli are compiled in), not {moduli}")
     total = math.prod(moduli)
-    if total >= 2**100 or len(moduli) > len(MODULI):
-        raise ValueError(f"{len(moduli)} moduli (product 2^{total.bit_length() - 1}): the reconstruction pass takes a "
-                         "product below 2^100")
     words = np.zeros(TABLE_WORDS, np.uint64)
     for t, m in enumerate(moduli):
-        rest = total // m
-        w = rest * pow(rest, -1, m) % total
-        words[2 * t], words[2 * t + 1] = w & (2**64 - 1), w >> 64
-    words[2 * len(MODULI)], words[2 * len(MODULI) + 1] = total & (2**64 - 1), total >> 64
-    words[2 * len(MODULI) + 2] = np.array([1.0 / total]).view(np.uint64)[0]
+        words[t] = pow(total // m, -1, m)
+    words[len(MODULI)] = np.array([float(total)]).view(np.uint64)[0]
     return words
+
+
+def crt_as_the_pass_does(residues: np.ndarray, moduli: tuple[int, ...]) -> np.ndarray:
+    """The reconstruction pass's arithmetic (pass_ozaki_crt.cu) in NumPy: `residues` (n, ...) in [0, m_t) to x in
+    [-P/2, P/2) as float64, within 2^-47 P of the exact integer (`_crt`)."""
+    table = crt_table(moduli)
+    fraction = np.zeros(residues.shape[1:], np.float64)
+    for t, m in enumerate(moduli):
+        fraction += (residues[t].astype(np.int64) * int(table[t]) % m) * (1.0 / m)
+    fraction -= np.floor(fraction)
+    fraction = np.where(fraction >= 0.5, fraction - 1.0, fraction)
+    return fraction * table[len(MODULI):].view(np.float64)[0]
 
 
 def column_chunk(m: int, n: int, n_moduli: int, bn: int, budget: int = PRODUCTS_BYTES) -> int:

@@ -1,28 +1,30 @@
 // Not a product's kernel: the reconstruction pass of Ozaki scheme II (fastmm/_plan/ozaki.py, `crt_table` and
 // `matmul_reference`). For each element (i, j) of C (M x N, rows c_sm apart, unit column stride), the n INT8 products,
 // each reduced modulo its modulus m_t by the product kernel (r_t in [0, m_t), uint8: element (i, j) at
-// A[t * a_sk + i * a_sm + j]), are residues of one integer x in [-P/2, P/2), P the product of the n moduli; the
-// Chinese remainder theorem gives it exactly: x = sum_t r_t * w_t mod P, with w_t = (P / m_t) * ((P / m_t)^-1 mod m_t), in 128-bit integers (x < 2^100: the table's limit). Then
-// C = x * 2^-(ea_i + eb_j), rounded once to double (x exactly there where |x| < 2^53) and once to float32, as the
-// reference rounds. Elements of rows or columns whose shift is NONFINITE are written 0: the FP32 path overwrites
-// them.
+// A[t * a_sk + i * a_sm + j]), are residues of one integer x in [-P/2, P/2), P the product of the n moduli. By the
+// Chinese remainder theorem x = sum_t s_t (P / m_t) mod P with s_t = r_t v_t mod m_t, v_t = (P / m_t)^-1 mod m_t;
+// so x / P is the fractional part of sum_t s_t / m_t, which double holds to within n ulps of 8 (2^-47): x to within
+// 2^-47 P, where |x| may reach P / 2 = 2^(2 bits + log2 K); far below the float32 rounding of C, whose error is
+// bounded by |A| |B| on that same scale. Then C = x * 2^-(ea_i + eb_j), rounded to float32. Elements of rows or
+// columns whose shift is NONFINITE are written 0: the FP32 path overwrites them.
 //
-// The table (B, 8-byte words): w_t as (low, high) words at 2t, 2t + 1 (t < NMODULI), P at 2 NMODULI, 2 NMODULI + 1,
-// 1 / P as a double at 2 NMODULI + 2; then, as ints from B, the shifts of A's rows at b_sk and of B's columns at b_sn
-// (the first row and column of this launch's C).
+// (128-bit integer sums of r_t w_t, exact, ran this pass at 4x the time its bytes take; docs/kernels/ozaki.md.)
 //
-// Bound by memory: n bytes read per float written, coalesced along j. One thread per element.
+// The table (B, 8-byte words): v_t at word t (t < n), P as a double at word NMODULI; then, as ints from B, the shifts
+// of A's rows at b_sk and of B's columns at b_sn (the first row and column of this launch's C).
+//
+// Bound by memory: n bytes read per float written, coalesced along j. One thread per element; the moduli are constants
+// (MODULI), so each `%` and 1 / m_t is folded.
 //
 // Launched through the same runtime as the products (FASTMM_GEMM_PARAMS, reinterpreted): M, N; K = n; A the residues
 // (a_sm, a_sk their row and modulus strides in bytes); B the table; C, c_sm. Grid (N / 256 rounded up, M).
 
 #define THREADS 256
 
-typedef unsigned __int128 u128;
-
 extern "C" __global__ void __launch_bounds__(THREADS)
 fastmm_ozakicrt(FASTMM_GEMM_PARAMS)
 {
+    constexpr int moduli[NMODULI] = {MODULI};
     const long long i = blockIdx.y, j = (long long)blockIdx.x * THREADS + threadIdx.x;
     if (j >= N) return;
     const unsigned long long* const table = reinterpret_cast<const unsigned long long*>(B);
@@ -33,24 +35,14 @@ fastmm_ozakicrt(FASTMM_GEMM_PARAMS)
         return;
     }
     const unsigned char* const residues = reinterpret_cast<const unsigned char*>(A) + i * a_sm + j;
-    u128 sum = 0;
+    double fraction = 0.0;
 #pragma unroll
     for (int t = 0; t < NMODULI; ++t) {
         if (t >= K) break;
-        sum += (u128)residues[t * a_sk] * (((u128)table[2 * t + 1] << 64) | table[2 * t]);
+        const int s = (int)residues[t * a_sk] * (int)table[t] % moduli[t];
+        fraction += s * (1.0 / moduli[t]);
     }
-    const u128 total = ((u128)table[2 * NMODULI + 1] << 64) | table[2 * NMODULI];
-    const double inverse = __longlong_as_double((long long)table[2 * NMODULI + 2]);
-    // sum < n * 256 * P: take away q P with q from floating point (off by at most one), then correct.
-    const double approx = (double)(unsigned long long)(sum >> 64) * 0x1p64 + (double)(unsigned long long)sum;
-    const u128 q = (u128)(unsigned long long)floor(approx * inverse);
-    sum -= q * total;  // as a signed value, within (-P, 2P)
-    if ((__int128)sum < 0) sum += total;
-    if (sum >= total) sum -= total;
-    // Symmetric: x = sum - P where sum >= P / 2 (the reference's acc >= total // 2).
-    const bool negative = sum >= total / 2;
-    const u128 magnitude = negative ? total - sum : sum;
-    double x = (double)(unsigned long long)(magnitude >> 64) * 0x1p64 + (double)(unsigned long long)magnitude;
-    x = negative ? -x : x;
-    *out = (float)ldexp(x, -(ea + eb));
+    fraction -= floor(fraction);
+    fraction = fraction >= 0.5 ? fraction - 1.0 : fraction;  // symmetric: x in [-P/2, P/2)
+    *out = (float)ldexp(fraction * __longlong_as_double((long long)table[NMODULI]), -(ea + eb));
 }
