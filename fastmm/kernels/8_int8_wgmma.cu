@@ -181,8 +181,9 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
         for (int i = 1; i < NMODULI; ++i) modulus = z == i ? moduli[i] : modulus;
         unsigned char* const c = reinterpret_cast<unsigned char*>(C) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
         const bool vec = reinterpret_cast<unsigned long long>(c) % 2 == 0 && c_sm % 2 == 0;
-        // By a reciprocal in double (exact for |sum| < 2^31, the quotient off by at most one), not `%` by a value known
-        // only here: its division sequence cost the kernel 5-8% at 8192^3 and 16384^3 (docs/kernels/ozaki.md).
+        // By a reciprocal in double (the quotient of |sum| < 2^31 off by at most one, then corrected). This epilogue
+        // costs the kernel 5-8% against int32 stores at 8192^3 and 16384^3 (H100), repaid by the reconstruction
+        // reading a quarter of the bytes (docs/kernels/ozaki.md).
         const double inverse = 1.0 / modulus;
 #pragma unroll
         for (int i = 0; i < NREG; ++i) {

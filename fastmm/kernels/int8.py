@@ -95,12 +95,6 @@ class Int8Tile(Warpgroups, KernelConfig):
     def smem_bytes(self) -> int:
         return self.stages * ((self.bm + self.bn) * self.BK + 16) + self.ALIGN  # stages (one byte a value), barriers
 
-    @property
-    def batch_per_launch(self) -> int:
-        # One product (modulus) a launch: a batch along the grid's z ran 3-5% below the same products launched one by
-        # one at 8192^3 and 16384^3 (H100; docs/kernels/ozaki.md).
-        return 1
-
     def _tile_macros(self) -> dict[str, int | str]:
         return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "THREADS": self.threads, "GROUP": self.group,
                 "CLUSTER": self.cluster, "RESIDUES": int(self.residues), "NMODULI": len(OZAKI_MODULI),

@@ -13,36 +13,58 @@
 // The table (B, 8-byte words): v_t at word t (t < n), P as a double at word NMODULI; then, as ints from B, the shifts
 // of A's rows at b_sk and of B's columns at b_sn (the first row and column of this launch's C).
 //
-// Bound by memory: n bytes read per float written, coalesced along j. One thread per element; the moduli are constants
-// (MODULI), so each `%` and 1 / m_t is folded.
+// Bound by memory: n bytes read per float written, coalesced along j. COLUMNS (4) elements of a row per thread, each
+// modulus's 4 residues in one load and the 4 floats in one store where the strides allow (a byte a thread ran at a
+// quarter of the memory's rate); the moduli are constants (MODULI), so each `%` and 1 / m_t is folded.
 //
 // Launched through the same runtime as the products (FASTMM_GEMM_PARAMS, reinterpreted): M, N; K = n; A the residues
-// (a_sm, a_sk their row and modulus strides in bytes); B the table; C, c_sm. Grid (N / 256 rounded up, M).
+// (a_sm, a_sk their row and modulus strides in bytes); B the table; C, c_sm. Grid (N / (256 COLUMNS) rounded up, M).
 
 #define THREADS 256
+
+static_assert(COLUMNS == 4, "one 4-byte load of residues per modulus");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 fastmm_ozakicrt(FASTMM_GEMM_PARAMS)
 {
     constexpr int moduli[NMODULI] = {MODULI};
-    const long long i = blockIdx.y, j = (long long)blockIdx.x * THREADS + threadIdx.x;
-    if (j >= N) return;
+    const long long i = blockIdx.y, j0 = ((long long)blockIdx.x * THREADS + threadIdx.x) * COLUMNS;
+    if (j0 >= N) return;
     const unsigned long long* const table = reinterpret_cast<const unsigned long long*>(B);
-    const int ea = reinterpret_cast<const int*>(B)[b_sk + i], eb = reinterpret_cast<const int*>(B)[b_sn + j];
-    float* const out = C + i * c_sm + j;
-    if (ea == NONFINITE || eb == NONFINITE) {
-        *out = 0.0f;
-        return;
-    }
-    const unsigned char* const residues = reinterpret_cast<const unsigned char*>(A) + i * a_sm + j;
-    double fraction = 0.0;
+    const int ea = reinterpret_cast<const int*>(B)[b_sk + i];
+    const unsigned char* const residues = reinterpret_cast<const unsigned char*>(A) + i * a_sm + j0;
+    const bool whole = j0 + COLUMNS <= N;
+    const bool vec_in = whole && reinterpret_cast<unsigned long long>(residues) % 4 == 0 && a_sk % 4 == 0;
+    double fraction[COLUMNS] = {};
 #pragma unroll
     for (int t = 0; t < NMODULI; ++t) {
         if (t >= K) break;
-        const int s = (int)residues[t * a_sk] * (int)table[t] % moduli[t];
-        fraction += s * (1.0 / moduli[t]);
+        unsigned char r[COLUMNS] = {};
+        if (vec_in) {
+            const uchar4 four = *reinterpret_cast<const uchar4*>(residues + t * a_sk);
+            r[0] = four.x, r[1] = four.y, r[2] = four.z, r[3] = four.w;
+        } else {
+            for (int q = 0; q < COLUMNS; ++q)
+                if (j0 + q < N) r[q] = residues[t * a_sk + q];
+        }
+        const int v = (int)table[t];
+#pragma unroll
+        for (int q = 0; q < COLUMNS; ++q) fraction[q] += ((int)r[q] * v % moduli[t]) * (1.0 / moduli[t]);
     }
-    fraction -= floor(fraction);
-    fraction = fraction >= 0.5 ? fraction - 1.0 : fraction;  // symmetric: x in [-P/2, P/2)
-    *out = (float)ldexp(fraction * __longlong_as_double((long long)table[NMODULI]), -(ea + eb));
+    const double total = __longlong_as_double((long long)table[NMODULI]);
+    float x[COLUMNS];
+#pragma unroll
+    for (int q = 0; q < COLUMNS; ++q) {
+        const int eb = j0 + q < N ? reinterpret_cast<const int*>(B)[b_sn + j0 + q] : 0;
+        double f = fraction[q] - floor(fraction[q]);
+        f = f >= 0.5 ? f - 1.0 : f;  // symmetric: x in [-P/2, P/2)
+        x[q] = ea == NONFINITE || eb == NONFINITE ? 0.0f : (float)ldexp(f * total, -(ea + eb));
+    }
+    float* const out = C + i * c_sm + j0;
+    if (whole && reinterpret_cast<unsigned long long>(out) % 16 == 0) {
+        *reinterpret_cast<float4*>(out) = make_float4(x[0], x[1], x[2], x[3]);
+    } else {
+        for (int q = 0; q < COLUMNS; ++q)
+            if (j0 + q < N) out[q] = x[q];
+    }
 }

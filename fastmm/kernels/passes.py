@@ -192,13 +192,18 @@ class OzakiCrt(_Ozaki):
     family: ClassVar[str] = "ozakicrt"
     source: ClassVar[str] = "pass_ozaki_crt.cu"
 
+    COLUMNS: ClassVar[int] = 4  # of C per thread: 4-byte loads of each modulus's residues, 16-byte stores
+
     @property
     def tile(self) -> tuple[int, int]:
-        return (1, self.THREADS)
+        return (1, self.THREADS * self.COLUMNS)
 
     @property
     def smem_bytes(self) -> int:
         return 0
+
+    def _tile_macros(self) -> dict[str, int | str]:
+        return {**super()._tile_macros(), "COLUMNS": self.COLUMNS}
 
 
 SLICE_SUM = SliceSum()
