@@ -776,22 +776,23 @@ def test_short_k_transposed_b_runs_on_aligned_copies():
 
 def test_high_takes_ozaki_ii_only_above_its_threshold(monkeypatch):
     from fastmm._plan import Device, Problem, RuleName, choose
-    """'high' chooses Ozaki scheme II for single products with every side >= 16384 on Hopper,
+    """'high' chooses Ozaki scheme II for single products with every side >= 8192 on Hopper,
     named by its own rule; below that, the plan of every bench shape is what it was without the rule."""
     from fastmm._plan import precision, table
     from fastmm._tools.bench import SHAPES
 
-    big = Problem(16384, 16384, 16384)
+    big = Problem(8192, 8192, 8192)
     choice = choose(big, Device(), precision="high")
     assert choice.rule == RuleName.OZAKI and choice.name == "int8wg_128x256x128_s4_mod"
-    assert "ozaki-ii: 8 moduli" in fastmm.explain((16384, 16384), (16384, 16384), precision="high")
+    assert "ozaki-ii: 8 moduli" in fastmm.explain((8192, 8192), (8192, 8192), precision="high")
     assert choose(big, Device(compute_capability=(8, 0)), precision="high").rule != RuleName.OZAKI
     assert choose(big, Device(), precision="highest").rule != RuleName.OZAKI
-    for m, n, k in ((16384, 16383, 16384), (8192, 8192, 8192), (65536, 16384, 8192)):
+    for m, n, k in ((8192, 8191, 8192), (4096, 4096, 4096), (65536, 16384, 4096)):
         assert choose(Problem(m, n, k), Device(), precision="high").rule != RuleName.OZAKI
-    assert choose(Problem(16384, 16384, 16384, batch=2), Device(), precision="high").rule != RuleName.OZAKI
+    assert choose(Problem(16384, 16384, 16384), Device(), precision="high").rule == RuleName.OZAKI
+    assert choose(Problem(8192, 8192, 8192, batch=2), Device(), precision="high").rule != RuleName.OZAKI
     assert choose(Problem(16384, 16384, 200000), Device(), precision="high").rule != RuleName.OZAKI  # K past int32's
-    below = SHAPES  # every bench shape: below the threshold
+    below = [s for s in SHAPES if min(s.m, s.n, s.k) < 8192 or s.batch > 1]  # the bench shapes below the threshold
     with_rule = [choose(Problem(s.m, s.n, s.k, s.batch, s.a_t), Device(), "auto", precision="high") for s in below]
     monkeypatch.setattr(table, "_ozaki", lambda p, d: False)
     table._tuned._memo.clear()

@@ -35,10 +35,10 @@ _WG_MIN_SIDE = {"high": 960, "medium": 512}
 
 
 # Ozaki scheme II (fastmm/_plan/ozaki.py) on the INT8 tensor cores for 'high': only for products this large, each side
-# at least this long. Against 3xTF32 on an H100 it ran 0.60x at 4096^3, 0.84x at 8192^3 and 1.09x at 16384^3 (its passes
-# and 9 INT8 products amortised only there; docs/kernels/ozaki.md).
-_OZAKI_MIN_MACS = 16384 ** 3
-_OZAKI_MIN_SIDE = 16384
+# at least this long. Against 3xTF32 on an H100 it ran 0.62x at 4096^3, 1.05-1.1x at 8192^3 and 1.2x at 16384^3 once its
+# products came out as residues and the reconstruction ran at the memory's rate (docs/kernels/ozaki.md).
+_OZAKI_MIN_MACS = 8192 ** 3
+_OZAKI_MIN_SIDE = 8192
 # The INT8 product kernel of the Ozaki launch sequence: 128 x 256 tiles, one block each, 1.5-1.6x cuBLAS's INT8 rate on an
 # H100 from 4096^3 up; the cluster pairs' multicast copies (int8wg_128x256x128_s4_c2) ran at 0.66-0.73x, so no plan
 # names them. Its sums leave as residues (uint8), a quarter of int32's bytes to write and to read back.
