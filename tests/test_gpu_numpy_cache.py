@@ -1,6 +1,7 @@
 """Operands kept on the GPU between products (accelerate_numpy's cache) on a real GPU: never a stale result, views
 served from the copy, fastmm's own downloads into a kept block seen, float64 too; and the programs the cache is for
-(power iteration, subspace iteration, full-batch gradient descent) timed against NumPy. Run with -s for the figures."""
+(power iteration, subspace iteration, full-batch gradient descent) timed against NumPy; the fast path for a kept
+operand times small ones in every layout. Run with -s for the figures."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import fastmm
 from test_gpu_numpy_hook import EVERYTHING, _off_afterwards  # noqa: F401 - the hook off after each test
+from test_numpy_cache import LAYOUTS, fast_into_a_strided_out, kept_then_fast
 
 pytestmark = pytest.mark.gpu
 
@@ -138,3 +140,49 @@ def test_programs_on_an_unchanged_matrix_against_numpy(rng):
         _gradient_descent)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
     assert min(ratio, ratio_s, ratio_g) >= 0.97, (ratio, ratio_s, ratio_g)
+
+
+# The fast path (fastmm/_hooks/fastpath.py): a kept operand times small ones, checked against NumPy in the layouts of
+# the CPU tests (A is 1024x768 in fastmm's pool; the small operand from the rng).
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=str)
+def test_the_fast_path_matches_numpy_in_every_layout(layout, dtype, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        if dtype == np.float64 and not fastmm.numpy_hook_status()["by_dtype"]["float64"]["taken"]:
+            pytest.skip("float64 products stay NumPy's on a GPU without full-rate FP64")
+        a = rng.standard_normal((1024, 768)).astype(dtype)
+        x, y = (z.astype(dtype, copy=False) for z in LAYOUTS[layout](a, rng))
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        kept_then_fast(x, y, check=lambda got, p, q: _close(got, p, q, tol))
+
+
+def test_the_fast_path_into_a_strided_out_and_by_dma(rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = fast_into_a_strided_out(rng, check=_close)
+        w = rng.standard_normal((768, 512)).astype(np.float32)  # 1.5 MiB and a 2 MiB result, page-locked: by DMA
+        out = np.full((1024, 512), np.nan, np.float32)
+        kept_then_fast(a, w, out=out, check=_close)
+
+
+def test_the_fast_path_from_threads_at_once(rng):
+    errors = []
+
+    def work(seed):
+        try:
+            fastmm.accelerate_numpy(EVERYTHING)  # (this thread's arrays from fastmm's pool too)
+            r = np.random.default_rng(seed)
+            a = r.standard_normal((2048, 1536)).astype(np.float32)
+            for _ in range(50):
+                v = r.standard_normal(1536).astype(np.float32)
+                _close(a @ v, a, v)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and _cache()["fast_hits"] >= 4 * 45, _cache()

@@ -2,7 +2,8 @@
 copies in host memory, so a stale copy would give a wrong product. Every way NumPy (or C, or another thread) can
 write into an operand between two products must give NumPy's result on the new data; an unchanged operand goes up
 once; the cache stays within its bytes; restore_numpy leaves no page read-only. What could kill the interpreter
-(the SIGSEGV handler against real crashes, faulthandler, fork) runs in a child process."""
+(the SIGSEGV handler against real crashes, faulthandler, fork) runs in a child process. The fast path for a kept
+operand times small ones runs the hook's own GPU product against test_numpy_hook.py's stand-in CuPy."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import numpy as np
 import pytest
 
 import fastmm
+from fastmm._hooks import fastpath as _fastpath
 from fastmm._hooks import hostmem as _hostmem
 from fastmm._hooks import numpy_hook as hook
-from test_numpy_hook import EVERYTHING, gpu  # noqa: F401 - gpu: the stand-in GPU fixture
+from fastmm._hooks import resident as _resident
+from test_numpy_hook import EVERYTHING, StandInDevice, _without_hook, gpu, use_lazy_gpu  # noqa: F401 - gpu: a fixture
 
 pytestmark = pytest.mark.skipif(_hostmem._c_compiler() is None, reason="the cache tracks fastmm's allocator's blocks")
 MiB = 1 << 20
@@ -176,16 +179,16 @@ def test_cache_bytes_zero_turns_it_off(gpu, rng, monkeypatch):
         assert fastmm.numpy_hook_status()["cache"] is None and gpu.device.uploads == []
         fastmm.restore_numpy()
     monkeypatch.setenv("FASTMM_NUMPY_CACHE", "512M")
-    assert hook._cache_bytes(None) == 512 * MiB and hook._cache_bytes(7) == 7
+    assert _resident.cap_bytes(None) == 512 * MiB and _resident.cap_bytes(7) == 7
     monkeypatch.setenv("FASTMM_NUMPY_CACHE", "1.5GB")
-    assert hook._cache_bytes(None) == 3 << 29
+    assert _resident.cap_bytes(None) == 3 << 29
     monkeypatch.setenv("FASTMM_NUMPY_CACHE", "lots")
     with pytest.raises(ValueError, match="FASTMM_NUMPY_CACHE"):
         fastmm.accelerate_numpy(EVERYTHING)
     for wrong in ("inf", "nan", "-1G", "1e400"):  # never an OverflowError, never a silent 0
         monkeypatch.setenv("FASTMM_NUMPY_CACHE", wrong)
         with pytest.raises(ValueError, match=f"not '{wrong}'"):
-            hook._cache_bytes(None)
+            _resident.cap_bytes(None)
     with pytest.raises(ValueError, match="cache_bytes"):
         fastmm.accelerate_numpy(EVERYTHING, cache_bytes=-1)
 
@@ -487,3 +490,238 @@ def test_a_smaller_cap_given_later_drops_copies_down_to_it(gpu, rng):
             stats = fastmm.numpy_hook_status()["cache"]
             assert stats["bytes"] <= 2 * MiB and stats["bytes_cap"] == 2 * MiB, stats
             assert _hostmem.tracking_stats()["tracked_blocks"] == stats["entries"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The fast path (fastmm/_hooks/fastpath.py): a kept operand times small ones, on the hook's own GPU product, against
+# the stand-in CuPy whose streams run late (a buffer refilled or read too early gives wrong numbers, as on a GPU)
+# --------------------------------------------------------------------------------------------------------
+
+class LazyDevice(StandInDevice):
+    """The cache's device on the stand-in CuPy: its copies and their views are the stand-in's device arrays."""
+
+    def __init__(self, gpu):
+        super().__init__()
+        self.gpu = gpu
+
+    def upload(self, host):
+        self.uploads.append(host.nbytes)
+        dev = self.gpu.cupy.empty(host.shape, host.dtype)
+        dev[...] = host
+        return dev
+
+    def view(self, dev, offset, shape, strides, dtype):
+        return super().view(dev, offset, shape, strides, dtype).view(type(dev))
+
+
+@pytest.fixture
+def fast_gpu(monkeypatch):
+    """The hook's own GPU product (the fast path, and the general one for the rest) on the stand-in CuPy."""
+    gpu = use_lazy_gpu(monkeypatch, inline=True, small_pieces=False)
+    gpu.device = LazyDevice(gpu)
+    monkeypatch.setattr(hook._state, "device", gpu.device)
+    monkeypatch.setattr(hook, "_why_no_gpu", lambda: None)
+    monkeypatch.setattr(hook, "compute_capability", lambda: (9, 0))  # float64 products taken too
+    yield gpu
+    fastmm.restore_numpy()
+
+
+def _fast_hits():
+    return fastmm.numpy_hook_status()["cache"]["fast_hits"]
+
+
+def kept_then_fast(x, y, out=None, products=3, check=None):
+    """x @ y (into `out`) `products` times, each checked against float64's (`check(got, x, y)`, by default element by
+    element): the second buys the kept operand (at the latest), and every product from then on is served from its
+    copy by the fast path. (The GPU tests run it too.)"""
+    fast = []
+    for _ in range(products):
+        before = _fast_hits()
+        got = np.matmul(x, y) if out is None else np.matmul(x, y, out=out)
+        (check or _check)(got, x, y)
+        fast.append(_fast_hits() - before)
+    assert fast[1:] == [1] * (products - 1), (fast, fastmm.numpy_hook_status()["cache"])
+
+
+def fast_into_a_strided_out(rng, check=None):
+    """A kept A times a small V into every other column of a buffer: the columns between are left as they were."""
+    a = rng.standard_normal((1024, 768)).astype(np.float32)
+    v = rng.standard_normal((768, 4)).astype(np.float32)
+    buf = np.full((1024, 8), 5.0, np.float32)
+    kept_then_fast(a, v, out=buf[:, ::2], check=check)
+    assert (buf[:, 1::2] == 5.0).all()
+    return a
+
+
+LAYOUTS = {  # (kept operand from A, small operand from the rng): A is 1024x768, in fastmm's pool
+    "A @ v": lambda a, r: (a, r.standard_normal(768)),
+    "A @ V, few columns": lambda a, r: (a, r.standard_normal((768, 8))),
+    "v @ A": lambda a, r: (r.standard_normal(1024), a),
+    "U @ A, few rows": lambda a, r: (r.standard_normal((4, 1024)), a),
+    "A.T @ v": lambda a, r: (a.T, r.standard_normal(1024)),
+    "A[::-1] @ v": lambda a, r: (a[::-1], r.standard_normal(768)),
+    "a slice of A @ v": lambda a, r: (a[100:900, 200:700], r.standard_normal(500)),
+    "Fortran A @ v": lambda a, r: (np.asfortranarray(a), r.standard_normal(768)),
+    "A @ a strided v": lambda a, r: (a, r.standard_normal(3 * 768)[::3]),
+    "A @ a Fortran V": lambda a, r: (a, np.asfortranarray(r.standard_normal((768, 16)))),
+    "V.T @ A.T, a transposed few-row": lambda a, r: (r.standard_normal((768, 6)).T, a.T),
+    "A.T @ A, both kept": lambda a, r: (a[:, :500].T, a[:, :500]),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=str)
+def test_a_kept_operand_times_a_small_one_takes_the_fast_path_in_every_layout(fast_gpu, rng, layout, dtype):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((1024, 768)).astype(dtype)
+        x, y = (z.astype(dtype, copy=False) for z in LAYOUTS[layout](a, rng))
+        kept_then_fast(x, y)
+        assert len(fast_gpu.device.uploads) == 1  # (the bytes the view spans)
+
+
+def test_the_fast_path_writes_a_strided_out_and_leaves_the_rest(fast_gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        fast_into_a_strided_out(rng)
+
+
+def test_page_locked_small_operands_go_by_dma(fast_gpu, rng, monkeypatch):
+    # Blocks of fastmm's pool are page-locked (here: said to be): the GPU copies them directly, with no pinned buffer.
+    monkeypatch.setattr(_hostmem, "pool_pinned", lambda x: _hostmem.block(x.__array_interface__["data"][0]) is not None)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((1024, 768)).astype(np.float32)
+        w = rng.standard_normal((768, 512)).astype(np.float32)  # 1.5 MiB, and a 2 MiB result: both in the pool
+        out = np.empty((1024, 512), np.float32)
+        kept_then_fast(a, w, out=out)
+        assert _fastpath._local.devices[0].pinned is None
+
+
+@pytest.mark.parametrize("too_large", ["operand", "result"])
+def test_larger_operands_or_results_take_the_general_path(fast_gpu, rng, monkeypatch, too_large):
+    monkeypatch.setattr(_fastpath, "MAX_BYTES", 64 << 10)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((256, 4096)).astype(np.float32)
+        x, y = (a, rng.standard_normal((4096, 8))) if too_large == "operand" else (a.T, rng.standard_normal((256, 8)))
+        y = y.astype(np.float32)  # 128 KiB, or a 128 KiB result
+        hits = fastmm.numpy_hook_status()["cache"]["hits"]
+        for _ in range(3):
+            _check(x @ y, x, y)
+        assert fastmm.numpy_hook_status()["cache"]["hits"] == hits + 2 and _fast_hits() == 0
+        assert fast_gpu.device.uploads == [a.nbytes]
+
+
+@pytest.mark.parametrize("how", list(WRITES), ids=str)
+def test_a_written_operand_is_never_read_stale_on_the_fast_path(fast_gpu, rng, how):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 512)).astype(np.float32)
+        s = rng.standard_normal((512, 512)).astype(np.float32)
+        v = rng.standard_normal(512).astype(np.float32)
+        kept_then_fast(a, v)
+        before = a.copy()
+        WRITES[how](a, s)
+        assert not np.array_equal(a, before)
+        _check(a @ v, a, v)
+        assert fastmm.numpy_hook_status()["cache"]["invalidated_by_writes"] >= 1
+
+
+def test_threads_take_the_fast_path_at_once_each_on_its_own_stream(fast_gpu, rng):
+    errors, streams = [], []
+
+    def work(seed):
+        try:
+            r = np.random.default_rng(seed)
+            a = r.standard_normal((512, 640)).astype(np.float32)
+            for _ in range(30):
+                v = r.standard_normal(640).astype(np.float32)
+                np.testing.assert_allclose(a @ v, _ref(a, v), rtol=1e-5, atol=1e-4)
+            streams.append(_fastpath._local.devices[0].stream)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        # (NumPy's allocator is a setting of each thread: each puts fastmm's in place for its arrays.)
+        threads = [threading.Thread(target=lambda s=s: (_hostmem.install_allocator(), work(s))) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len({id(s) for s in streams}) == 4
+        assert _fast_hits() >= 4 * 28, fastmm.numpy_hook_status()["cache"]
+
+
+def test_an_interrupt_in_the_fast_paths_wait_keeps_the_result_whole_and_the_path_usable(fast_gpu, rng, monkeypatch):
+    if hook._state.shim is None or hook._state.shim.kind != "C":
+        fastmm.accelerate_numpy(EVERYTHING)
+        if hook._state.shim.kind != "C":
+            pytest.skip("the ctypes loop simulates the interrupt (test_numpy_hook.py tests it)")
+    real, interrupts = _fastpath._wait, []
+
+    def wait(event):
+        if not interrupts:
+            interrupts.append(1)
+            raise KeyboardInterrupt  # Ctrl-C while the GPU computes
+        real(event)
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((1024, 768)).astype(np.float32)
+        v = rng.standard_normal(768).astype(np.float32)
+        want = _without_hook(lambda: a @ v)  # (the hook off a moment: no copy kept)
+        kept_then_fast(a, v)
+        monkeypatch.setattr(_fastpath, "_wait", wait)
+        out = np.full(1024, np.nan, np.float32)
+        with pytest.raises(KeyboardInterrupt):
+            np.matmul(a, v, out=out)
+        assert np.array_equal(out, want)  # NumPy's loop computed all of it
+        stream = _fastpath._local.devices[0].stream
+        assert stream.done == len(stream.work)  # nothing of the interrupted product left queued
+        kept_then_fast(a, v, products=2)
+
+
+def test_a_failure_on_the_fast_path_gives_numpys_result(fast_gpu, rng, monkeypatch):
+    monkeypatch.setattr(fastmm._errors, "_warned", set())
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((1024, 768)).astype(np.float32)
+        v = rng.standard_normal(768).astype(np.float32)
+        want = _without_hook(lambda: a @ v)
+        kept_then_fast(a, v)
+
+        def out_of_memory(*args):
+            raise fastmm.OutOfMemoryError("stand-in: out of GPU memory")
+
+        with monkeypatch.context() as m:
+            m.setattr(_fastpath._arrays, "empty", out_of_memory)
+            with pytest.warns(fastmm.PerformanceWarning, match="OutOfMemoryError"):
+                np.testing.assert_array_equal(a @ v, want)
+        kept_then_fast(a, v, products=2)  # the copy still kept: both products on the fast path
+
+
+def test_turning_the_hook_off_frees_the_fast_paths_buffers(fast_gpu, rng):
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((1024, 768)).astype(np.float32)
+        v = rng.standard_normal(768).astype(np.float32)
+        kept_then_fast(a, v)
+        me = _fastpath._local.devices[0]
+        assert me.pinned is not None
+    assert me.pinned is None
+    with fastmm.accelerate_numpy(EVERYTHING):
+        kept_then_fast(a, v)  # (its block was made writable again: kept anew)
+    assert me.pinned is None
+
+
+def test_a_wait_spins_then_sleeps():
+    class Event:
+        def __init__(self, ready_after):
+            self.queries, self.ready_after, self.slept = 0, ready_after, False
+
+        @property
+        def done(self):
+            self.queries += 1
+            return self.queries > self.ready_after
+
+        def synchronize(self):
+            self.slept = True
+
+    soon, late = Event(3), Event(10**9)
+    _fastpath._wait(soon)
+    _fastpath._wait(late)
+    assert soon.queries == 4 and not soon.slept  # done within the spin: no sleeping wait
+    assert late.slept  # past _SPIN_SECONDS: asleep until it is done

@@ -9,6 +9,7 @@ pieces runs against a stand-in CuPy. The GPU itself is tested in test_gpu_numpy_
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 import fastmm
+from fastmm._hooks import fastpath as _fastpath
 from fastmm._hooks import numpy_hook as hook
 from fastmm._hooks import staged as _staged
 
@@ -366,6 +368,9 @@ def test_a_process_with_the_hook_on_exits_cleanly():
 # _staged: the pieces of a product, and the staging threads against a stand-in GPU that runs its work late
 # --------------------------------------------------------------------------------------------------------
 
+_POISON = {"f": np.nan, "u": 0xCD, "i": -1}  # what new stand-in device memory holds
+
+
 class _LazyGPU:
     """A stand-in CuPy whose streams run queued work only when an event recorded after it (or the stream) is
     synchronized, or when another stream that waits on such an event runs: each copy reads its source then, so a
@@ -381,6 +386,7 @@ class _LazyGPU:
 
         class Array(np.ndarray):
             device = types.SimpleNamespace(id=0)
+            data = property(lambda self: _LazyMemory(gpu, self))  # (NumPy's own memoryview is not CuPy's)
 
             def set(self, host, stream=None):
                 def upload():
@@ -400,7 +406,7 @@ class _LazyGPU:
                 Device=lambda i=0: _NoContext(),
                 runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30), getDevice=lambda: 0),
                 memory=types.SimpleNamespace(OutOfMemoryError=MemoryError)),
-            empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(Array), ndarray=Array)
+            empty=lambda shape, dtype: np.full(shape, _POISON[np.dtype(dtype).kind], dtype).view(Array), ndarray=Array)
 
     def current(self):
         stack = getattr(self.local, "streams", None)
@@ -413,12 +419,30 @@ class _LazyGPU:
         if blocking:
             stream.synchronize()
 
-    def matmul(self, a, b, out):
+    def matmul(self, a, b, out=None):
         self.products.append((a.shape, b.shape))
+        if out is None:
+            shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+            out = self.cupy.empty(shape, np.result_type(a.dtype, b.dtype))
 
         def compute():
             out[...] = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
         self.queue(None, compute)
+        return out
+
+
+class _LazyMemory:
+    """A stand-in device array's memory (host memory here), as CuPy's MemoryPointer: its address, and copies to and
+    from page-locked host memory queued on a stream (which read their source when the stream runs them)."""
+
+    def __init__(self, gpu, array):
+        self.gpu, self.array, self.ptr = gpu, array, array.__array_interface__["data"][0]
+
+    def copy_from_host_async(self, src, nbytes, stream):
+        self.gpu.queue(stream, lambda: ctypes.memmove(self.ptr, src, nbytes))
+
+    def copy_to_host_async(self, dst, nbytes, stream):
+        self.gpu.queue(stream, lambda: ctypes.memmove(dst, self.ptr, nbytes))
 
 
 class _NoContext:
@@ -461,12 +485,21 @@ class _LazyStream:
 
 class _LazyEvent:
     def __init__(self):
-        self.stream, self.index = None, 0
+        self.stream, self.index, self.queries = None, 0, 0
 
     def record(self, stream=None):
         with self.gpu_lock(stream):
             self.stream = stream
             self.index = len(stream.work)
+            self.queries = 0
+
+    @property
+    def done(self):
+        """The GPU gets there later: the first query after a record says not yet, the next runs the work."""
+        self.queries += 1
+        if self.queries > 1:
+            self.synchronize()
+        return self.queries > 1
 
     @staticmethod
     def gpu_lock(stream):
@@ -476,20 +509,29 @@ class _LazyEvent:
         self.stream.run_until(self.index)
 
 
-@pytest.fixture(params=["threads", "inline"])
-def lazy_gpu(monkeypatch, request):
-    """The stand-in GPU, with the copies on the staging threads, or (small products) in the calling thread."""
+def use_lazy_gpu(monkeypatch, inline: bool, small_pieces: bool = True) -> _LazyGPU:
+    """The stand-in GPU in place of CuPy and the kernels, for `_staged` (with the copies on the staging threads, or
+    those of small products in the calling thread; in many small pieces, so that every slot is reused) and for the
+    fast path."""
     gpu = _LazyGPU()
-    monkeypatch.setattr(_staged, "_INLINE_BYTES", 0 if request.param == "threads" else 1 << 40)
+    monkeypatch.setattr(_staged, "_INLINE_BYTES", 1 << 40 if inline else 0)
     monkeypatch.setattr(_staged._arrays, "_cp", gpu.cupy)
-    monkeypatch.setattr(_staged, "_dispatch", types.SimpleNamespace(matmul=gpu.matmul))
-    monkeypatch.setattr(_staged, "_local", threading.local())
+    for module in (_staged, _fastpath):
+        monkeypatch.setattr(module, "_dispatch", types.SimpleNamespace(matmul=gpu.matmul))
+        monkeypatch.setattr(module, "_local", threading.local())
     monkeypatch.setattr(_staged, "_pool", None)  # staging threads whose thread-local state is the stand-in's
     monkeypatch.setattr(_staged, "_WORKERS", 3)
-    monkeypatch.setattr(_staged, "_CHUNK_BYTES", 1 << 12)  # many pieces per operand: every slot reused
-    monkeypatch.setattr(_staged, "_MIN_CHUNK_BYTES", 1 << 10)
-    monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 12)
-    monkeypatch.setattr(_staged, "_BLOCK_ROWS", 8)
+    if small_pieces:
+        monkeypatch.setattr(_staged, "_CHUNK_BYTES", 1 << 12)
+        monkeypatch.setattr(_staged, "_MIN_CHUNK_BYTES", 1 << 10)
+        monkeypatch.setattr(_staged, "_BLOCK_BYTES", 1 << 12)
+        monkeypatch.setattr(_staged, "_BLOCK_ROWS", 8)
+    return gpu
+
+
+@pytest.fixture(params=["threads", "inline"])
+def lazy_gpu(monkeypatch, request):
+    gpu = use_lazy_gpu(monkeypatch, request.param == "inline")
     yield gpu
     if _staged._pool is not None:
         _staged._pool.shutdown()

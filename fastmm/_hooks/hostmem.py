@@ -28,9 +28,9 @@ import numpy as np
 
 from .._errors import warn_once
 
-__all__ = ["compile_c", "install_allocator", "restore_allocator", "allocator_active", "pinned", "allocator_stats",
-           "HANDLER_NAME", "block", "fingerprint", "track", "generation", "touch", "untrack", "untrack_all", "guard", "candidate_address",
-           "tracking_stats"]
+__all__ = ["compile_c", "install_allocator", "restore_allocator", "allocator_active", "pinned", "pool_pinned",
+           "allocator_stats", "HANDLER_NAME", "block", "fingerprint", "track", "generation", "touch", "untrack",
+           "untrack_all", "guard", "candidate_address", "tracking_stats"]
 
 HANDLER_NAME = "fastmm_pinned"
 _CAPSULE_NAME = b"mem_handler"  # the name NumPy requires of a handler's capsule (kept alive: the capsule points at it)
@@ -191,14 +191,21 @@ def restore_allocator(previous=None) -> None:
         _set_handler(handler)
 
 
+def pool_pinned(x: np.ndarray) -> bool:
+    """Whether the C-contiguous host array `x` lies in a block of fastmm's pool, page-locked now (once per block, if
+    it is not yet): a lookup in the pool's table, no driver query (memory of other allocators answers False)."""
+    allocator = _allocator
+    return (allocator is not None and x.nbytes > 0 and allocator.bind_driver()
+            and bool(allocator.lib.fastmm_hostalloc_pin(x.__array_interface__["data"][0], x.nbytes)))
+
+
 def pinned(x: np.ndarray) -> bool:
     """Whether the GPU can copy the C-contiguous host array `x` directly: it lies in a block of fastmm's pool (then
     page-locked now, once per block, if it is not yet) or in page-locked memory of another allocator."""
-    allocator = _allocator
     ptr, nbytes = x.__array_interface__["data"][0], x.nbytes
     if nbytes == 0:
         return False
-    if allocator is not None and allocator.bind_driver() and allocator.lib.fastmm_hostalloc_pin(ptr, nbytes):
+    if pool_pinned(x):
         return True
     from .._runtime import arrays as _arrays
 

@@ -25,14 +25,15 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import threading
 import time
 
 import numpy as np
 
+from . import fastpath as _fastpath
 from . import hostmem as _hostmem
 from . import resident as _resident
+from . import staged as _staged
 from .._errors import warn_once
 from .._switch import Hook, Switch
 from .host_model import (FULL_RATE_FP64, HostModel, blas_name, compute_capability, float64_model,  # noqa: F401
@@ -277,9 +278,11 @@ def _why_no_gpu() -> str | None:
 
 
 def _gpu_product(a, b, c) -> None:
-    from . import staged as _staged
-
-    _staged.matmul_host(getattr(a, "dev", a), getattr(b, "dev", b), c)  # (a Resident: its device view)
+    da, db = getattr(a, "dev", a), getattr(b, "dev", b)  # (a Resident: its device view)
+    if da is a and db is b or not _fastpath.matmul(da, db, c):  # (the fast path: a kept operand times small ones)
+        _staged.matmul_host(da, db, c)
+    elif (cache := _state.cache) is not None:
+        cache.count_fast()
 
 
 class _Lane:
@@ -345,6 +348,7 @@ def _uninstall() -> None:
         if lane.installed:
             _take_loop(lane)
     _drop_cache()  # every block writable again: nothing faults once the hook is off
+    _fastpath.release()
 
 
 _on_off = Switch(_install, _uninstall)
@@ -416,7 +420,7 @@ class accelerate_numpy(Hook):
 
     def __init__(self, model: HostModel | None = None, *, pinned: bool = True, float64: bool = True,
                  cache_bytes: int | None = None):
-        cap = _cache_bytes(cache_bytes)
+        cap = _resident.cap_bytes(cache_bytes)
         with _on_off.lock:
             f32, f64 = _state.lanes["float32"], _state.lanes["float64"]
             f32.model = model if model is not None else load_model()
@@ -443,30 +447,6 @@ class accelerate_numpy(Hook):
         if self._allocator is not None:
             _hostmem.restore_allocator(self._allocator)
         return super().__exit__(*exc)
-
-
-def _cache_bytes(given: int | None) -> int | None:
-    """The cache's cap: `given`, else $FASTMM_NUMPY_CACHE, else None (a share of the GPU's free memory)."""
-    if given is not None:
-        if given < 0:
-            raise ValueError(f"cache_bytes must be 0 or more, not {given}")
-        return int(given)
-    given_text = os.environ.get("FASTMM_NUMPY_CACHE", "").strip()
-    text = given_text.upper()
-    if not text:
-        return None
-    if text in ("OFF", "NO", "FALSE"):
-        return 0
-    if len(text) > 2 and text.endswith("B") and text[-2] in "KMG":  # 512MB as 512M
-        text = text[:-1]
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
-    try:
-        nbytes = float(text[:-1] if scale > 1 else text) * scale
-        if not 0 <= nbytes < math.inf:  # (NaN, infinities and negative sizes too)
-            raise ValueError
-        return int(nbytes)
-    except ValueError:
-        raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {given_text!r}") from None
 
 
 def _configure_cache(cap: int | None) -> None:
@@ -571,9 +551,10 @@ def numpy_hook_status() -> dict:
         with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own), ``pinned_allocator`` (whether
         this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
         held and pooled, bytes pooled and page-locked, reuses, mappings), ``cache`` (operands kept on the GPU, None
-        while that is off: its cap and bytes, copies held, products served from them and the upload bytes that
-        saved, copies made, copies dropped because their buffer was written and for room, write faults seen, blocks
-        tracked). The counts are the process's, since the first install.
+        while that is off: its cap and bytes, copies held, products served from them (``fast_hits``: of those, the
+        ones with small other operands, which took the fast path) and the upload bytes that saved, copies made, copies
+        dropped because their buffer was written and for room, write faults seen, blocks tracked). The counts are the
+        process's, since the first install.
 
     See Also
     --------

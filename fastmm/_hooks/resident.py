@@ -19,18 +19,21 @@ Leaves the loop and the model to `numpy_hook`, the copies to `staged`, the track
 from __future__ import annotations
 
 import collections
+import math
+import os
 import threading
 
 import numpy as np
 
 from . import hostmem as _hostmem
 
-__all__ = ["Resident", "Cache", "CupyDevice", "DEFAULT_SHARE"]
+__all__ = ["Resident", "Cache", "CupyDevice", "DEFAULT_SHARE", "cap_bytes"]
 
 # By default the cache holds at most a quarter of the GPU memory free when it first copies an operand: the rest is
 # left to the products' pieces and to the program's own CuPy work.
 DEFAULT_SHARE = 4
 _RENTS = 256  # buffers whose losses are counted at once (the least recently seen forgotten first)
+_VIEWS = 8  # device views kept per copy (the layouts a program reads it in: A, A.T, a few slices)
 
 
 class Resident:
@@ -60,9 +63,13 @@ def span(ptr: int, shape, strides, itemsize: int) -> tuple[int, int] | None:
     """The bytes [lo, hi) that a view's elements lie in; None for an empty view."""
     if 0 in shape:
         return None
-    lo = ptr + sum(s * (d - 1) for d, s in zip(shape, strides) if s < 0)
-    hi = ptr + sum(s * (d - 1) for d, s in zip(shape, strides) if s > 0) + itemsize
-    return lo, hi
+    lo = hi = ptr
+    for d, s in zip(shape, strides):
+        if s > 0:
+            hi += s * (d - 1)
+        else:
+            lo += s * (d - 1)
+    return lo, hi + itemsize
 
 
 class CupyDevice:
@@ -89,10 +96,22 @@ class CupyDevice:
 
 
 class _Entry:
-    __slots__ = ("lo", "hi", "generation", "fingerprint", "dev")
+    __slots__ = ("lo", "hi", "generation", "fingerprint", "dev", "views")
 
     def __init__(self, lo, hi, generation, fingerprint, dev):
         self.lo, self.hi, self.generation, self.fingerprint, self.dev = lo, hi, generation, fingerprint, dev
+        self.views: dict = {}  # (pointer, shape, strides, dtype) -> the device view handed out for it
+
+    def view(self, device, ptr, shape, strides, dtype):
+        """The device view of the elements NumPy sees at `ptr`: made once per layout and handed out again, read-only,
+        to any thread (a CuPy view takes about 10 us to make, which every hit paid)."""
+        key = (ptr, shape, strides, dtype)
+        view = self.views.get(key)
+        if view is None:
+            if len(self.views) >= _VIEWS:
+                self.views.clear()
+            view = self.views[key] = device.view(self.dev, ptr - self.lo, shape, strides, dtype)
+        return view
 
     def current(self) -> bool:
         """The copy still holds the buffer's bytes: no write faulted since it was made, and a sample of the bytes is
@@ -109,6 +128,31 @@ class _Rent:
         self.lost, self.fingerprint, self.unchanged = 0.0, fingerprint, False
 
 
+def cap_bytes(given: int | None) -> int | None:
+    """The cache's cap: `given` (accelerate_numpy's cache_bytes), else $FASTMM_NUMPY_CACHE, else None (a share of the
+    GPU's free memory)."""
+    if given is not None:
+        if given < 0:
+            raise ValueError(f"cache_bytes must be 0 or more, not {given}")
+        return int(given)
+    given_text = os.environ.get("FASTMM_NUMPY_CACHE", "").strip()
+    text = given_text.upper()
+    if not text:
+        return None
+    if text in ("OFF", "NO", "FALSE"):
+        return 0
+    if len(text) > 2 and text.endswith("B") and text[-2] in "KMG":  # 512MB as 512M
+        text = text[:-1]
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+    try:
+        nbytes = float(text[:-1] if scale > 1 else text) * scale
+        if not 0 <= nbytes < math.inf:  # (NaN, infinities and negative sizes too)
+            raise ValueError
+        return int(nbytes)
+    except ValueError:
+        raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {given_text!r}") from None
+
+
 class Cache:
     """Device copies of operand byte ranges, at most `cap` bytes (None: a DEFAULT_SHARE-th of the GPU's free memory,
     decided at the first copy), and the losses of the buffers not copied yet. Thread-safe."""
@@ -121,6 +165,7 @@ class Cache:
         self._closed = False  # cleared: a product that took the cache before then copies nothing more
         self.bytes = 0
         self.hits = self.saved_bytes = self.uploads = self.uploaded_bytes = self.invalidated = self.evicted = 0
+        self.fast_hits = 0  # products served from copies that took the fast path (fastpath.matmul)
 
     # ---- the copies -------------------------------------------------------------------------------------
 
@@ -243,11 +288,16 @@ class Cache:
             if offload:
                 for i, (ptr, shape, strides, _) in enumerate(operands):
                     if entries[i] is not None:
-                        views[i] = self.device.view(entries[i].dev, ptr - entries[i].lo, shape, strides,
-                                                    np.float32 if model.itemsize == 4 else np.float64)
+                        views[i] = entries[i].view(self.device, ptr, shape, strides,
+                                                   np.float32 if model.itemsize == 4 else np.float64)
                         self.hits += 1
                         self.saved_bytes += sizes[i]
             return offload, views
+
+    def count_fast(self) -> None:
+        """A product served from a copy took the fast path."""
+        with self._lock:
+            self.fast_hits += 1
 
     @staticmethod
     def _rent_key(ptr, s):
@@ -278,6 +328,7 @@ class Cache:
         with self._lock:
             tracking = _hostmem.tracking_stats()
             return {"bytes_cap": self.cap, "entries": len(self._entries), "bytes": self.bytes, "hits": self.hits,
+                    "fast_hits": self.fast_hits,
                     "saved_upload_bytes": self.saved_bytes, "uploads": self.uploads,
                     "uploaded_bytes": self.uploaded_bytes, "invalidated_by_writes": self.invalidated,
                     "evicted": self.evicted, "write_faults": tracking["write_faults"],
