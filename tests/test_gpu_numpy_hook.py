@@ -14,6 +14,7 @@ import pytest
 
 import fastmm
 from fastmm._hooks import numpy_hook as hook
+from fastmm._hooks import fastpath as _fastpath
 from fastmm._hooks import staged as _staged
 
 pytestmark = pytest.mark.gpu
@@ -174,7 +175,9 @@ def test_arrays_made_under_the_hook_go_to_the_gpu_directly(rng, monkeypatch):
     real_up, real_down = _staged._up, _staged._down
     monkeypatch.setattr(_staged, "_up", lambda *args: staged.append("up") or real_up(*args))
     monkeypatch.setattr(_staged, "_down", lambda *args: staged.append("down") or real_down(*args))
-    outside = rng.standard_normal((700, 900)).astype(np.float32)  # NumPy's own memory
+    # NumPy's own memory, past the fast path's small operands (a kept copy of A times a few MiB skips the staging)
+    outside = rng.standard_normal((700, 2000)).astype(np.float32)
+    assert outside.nbytes > _fastpath.MAX_BYTES
     with fastmm.accelerate_numpy(EVERYTHING):
         for _ in range(3):
             a = rng.standard_normal((1100, 700)).astype(np.float32)
