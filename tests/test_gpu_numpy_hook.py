@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import fastmm
-from fastmm._hooks import numpy_hook as hook
 from fastmm._hooks import fastpath as _fastpath
+from fastmm._hooks import numpy_hook as hook
 from fastmm._hooks import staged as _staged
 
 pytestmark = pytest.mark.gpu
