@@ -191,9 +191,10 @@ def test_arrays_made_under_the_hook_go_to_the_gpu_directly(rng, monkeypatch):
         _close(a @ outside, a, outside)
         assert "up" in staged and "down" not in staged  # B staged; A and the result direct
         staged.clear()
-        out = np.full((1100, 1800), np.nan, np.float32)[:, ::2]  # the pool's, but not contiguous: staged
-        np.matmul(a, b, out=out)
-        _close(out, a, b)
+        wide = rng.standard_normal((700, 2000)).astype(np.float32)  # the pool's: copied up directly
+        out = np.full((1100, 4000), np.nan, np.float32)[:, ::2]  # the pool's, but not contiguous (and past 4 MiB): staged
+        np.matmul(a, wide, out=out)
+        _close(out, a, wide)
         assert staged and set(staged) == {"down"}
     # A 2048^3 product of pool arrays: four blocks of rows, each copied up, multiplied and copied down directly.
     with fastmm.accelerate_numpy(EVERYTHING):
