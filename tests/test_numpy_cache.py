@@ -595,6 +595,23 @@ def test_page_locked_small_operands_go_by_dma(fast_gpu, rng, monkeypatch):
         assert _fastpath._local.devices[0].pinned is None
 
 
+def test_operands_that_grow_a_little_each_product_take_a_new_buffer_a_handful_of_times(fast_gpu, rng, monkeypatch):
+    """A kept A times V[:, :j] for j = 1 .. 199 (a block Krylov method's growing basis): buffers in powers of two, each
+    of its own (page-locked memory from CuPy's pool would stay locked for good at every size it was ever given)."""
+    sizes = []
+    real = _fastpath._page_locked
+    monkeypatch.setattr(_fastpath, "_page_locked", lambda n: sizes.append(n) or real(n))
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((1024, 768)).astype(np.float32)
+        v = rng.standard_normal((768, 200)).astype(np.float32)
+        a @ v[:, :1]
+        before = _fast_hits()
+        for j in range(1, 200):
+            _check(a @ v[:, :j], a, v[:, :j])
+        assert _fast_hits() - before == 199
+    assert len(sizes) <= 6 and all(n & (n - 1) == 0 for n in sizes), sizes
+
+
 @pytest.mark.parametrize("too_large", ["operand", "result"])
 def test_larger_operands_or_results_take_the_general_path(fast_gpu, rng, monkeypatch, too_large):
     monkeypatch.setattr(_fastpath, "MAX_BYTES", 64 << 10)

@@ -401,7 +401,9 @@ class _LazyGPU:
 
         self.cupy = types.SimpleNamespace(
             cuda=types.SimpleNamespace(
-                alloc_pinned_memory=lambda n: bytearray(n), Event=lambda block=False, disable_timing=False: _LazyEvent(),
+                alloc_pinned_memory=lambda n: bytearray(n), PinnedMemory=lambda n: bytearray(n),
+                PinnedMemoryPointer=lambda mem, offset: memoryview(mem)[offset:],
+                Event=lambda block=False, disable_timing=False: _LazyEvent(),
                 Stream=lambda non_blocking=False: _LazyStream(self), get_current_stream=self.current,
                 Device=lambda i=0: _NoContext(),
                 runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 30, 1 << 30), getDevice=lambda: 0),

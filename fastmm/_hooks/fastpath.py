@@ -46,21 +46,31 @@ class _Thread:
     none), one event that each product records again, and a pinned buffer for the host operands and the result,
     grown as needed; the buffer as (array, address), read at once (`release` may drop it from another thread)."""
 
-    __slots__ = ("stream", "done", "pinned", "__weakref__")
+    __slots__ = ("stream", "done", "pinned", "pending", "__weakref__")
 
     def __init__(self, cp):
         self.stream = cp.cuda.Stream(non_blocking=True)
         # Queried while spinning; its synchronize() sleeps (cudaEventBlockingSync) once the spin is over.
         self.done = cp.cuda.Event(block=True, disable_timing=True)
         self.pinned = None
+        self.pending = False  # work queued on the stream that no wait has seen finish (an interrupt in the handler)
 
     def buffer(self, nbytes: int):
         pinned = self.pinned
         if pinned is None or pinned[0].size < nbytes:
             self.pinned = pinned = None  # the smaller one freed first
-            buf = np.frombuffer(_arrays.cupy().cuda.alloc_pinned_memory(max(nbytes, _MIN_BUFFER)), np.uint8)
+            # Powers of two: operands that grow a little each product (a block Krylov method's V[:, :j]) take a new
+            # buffer a handful of times, not every time.
+            buf = _page_locked(max(_MIN_BUFFER, 1 << (nbytes - 1).bit_length()))
             self.pinned = pinned = (buf, _address(buf))
         return pinned
+
+
+def _page_locked(nbytes: int) -> np.ndarray:
+    """nbytes of page-locked memory of its own, freed (unlocked) with the array: not from CuPy's pinned-memory pool,
+    which keeps every block it gave out page-locked for a later request of that exact size."""
+    cuda = _arrays.cupy().cuda
+    return np.frombuffer(cuda.PinnedMemoryPointer(cuda.PinnedMemory(nbytes), 0), np.uint8, nbytes)
 
 
 def _thread(cp, device: int) -> _Thread:
@@ -101,6 +111,7 @@ def _wait(event) -> None:
         if time.perf_counter() > deadline:
             event.synchronize()
             return
+        time.sleep(0)  # the GIL to other threads between queries (the query itself keeps it): theirs launch meanwhile
 
 
 def matmul(a, b, c) -> bool:
@@ -132,9 +143,13 @@ def matmul(a, b, c) -> bool:
     direct_c = c.flags.c_contiguous and _hostmem.pool_pinned(c)
     me = _thread(cp, device)
     stream = me.stream
+    if me.pending:  # a product interrupted twice left its copies unwaited for: done before the buffer is refilled
+        stream.synchronize()
+        me.pending = False
     try:
         need = end + (0 if direct_c else c.nbytes)
         pin, base = me.buffer(need) if need else (None, 0)
+        me.pending = True
         with stream:  # the kernel, and the memory of the copies up and of the result, on it
             devs = []
             for x, host, direct, off in operands:
@@ -152,12 +167,14 @@ def matmul(a, b, c) -> bool:
             dc.data.copy_to_host_async(_address(c) if direct_c else base + end, c.nbytes, stream)
             me.done.record(stream)
         _wait(me.done)
+        me.pending = False
         if not direct_c:
             np.copyto(c, np.ndarray(c.shape, c.dtype, pin, end))
     except BaseException:
         # An interrupt in the wait, or a failure: the GPU done with the buffer before the next product refills it.
         try:
             stream.synchronize()
+            me.pending = False
         except Exception:  # noqa: BLE001 - a broken context: a new stream and buffer next time
             _local.devices.pop(device, None)
         raise
