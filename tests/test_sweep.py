@@ -47,15 +47,21 @@ def test_operands_have_the_layout_named(layout, batch):
 
 
 def test_the_summary_reads_the_distribution_and_the_worst():
-    rows = [{"label": f"p{i}", "speed": s, "error_ratio": e, "rule": "tiled", "kernel": "k"}
-            for i, (s, e) in enumerate([(0.5, 1.0), (1.0, 0.5), (2.0, 2.0), (1.0, math.inf)])]
+    rows = [{"label": f"p{i}", "speed": s, "error_ratio": e, "rule": rule, "kernel": "k"}
+            for i, (s, e, rule) in enumerate([(0.5, 1.0, "split-k"), (1.0, 0.5, "tiled"), (2.0, 2.0, "tiled"),
+                                              (1.0, math.inf, "tiled")])]
     summary = sweep.summarize(rows, worst=2)
     assert summary["problems"] == 4
     assert summary["speed"]["geomean"] == pytest.approx(1.0) and summary["speed"]["median"] == pytest.approx(1.0)
     assert summary["speed"]["below_0.9"] == 1 and summary["error_ratio"]["above_1.5"] == 1
     assert [r["label"] for r in summary["worst"]] == ["p0", "p1"]
+    assert [r["label"] for r in summary["least_accurate"]] == ["p2"]
+    assert list(summary["rules"]) == ["split-k", "tiled"]  # the rule with the most problems below 0.9x first
+    assert summary["rules"]["tiled"] == {"problems": 3, "geomean": pytest.approx(2 ** (1 / 3)), "slowest": 1.0,
+                                         "below_0.9": 0, "worst_error_ratio": 2.0}
     text = sweep.format_summary(summary, seed=7)
     assert "sweep of 4 problems (seed 7)" in text and "geomean 1.000" in text and "p0" in text
+    assert "the 1 least accurate against cuBLAS" in text and "by rule:" in text
 
 
 def test_the_plan_of_a_problem_names_its_rule_and_kernel():

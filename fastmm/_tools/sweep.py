@@ -105,9 +105,18 @@ def _geomean(values) -> float:
 
 def summarize(rows: list[dict], worst: int = 20) -> dict:
     """The distribution of speed (cuBLAS time / fastmm time: above 1 is faster) and of error (fastmm's relative
-    error / cuBLAS's: below 1 is more accurate), and the `worst` problems by speed."""
+    error / cuBLAS's: below 1 is more accurate), the `worst` problems by speed and by error, and each rule's share:
+    which rules a fix has to change."""
     speed = [r["speed"] for r in rows]
     error = [r["error_ratio"] for r in rows if math.isfinite(r["error_ratio"])]
+    by_rule: dict[str, list[dict]] = {}
+    for r in rows:
+        by_rule.setdefault(r["rule"], []).append(r)
+    rules = {rule: {"problems": len(rs), "geomean": _geomean([r["speed"] for r in rs]),
+                    "slowest": min(r["speed"] for r in rs), "below_0.9": sum(r["speed"] < 0.9 for r in rs),
+                    "worst_error_ratio": max((r["error_ratio"] for r in rs if math.isfinite(r["error_ratio"])),
+                                             default=math.nan)}
+             for rule, rs in sorted(by_rule.items(), key=lambda item: -sum(r["speed"] < 0.9 for r in item[1]))}
     return {
         "problems": len(rows),
         "speed": {"p1": _percentile(speed, 1), "p5": _percentile(speed, 5), "median": _percentile(speed, 50),
@@ -115,6 +124,9 @@ def summarize(rows: list[dict], worst: int = 20) -> dict:
         "error_ratio": {"median": _percentile(error, 50), "p95": _percentile(error, 95), "p99": _percentile(error, 99),
                         "above_1.5": sum(e > 1.5 for e in error)},
         "worst": sorted(rows, key=lambda r: r["speed"])[:worst],
+        "least_accurate": sorted((r for r in rows if math.isfinite(r["error_ratio"])),
+                                 key=lambda r: -r["error_ratio"])[:worst // 2],
+        "rules": rules,
     }
 
 
@@ -130,6 +142,14 @@ def format_summary(summary: dict, seed: int) -> str:
              f"  {'problem':34s} {'speed':>6s} {'err ratio':>9s}  rule: kernel"]
     for r in summary["worst"]:
         lines.append(f"  {r['label']:34s} {r['speed']:6.2f} {r['error_ratio']:9.2f}  {r['rule']}: {r['kernel']}")
+    lines.append(f"  the {len(summary['least_accurate'])} least accurate against cuBLAS:")
+    for r in summary["least_accurate"]:
+        lines.append(f"  {r['label']:34s} {r['speed']:6.2f} {r['error_ratio']:9.2f}  {r['rule']}: {r['kernel']}")
+    lines.append(f"  by rule: {'rule':22s} {'problems':>8s} {'geomean':>8s} {'slowest':>8s} {'below 0.9':>9s} "
+                 f"{'worst err':>9s}")
+    for rule, x in summary["rules"].items():
+        lines.append(f"           {rule:22s} {x['problems']:8d} {x['geomean']:8.2f} {x['slowest']:8.2f} "
+                     f"{x['below_0.9']:9d} {x['worst_error_ratio']:9.2f}")
     return "\n".join(lines)
 
 
@@ -189,6 +209,7 @@ def main(args) -> int:
     print(format_summary(summary, args.sweep_seed))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"seed": args.sweep_seed, "summary": {k: v for k, v in summary.items() if k != "worst"},
+            json.dump({"seed": args.sweep_seed,
+                       "summary": {k: v for k, v in summary.items() if k not in ("worst", "least_accurate")},
                        "rows": rows}, f, indent=1, default=str)
     return 0
