@@ -40,8 +40,8 @@ _WG_MIN_SIDE = {"high": 960, "medium": 512}
 _OZAKI_MIN_MACS = 8192 ** 3
 _OZAKI_MIN_SIDE = 8192
 # The INT8 product kernel of the Ozaki launch sequence: 128 x 256 tiles, one block each, 1.5-1.6x cuBLAS's INT8 rate on an
-# H100 from 4096^3 up; the cluster pairs' multicast copies (int8wg_128x256x128_s4_c2) ran at 0.66-0.73x, so no plan
-# names them. Its sums leave as residues (uint8), a quarter of int32's bytes to write and to read back.
+# H100 from 4096^3 up; the cluster pairs' multicast copies (int8wg_128x256x128_s4_c2) ran at 0.41-0.48x of it, so no
+# plan names them. Its sums leave as residues (uint8), a quarter of int32's bytes to write and to read back.
 OZAKI_INT8 = next(c for c in INT8_WG if c.residues)
 
 
