@@ -163,3 +163,26 @@ def test_long_k_takes_3xtf32_with_a_warning(rng):
         got = cp.asnumpy(_ozaki(cp.asarray(a), cp.asarray(b)))
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert _rel(got, ref) < 2e-5  # K = 131072 summed in float32: sqrt(K) * 2^-24 = 2.2e-5
+
+
+def test_products_past_the_workspace_budget_run_in_chunks_of_columns(rng, monkeypatch):
+    """A workspace budget of a few block tiles' products: the sequence runs over chunks of C's columns (the INT8
+    products, then the reconstruction, per chunk), as a product past 2 GiB of residue products does (16384 x 32768)."""
+    from fastmm._runtime import ozaki as runtime_ozaki
+
+    real = runtime_ozaki._ozaki.workspace
+    chunks = []
+
+    def small(m, n, k, n_moduli, bm, bn, budget=None):
+        w = real(m, n, k, n_moduli, bm, bn, budget=n_moduli * m * 2 * bn)  # two block tiles of columns a chunk
+        chunks.append(-(-n // w.chunk))
+        return w
+
+    monkeypatch.setattr(runtime_ozaki._ozaki, "workspace", small)
+    m, n, k = 300, 1300, 400  # 1300 columns: chunks of 512, 512 and 276
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    out = cp.full((m, n + 3), np.nan, np.float32)[:, 1:1 + n]  # unaligned rows: C's chunks start anywhere
+    _ozaki(cp.asarray(a), cp.asarray(b), out=out)
+    assert chunks == [3]
+    _as_the_reference(cp.asnumpy(out), a, b)
