@@ -390,6 +390,28 @@ def test_a_warm_up_that_fails_leaves_the_error_to_the_products(monkeypatch, capl
     assert "warm-up of CUDA device 0 failed: cudaErrorDevicesUnavailable" in caplog.text
 
 
+def test_a_process_that_ends_during_the_warm_up_exits_cleanly():
+    """A program that turns the hook on and ends at once: the warm-up thread (here a slow stand-in for the driver) is
+    waited for before Python finalises, and the process exits 0."""
+    code = textwrap.dedent("""
+        import time
+        import fastmm
+        from fastmm._hooks import numpy_hook
+        from fastmm._runtime import cuda
+        done = []
+        cuda.warm_up = lambda d: (time.sleep(0.5), done.append(d))
+        cuda._driver = lambda: type("D", (), {"cuda": type("C", (), {"runtime": type("R", (), {
+            "getDevice": staticmethod(lambda: 0)})})})
+        numpy_hook._why_no_gpu = lambda: None
+        import atexit
+        atexit.register(lambda: print("warmed", done, flush=True))  # (runs after the hook's own, registered later)
+        fastmm.accelerate_numpy()
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "warmed [0]" in p.stdout, p.stdout + p.stderr
+
+
 def test_a_process_with_the_hook_on_exits_cleanly():
     code = textwrap.dedent("""
         import threading, numpy as np, fastmm

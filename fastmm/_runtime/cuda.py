@@ -24,6 +24,7 @@ sticky fault (an illegal address, say) breaks the device's context for the whole
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import struct
@@ -126,7 +127,11 @@ def warm_up_in_background() -> None:
         if device_id in _warmed:
             return
         _warmed.add(device_id)
-    threading.Thread(target=warm_up, args=(device_id,), name="fastmm-warm-up", daemon=True).start()
+    thread = threading.Thread(target=warm_up, args=(device_id,), name="fastmm-warm-up", daemon=True)
+    thread.start()
+    # A program that ends at once must not finalise Python while the thread is inside the driver: it is waited for
+    # at exit (a daemon still, so that a driver that never answers cannot hold the exit past the wait).
+    atexit.register(thread.join, 30)
 
 
 def _context(device_id: int) -> int:
