@@ -259,3 +259,38 @@ def test_float64_products_run_on_cublas_through_their_own_loop(form, rng):
     assert fastmm.numpy_hook_status()["by_dtype"]["float64"]["on_gpu"] == before + 1
     c = (rng.standard_normal((40, 40)) + 1j).astype(np.complex128)
     assert np.array_equal(c @ c, np.matmul(c, c))  # complex: NumPy's own loop
+
+
+def test_the_warm_up_starts_the_device_and_a_forked_child_still_gets_right_results():
+    """accelerate_numpy() starts the device's CUDA context on a thread of its own; a child forked after that cannot
+    use the GPU, and its products must still come out right (NumPy's, with a warning), in a child process."""
+    code = textwrap.dedent("""
+        import os, threading, warnings
+        import numpy as np
+        import fastmm
+        from fastmm._runtime import cuda
+        fastmm.accelerate_numpy(fastmm.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0))
+        for thread in threading.enumerate():
+            if thread.name == "fastmm-warm-up":
+                thread.join(30)
+        assert cuda._primary, "the warm-up made no context"
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((512, 512), np.float32), rng.standard_normal((512, 512), np.float32)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ok = np.allclose(a @ b, want, rtol=1e-4, atol=1e-3)
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the forked child: status {status}"
+        assert np.allclose(a @ b, want, rtol=1e-4, atol=1e-3)
+        assert fastmm.numpy_hook_status()["float32"]["on_gpu"] >= 1
+        print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr

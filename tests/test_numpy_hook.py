@@ -345,6 +345,73 @@ def test_without_a_c_compiler_the_ctypes_loop_does_the_same(monkeypatch, rng):
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
 
 
+def test_the_hook_starts_the_gpu_on_a_thread_of_its_own_once_per_device(monkeypatch):
+    """With a GPU present, turning the hook on starts the current device's CUDA context in the background (the first
+    offloaded product then finds it made), once per device and process; warm_up=False and a process without a GPU
+    start nothing."""
+    from fastmm._runtime import cuda as _cuda
+
+    started, device = [], [3]
+    monkeypatch.setattr(_cuda, "_warmed", set())
+    monkeypatch.setattr(_cuda, "warm_up", lambda d: started.append((d, threading.current_thread().name)))
+    runtime = types.SimpleNamespace(getDevice=lambda: device[0])
+    monkeypatch.setattr(_cuda, "_driver", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(hook, "_why_no_gpu", lambda: "no GPU in this test")
+    try:
+        fastmm.accelerate_numpy()
+        assert not _cuda._warmed and not started
+        monkeypatch.setattr(hook, "_why_no_gpu", lambda: None)
+        fastmm.accelerate_numpy(warm_up=False)
+        assert not _cuda._warmed
+        for _ in range(3):
+            fastmm.accelerate_numpy()
+        device[0] = 5
+        with fastmm.accelerate_numpy():
+            pass
+        for thread in threading.enumerate():
+            if thread.name == "fastmm-warm-up":
+                thread.join(5)
+        assert sorted(started) == [(3, "fastmm-warm-up"), (5, "fastmm-warm-up")]
+    finally:
+        fastmm.restore_numpy()
+
+
+def test_a_warm_up_that_fails_leaves_the_error_to_the_products(monkeypatch, caplog):
+    import logging
+
+    from fastmm._runtime import cuda as _cuda
+
+    def broken(device_id):
+        raise RuntimeError("cudaErrorDevicesUnavailable")
+
+    monkeypatch.setattr(_cuda, "_context", broken)
+    with caplog.at_level(logging.DEBUG, logger="fastmm"):
+        _cuda.warm_up(0)  # no exception
+    assert "warm-up of CUDA device 0 failed: cudaErrorDevicesUnavailable" in caplog.text
+
+
+def test_a_process_that_ends_during_the_warm_up_exits_cleanly():
+    """A program that turns the hook on and ends at once: the warm-up thread (here a slow stand-in for the driver) is
+    waited for before Python finalises, and the process exits 0."""
+    code = textwrap.dedent("""
+        import time
+        import fastmm
+        from fastmm._hooks import numpy_hook
+        from fastmm._runtime import cuda
+        done = []
+        cuda.warm_up = lambda d: (time.sleep(0.5), done.append(d))
+        cuda._driver = lambda: type("D", (), {"cuda": type("C", (), {"runtime": type("R", (), {
+            "getDevice": staticmethod(lambda: 0)})})})
+        numpy_hook._why_no_gpu = lambda: None
+        import atexit
+        atexit.register(lambda: print("warmed", done, flush=True))  # (runs after the hook's own, registered later)
+        fastmm.accelerate_numpy()
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "warmed [0]" in p.stdout, p.stdout + p.stderr
+
+
 def test_a_process_with_the_hook_on_exits_cleanly():
     code = textwrap.dedent("""
         import threading, numpy as np, fastmm

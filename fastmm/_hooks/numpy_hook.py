@@ -389,6 +389,11 @@ class accelerate_numpy(Hook):
         a program multiplies again unchanged: a write into one makes its copy unusable, see the NumPy hook page of
         the documentation). 0 turns that off. Default: ``$FASTMM_NUMPY_CACHE`` where set (bytes, or with a K, M or
         G suffix), else a quarter of the GPU memory free at the first copy.
+    warm_up : bool, default True
+        Start the current CUDA device (its context, about 0.1 s) on a background thread now, while the program
+        prepares its data, rather than in its first offloaded product. A process whose CUDA has started cannot use
+        the GPU in children it forks (their products then stay NumPy's): pass False where the program forks workers
+        that should use the GPU themselves, or start them with the "spawn" or "forkserver" method.
 
     Raises
     ------
@@ -419,7 +424,7 @@ class accelerate_numpy(Hook):
     _switch, _name = _on_off, "NumPy hook"
 
     def __init__(self, model: HostModel | None = None, *, pinned: bool = True, float64: bool = True,
-                 cache_bytes: int | None = None):
+                 cache_bytes: int | None = None, warm_up: bool = True):
         cap = _resident.cap_bytes(cache_bytes)
         with _on_off.lock:
             f32, f64 = _state.lanes["float32"], _state.lanes["float64"]
@@ -442,6 +447,10 @@ class accelerate_numpy(Hook):
             if reason is not None:
                 warn_once("numpy-hook-no-gpu", f"accelerate_numpy() is on, but no CUDA GPU can run fastmm's kernels "
                           f"here ({reason}), so NumPy computes every product itself", stacklevel=3)
+            elif warm_up:  # the program's first offloaded product then finds the CUDA context made
+                from .._runtime.cuda import warm_up_in_background
+
+                warm_up_in_background()
 
     def __exit__(self, *exc):
         if self._allocator is not None:

@@ -24,7 +24,9 @@ sticky fault (an illegal address, say) breaks the device's context for the whole
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import logging
 import struct
 import threading
 from contextlib import contextmanager
@@ -34,7 +36,7 @@ from .._plan import Device, validated
 from ..kernels import build
 from ..kernels.configs import MAX_GRID_Y, Variant, KernelConfig
 
-__all__ = ["device", "Launch", "loaded_function", "as_fastmm_error"]
+__all__ = ["device", "Launch", "loaded_function", "as_fastmm_error", "warm_up", "warm_up_in_background"]
 
 _lock = threading.RLock()       # driver initialisation, per-device set-up, module loads
 _tls = threading.local()        # per thread: the buffer a launch packs its arguments into
@@ -95,6 +97,41 @@ def _driver():
                 raise _errors.CUDAUnavailableError(f"fastmm needs a CUDA GPU: {why_no_gpu()}") from None
             _cupy = cupy
     return _cupy
+
+
+def warm_up(device_id: int) -> None:
+    """A process's first GPU work on `device_id`, done ahead of its first product: the primary context (about 0.1 s
+    on an H100), the launch bindings and CuPy's memory pool there. A failure is left for that product to meet: it
+    reports it the way every product does (the NumPy hook computes on NumPy, with a warning)."""
+    try:
+        _context(device_id)
+        if _ctx_current is None:
+            _bind()
+        cupy = _driver()
+        with cupy.cuda.Device(device_id):
+            cupy.empty(1, cupy.uint8)
+    except Exception as e:  # (the product that needs the GPU meets the same error and handles it)
+        logging.getLogger("fastmm").debug("warm-up of CUDA device %d failed: %s", device_id, e)
+
+
+_warmed: set[int] = set()  # devices whose warm-up has started in this process
+
+
+def warm_up_in_background() -> None:
+    """`warm_up` of the calling thread's current device on a thread of its own, once per device and process."""
+    try:
+        device_id = _driver().cuda.runtime.getDevice()
+    except Exception:  # (no usable runtime: the products meet it)
+        return
+    with _lock:
+        if device_id in _warmed:
+            return
+        _warmed.add(device_id)
+    thread = threading.Thread(target=warm_up, args=(device_id,), name="fastmm-warm-up", daemon=True)
+    thread.start()
+    # A program that ends at once must not finalise Python while the thread is inside the driver: it is waited for
+    # at exit (a daemon still, so that a driver that never answers cannot hold the exit past the wait).
+    atexit.register(thread.join, 30)
 
 
 def _context(device_id: int) -> int:
