@@ -163,3 +163,18 @@ def test_long_k_takes_3xtf32_with_a_warning(rng):
         got = cp.asnumpy(_ozaki(cp.asarray(a), cp.asarray(b)))
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert _rel(got, ref) < 2e-5  # K = 131072 summed in float32: sqrt(K) * 2^-24 = 2.2e-5
+
+
+def test_the_persistent_int8_kernel_gives_the_same_products(rng):
+    """Ozaki scheme II's sequence on the persistent INT8 configuration: the reference's result, as the planned one."""
+    from fastmm._runtime.ozaki import ozaki_product
+    from fastmm.kernels.configs import INT8_WG
+
+    config = next(c for c in INT8_WG if c.persistent)
+    m, n, k = 1500, 2100, 700  # 12 x 9 block tiles
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = cp.full((m, n), np.nan, np.float32)
+    bad_a, bad_b = ozaki_product(cp.asarray(a), cp.asarray(b), c, cp.cuda.runtime.getDevice(), config)
+    assert bad_a.size == 0 and bad_b.size == 0
+    _as_the_reference(cp.asnumpy(c), a, b)
