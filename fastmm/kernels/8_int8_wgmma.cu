@@ -204,7 +204,7 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
                     if (u >= STAGES) mbar_wait(empty0 + 8 * s, (u / STAGES - 1) & 1);
                     const unsigned stage = base + s * STAGE_BYTES;
                     mbar_expect(full0 + 8 * s, a_bytes + TILE_B_BYTES);
-                    if (a_bytes) bulk_copy(stage, a_tiles + (long long)kt * TILE_A_BYTES, TILE_A_BYTES, full0 + 8 * s);
+                    // B^T's share first: the partner's stage waits for it, and for nothing else of this block's.
                     const unsigned b_at = stage + TILE_A_BYTES + rank * SHARE_B;
                     const char* b_src = b_tiles + (long long)kt * TILE_B_BYTES + rank * SHARE_B;
 #if CLUSTER > 1
@@ -212,6 +212,7 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
 #else
                     bulk_copy(b_at, b_src, SHARE_B, full0 + 8 * s);
 #endif
+                    if (a_bytes) bulk_copy(stage, a_tiles + (long long)kt * TILE_A_BYTES, TILE_A_BYTES, full0 + 8 * s);
                 }
             }
         }
