@@ -12,6 +12,7 @@ import pytest
 
 import fastmm
 from fastmm._plan import ozaki
+from fastmm.kernels.configs import INT8_WG
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
@@ -165,13 +166,13 @@ def test_long_k_takes_3xtf32_with_a_warning(rng):
     assert _rel(got, ref) < 2e-5  # K = 131072 summed in float32: sqrt(K) * 2^-24 = 2.2e-5
 
 
-def test_the_persistent_int8_kernel_gives_the_same_products(rng):
-    """Ozaki scheme II's sequence on the persistent INT8 configuration: the reference's result, as the planned one."""
+@pytest.mark.parametrize("config", [c for c in INT8_WG if c.residues], ids=lambda c: c.name)
+def test_every_residue_configuration_gives_the_references_result(config, rng):
+    """Ozaki scheme II's sequence on each INT8 configuration that writes residues (the planned one, the persistent
+    one, the cluster pairs): the reference's result."""
     from fastmm._runtime.ozaki import ozaki_product
-    from fastmm.kernels.configs import INT8_WG
 
-    config = next(c for c in INT8_WG if c.persistent)
-    m, n, k = 1500, 2100, 700  # 12 x 9 block tiles
+    m, n, k = 1400, 2100, 700  # 11 x 9 block tiles (an odd number of rows of them: a cluster pair half past M)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = cp.full((m, n), np.nan, np.float32)

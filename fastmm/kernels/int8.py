@@ -122,4 +122,5 @@ class Int8Tile(Warpgroups, KernelConfig):
 # leave a wave of 128 x 256 ones short. Last, the one Ozaki scheme II runs: 128 x 256, its products as residues.
 INT8_WG: tuple[Int8Tile, ...] = (Int8Tile(bm=128, bn=256, stages=4), Int8Tile(bm=128, bn=256, stages=4, cluster=2),
                                  Int8Tile(bm=128, bn=128, stages=6), Int8Tile(bm=128, bn=256, stages=4, residues=True),
-                                 Int8Tile(bm=128, bn=256, stages=4, residues=True, persistent=True))
+                                 Int8Tile(bm=128, bn=256, stages=4, residues=True, persistent=True),
+                                 Int8Tile(bm=128, bn=256, stages=4, cluster=2, residues=True))
