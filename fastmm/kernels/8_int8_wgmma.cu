@@ -75,11 +75,19 @@ __device__ __forceinline__ void store_byte2(unsigned char* crow, int n, int N, i
     }
 }
 
-// A multiplying warp is done with a stage: one arrival on its "empty" barrier in every block of the cluster.
-__device__ __forceinline__ void release_stage(unsigned empty)
+// A multiplying warp (lane 0; `warp` its number in its warpgroup) is done with a stage. Alone: one arrival per warp
+// on the block's "empty" barrier. In a cluster, one arrival per warpgroup on each block's, warp r sending block r's,
+// so the remote arrivals leave from different warps at once (CUTLASS's PipelineTmaAsync does the same): the
+// warpgroup's products are done when any of its warps has waited for them.
+#if CLUSTER > 1
+#define EMPTY_ARRIVALS (WGS * CLUSTER)
+#else
+#define EMPTY_ARRIVALS (WGS * 4)
+#endif
+__device__ __forceinline__ void release_stage(unsigned empty, int warp)
 {
 #if CLUSTER > 1
-    for (unsigned r = 0; r < CLUSTER; ++r) mbar_arrive_in(empty, r);
+    if (warp < CLUSTER) mbar_arrive_in(empty, warp);
 #else
     mbar_arrive(empty);
 #endif
@@ -172,7 +180,7 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full0 + 8 * s, 1);             // the copier's arrival, plus the copies' bytes
-            mbar_init(empty0 + 8 * s, WGS * 4 * CLUSTER);  // every multiplying warp of the cluster, once done
+            mbar_init(empty0 + 8 * s, EMPTY_ARRIVALS);  // the multiplying warps' (or warpgroups') `release_stage`
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -239,12 +247,12 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
                     wgmma_s8_tile(acc, smem_descriptor(a_tile + ks * 32), smem_descriptor(b_tile + ks * 32), 1);
                 wgmma_commit();
                 wgmma_wait<1>();  // this warp's products of the previous K-tile are done: its stage may be refilled
-                if (kt > 0 && lane == 0) release_stage(empty0 + 8 * ((u - 1) % STAGES));
+                if (kt > 0 && lane == 0) release_stage(empty0 + 8 * ((u - 1) % STAGES), warp);
             }
             wgmma_wait<0>();
 #if PERSISTENT
             // The tile's last stage: the copier refills it with the next tile's K-tiles while this one is written.
-            if (k_tiles > 0 && lane == 0) release_stage(empty0 + 8 * ((u - 1) % STAGES));
+            if (k_tiles > 0 && lane == 0) release_stage(empty0 + 8 * ((u - 1) % STAGES), warp);
 #endif
             epilogue(acc, C, M, N, c_sm, z, batch_inner, c_sb0, c_sb1, bm + wg * 64 + warp * 16 + g, bn + 2 * t);
         }
