@@ -78,3 +78,14 @@ def test_odd_row_strides_of_c_take_the_scalar_stores(config, rng):
     a = rng.integers(-128, 128, (SLICES, 130, 200), dtype=np.int8)
     b = rng.integers(-128, 128, (SLICES, 200, 270), dtype=np.int8)
     assert np.array_equal(_product(a, b, config, pitch=1), _expected(a, b, config))
+
+
+@pytest.mark.parametrize("config", [c for c in INT8_WG if c.persistent], ids=lambda c: c.name)
+def test_persistent_blocks_walk_every_tile_once(config, rng):
+    """More block tiles than the launch has blocks (17 x 17 a batch item against 132): each block takes several,
+    its barriers' uses counting on across them, and every element comes out right."""
+    m, n, k = 2049, 4100, 128
+    assert -(-m // config.bm) * -(-n // config.bn) > config.grid(m, n, 1)[0]
+    a = rng.integers(-128, 128, (2, m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (2, k, n), dtype=np.int8)
+    assert np.array_equal(_product(a, b, config, pitch=1), _expected(a, b, config))

@@ -12,6 +12,7 @@ import pytest
 
 import fastmm
 from fastmm._plan import ozaki
+from fastmm.kernels.configs import INT8_WG
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
@@ -186,3 +187,18 @@ def test_products_past_the_workspace_budget_run_in_chunks_of_columns(rng, monkey
     _ozaki(cp.asarray(a), cp.asarray(b), out=out)
     assert chunks == [3]
     _as_the_reference(cp.asnumpy(out), a, b)
+
+
+@pytest.mark.parametrize("config", [c for c in INT8_WG if c.residues], ids=lambda c: c.name)
+def test_every_residue_configuration_gives_the_references_result(config, rng):
+    """Ozaki scheme II's sequence on each INT8 configuration that writes residues (the planned one, the persistent
+    one, the cluster pairs): the reference's result."""
+    from fastmm._runtime.ozaki import ozaki_product
+
+    m, n, k = 1400, 2100, 700  # 11 x 9 block tiles (an odd number of rows of them: a cluster pair half past M)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = cp.full((m, n), np.nan, np.float32)
+    bad_a, bad_b = ozaki_product(cp.asarray(a), cp.asarray(b), c, cp.cuda.runtime.getDevice(), config)
+    assert bad_a.size == 0 and bad_b.size == 0
+    _as_the_reference(cp.asnumpy(c), a, b)

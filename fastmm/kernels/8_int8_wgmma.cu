@@ -28,7 +28,9 @@
 // Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, GROUP (rows of clusters per group of
 // the launch order), CLUSTER (1 or 2 blocks along m; the grid's y a multiple of it), THREADS = BM * 2 + 128, RESIDUES
 // (1: C is uint8, each sum reduced modulo MODULI's z-th, z the batch item: the reconstruction pass reads a quarter of
-// int32's bytes; NMODULI, MODULI as the Ozaki passes have them).
+// int32's bytes; NMODULI, MODULI as the Ozaki passes have them), PERSISTENT (1: a grid of about one block per SM along
+// x, each walking tiles gridDim.x apart of its batch item, so that the copies of the next tile overlap the epilogue of
+// the last and no block pays the pipeline's fill again).
 //
 // Parameters (FASTMM_GEMM_PARAMS, reinterpreted): M, N the product's; K the padded K (a multiple of 128); A, B the tiles
 // of A and of B^T (int8); C the result (int32, or uint8 with RESIDUES), c_sm its row stride in elements; batch item
@@ -48,6 +50,7 @@ static_assert(BN == 128 || BN == 256, "wgmma's n: 128 or 256");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "one block, or a pair along m sharing B^T's tiles");
 static_assert(STAGES >= 2, "a stage filling while another is read");
 static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgroup copying");
+static_assert(!PERSISTENT || CLUSTER == 1, "persistent blocks walk tiles alone");
 
 // Two consecutive int32 of one row of C at column n (even): one 8-byte store when both lie inside C and C's rows
 // allow it, else up to two guarded stores.
@@ -72,6 +75,76 @@ __device__ __forceinline__ void store_byte2(unsigned char* crow, int n, int N, i
     }
 }
 
+// A multiplying warp (lane 0; `warp` its number in its warpgroup) is done with a stage. Alone: one arrival per warp
+// on the block's "empty" barrier. In a cluster, one arrival per warpgroup on each block's, warp r sending block r's,
+// so the remote arrivals leave from different warps at once (CUTLASS's PipelineTmaAsync does the same): the
+// warpgroup's products are done when any of its warps has waited for them.
+#if CLUSTER > 1
+#define EMPTY_ARRIVALS (WGS * CLUSTER)
+#else
+#define EMPTY_ARRIVALS (WGS * 4)
+#endif
+__device__ __forceinline__ void release_stage(unsigned empty, int warp)
+{
+#if CLUSTER > 1
+    if (warp < CLUSTER) mbar_arrive_in(empty, warp);
+#else
+    mbar_arrive(empty);
+#endif
+}
+
+// A warp's sums of one block tile into C: rows m and m + 8, columns n + 8j and n + 8j + 1 (j < BN / 8).
+__device__ __forceinline__ void epilogue(int (&acc)[NREG], void* C_, int M, int N, long long c_sm, int z,
+                                         int batch_inner, long long c_sb0, long long c_sb1, int m, int n)
+{
+#if RESIDUES
+    // Each sum modulo batch item z's modulus, in [0, modulus): one byte for the reconstruction pass to read.
+    constexpr int moduli[NMODULI] = {MODULI};
+    int modulus = moduli[0];
+#pragma unroll
+    for (int i = 1; i < NMODULI; ++i) modulus = z == i ? moduli[i] : modulus;
+    unsigned char* const c = reinterpret_cast<unsigned char*>(C_) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+    const bool vec = reinterpret_cast<unsigned long long>(c) % 2 == 0 && c_sm % 2 == 0;
+    // By a reciprocal in double (the quotient of |sum| < 2^31 off by at most one, then corrected). This epilogue
+    // costs the kernel 5-8% against int32 stores at 8192^3 and 16384^3 (H100), repaid by the reconstruction
+    // reading a quarter of the bytes (docs/kernels/ozaki.md).
+    const double inverse = 1.0 / modulus;
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) {
+        int r = acc[i] - __double2int_rd((double)acc[i] * inverse) * modulus;
+        r += r < 0 ? modulus : 0;
+        acc[i] = r >= modulus ? r - modulus : r;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        if (m < M) store_byte2(c + (long long)m * c_sm, n + 8 * j, N, acc[4 * j], acc[4 * j + 1], vec);
+        if (m + 8 < M) store_byte2(c + (long long)(m + 8) * c_sm, n + 8 * j, N, acc[4 * j + 2], acc[4 * j + 3], vec);
+    }
+#else
+    int* const c = reinterpret_cast<int*>(C_) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+    const bool vec = reinterpret_cast<unsigned long long>(c) % 8 == 0 && c_sm % 2 == 0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        if (m < M) store_int2(c + (long long)m * c_sm, n + 8 * j, N, acc[4 * j], acc[4 * j + 1], vec);
+        if (m + 8 < M) store_int2(c + (long long)(m + 8) * c_sm, n + 8 * j, N, acc[4 * j + 2], acc[4 * j + 3], vec);
+    }
+#endif
+}
+
+// Block tile number `lin` of a gx x gy grid of cluster tiles (gy rows of clusters) in the launch order: groups of GROUP
+// rows of clusters walked column by column, so that a wave's tiles of B stay in L2 (6_wgmma.cu's launch order).
+__device__ __forceinline__ void tile_at(int lin, int gx, int gy, int& cy, int& bx)
+{
+    cy = lin / gx;
+    bx = lin % gx;
+    if (GROUP > 1) {
+        const int first = lin / (GROUP * gx) * GROUP;
+        const int rows = min(GROUP, gy - first), in = lin % (GROUP * gx);
+        cy = first + in % rows;
+        bx = in / rows;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if CLUSTER > 1
 __cluster_dims__(1, CLUSTER, 1)
@@ -92,24 +165,22 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
 #else
     constexpr unsigned rank = 0;
 #endif
-    // Groups of GROUP rows of clusters walked column by column, so that a wave's tiles of B stay in L2 (6_wgmma.cu's
-    // launch order); the blocks of a cluster stay one above the other.
-    int cy = blockIdx.y / CLUSTER, bx = blockIdx.x;
-    if (GROUP > 1) {
-        const int lin = cy * gridDim.x + bx, first = lin / (GROUP * gridDim.x) * GROUP;
-        const int rows = min(GROUP, (int)gridDim.y / CLUSTER - first), in = lin % (GROUP * gridDim.x);
-        cy = first + in % rows;
-        bx = in / rows;
-    }
-    const int by = cy * CLUSTER + rank;
-    const int bm = by * BM, bn = bx * BN;
     const int k_tiles = K / BK;
     const int z = z0 + blockIdx.z;
+#if PERSISTENT
+    // Each block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... of its batch item: its copier fills the next
+    // tile's stages while the multiplying warps write the last one out, and the barriers' uses count on across tiles.
+    const int gx = (N + BN - 1) / BN, gy = (M + BM - 1) / BM, first_tile = blockIdx.x, tile_step = gridDim.x;
+#else
+    const int gx = gridDim.x, gy = gridDim.y / CLUSTER, first_tile = blockIdx.y / CLUSTER * gridDim.x + blockIdx.x;
+    const int tile_step = gx * gy;  // one tile a block
+#endif
+    const int tiles = gx * gy;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full0 + 8 * s, 1);             // the copier's arrival, plus the copies' bytes
-            mbar_init(empty0 + 8 * s, WGS * 4 * CLUSTER);  // every multiplying warp of the cluster, once done
+            mbar_init(empty0 + 8 * s, EMPTY_ARRIVALS);  // the multiplying warps' (or warpgroups') `release_stage`
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -120,93 +191,71 @@ fastmm_int8(FASTMM_GEMM_PARAMS)
 #endif
 
     if (wg == WGS) {
-        // The copier: K-tile kt into stage kt % STAGES once every multiplying warp is done with what it held. A block
-        // past M (the grid's rows rounded up to whole clusters) copies only its share of B^T, for its partner.
+        // The copier: the u-th K-tile this block multiplies (counted across its tiles) into stage u % STAGES once
+        // every multiplying warp is done with what it held. A block past M (the grid's rows rounded up to whole
+        // clusters) copies only its share of B^T, for its partner.
         if (tid % 128 == 0) {
-            const unsigned a_bytes = bm < M ? TILE_A_BYTES : 0;
-            const char* a_tiles = reinterpret_cast<const char*>(A) + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1)
-                                  + (long long)by * k_tiles * TILE_A_BYTES;
-            const char* b_tiles = reinterpret_cast<const char*>(B) + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1)
-                                  + (long long)bx * k_tiles * TILE_B_BYTES;
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(empty0 + 8 * s, (kt / STAGES - 1) & 1);
-                const unsigned stage = base + s * STAGE_BYTES;
-                mbar_expect(full0 + 8 * s, a_bytes + TILE_B_BYTES);
-                if (a_bytes) bulk_copy(stage, a_tiles + (long long)kt * TILE_A_BYTES, TILE_A_BYTES, full0 + 8 * s);
-                const unsigned b_at = stage + TILE_A_BYTES + rank * SHARE_B;
-                const char* b_src = b_tiles + (long long)kt * TILE_B_BYTES + rank * SHARE_B;
+            int u = 0;
+            for (int tile = first_tile; tile < tiles; tile += tile_step) {
+                int cy, bx;
+                tile_at(tile, gx, gy, cy, bx);
+                const int by = cy * CLUSTER + rank, bm = by * BM;
+                const unsigned a_bytes = bm < M ? TILE_A_BYTES : 0;
+                const char* a_tiles = reinterpret_cast<const char*>(A)
+                                      + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1)
+                                      + (long long)by * k_tiles * TILE_A_BYTES;
+                const char* b_tiles = reinterpret_cast<const char*>(B)
+                                      + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1)
+                                      + (long long)bx * k_tiles * TILE_B_BYTES;
+                for (int kt = 0; kt < k_tiles; ++kt, ++u) {
+                    const int s = u % STAGES;
+                    if (u >= STAGES) mbar_wait(empty0 + 8 * s, (u / STAGES - 1) & 1);
+                    const unsigned stage = base + s * STAGE_BYTES;
+                    mbar_expect(full0 + 8 * s, a_bytes + TILE_B_BYTES);
+                    // B^T's share first: the partner's stage waits for it, and for nothing else of this block's.
+                    const unsigned b_at = stage + TILE_A_BYTES + rank * SHARE_B;
+                    const char* b_src = b_tiles + (long long)kt * TILE_B_BYTES + rank * SHARE_B;
 #if CLUSTER > 1
-                bulk_copy_multicast(b_at, b_src, SHARE_B, full0 + 8 * s, (1u << CLUSTER) - 1);
+                    bulk_copy_multicast(b_at, b_src, SHARE_B, full0 + 8 * s, (1u << CLUSTER) - 1);
 #else
-                bulk_copy(b_at, b_src, SHARE_B, full0 + 8 * s);
+                    bulk_copy(b_at, b_src, SHARE_B, full0 + 8 * s);
 #endif
+                    if (a_bytes) bulk_copy(stage, a_tiles + (long long)kt * TILE_A_BYTES, TILE_A_BYTES, full0 + 8 * s);
+                }
             }
         }
         // The multiplying warpgroups wait for every copy before they read it, and so before they exit.
     } else {
-        int acc[NREG];
-#pragma unroll
-        for (int i = 0; i < NREG; ++i) acc[i] = 0;
         const unsigned a_off = wg * 64 * 128;
-
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            // Block until the bytes of K-tile kt have landed, then queue its four 32-deep products.
-            const int s = kt % STAGES;
-            mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-            const unsigned a_tile = base + s * STAGE_BYTES + a_off, b_tile = base + s * STAGE_BYTES + TILE_A_BYTES;
-            wgmma_fence();
+        int u = 0;
+        for (int tile = first_tile; tile < tiles; tile += tile_step) {
+            int cy, bx;
+            tile_at(tile, gx, gy, cy, bx);
+            const int by = cy * CLUSTER + rank, bm = by * BM, bn = bx * BN;
+            int acc[NREG];
 #pragma unroll
-            for (int ks = 0; ks < BK / 32; ++ks)
-                wgmma_s8_tile(acc, smem_descriptor(a_tile + ks * 32), smem_descriptor(b_tile + ks * 32), 1);
-            wgmma_commit();
-            wgmma_wait<1>();  // this warp's products of K-tile kt - 1 are done: its stage may be refilled
-            if (kt > 0 && lane == 0) {
-                const unsigned empty = empty0 + 8 * ((kt - 1) % STAGES);
-#if CLUSTER > 1
-                for (unsigned r = 0; r < CLUSTER; ++r) mbar_arrive_in(empty, r);
-#else
-                mbar_arrive(empty);
-#endif
+            for (int i = 0; i < NREG; ++i) acc[i] = 0;
+
+            for (int kt = 0; kt < k_tiles; ++kt, ++u) {
+                // Block until the bytes of the u-th K-tile have landed, then queue its four 32-deep products.
+                const int s = u % STAGES;
+                mbar_wait(full0 + 8 * s, (u / STAGES) & 1);
+                const unsigned a_tile = base + s * STAGE_BYTES + a_off, b_tile = base + s * STAGE_BYTES + TILE_A_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < BK / 32; ++ks)
+                    wgmma_s8_tile(acc, smem_descriptor(a_tile + ks * 32), smem_descriptor(b_tile + ks * 32), 1);
+                wgmma_commit();
+                wgmma_wait<1>();  // this warp's products of the previous K-tile are done: its stage may be refilled
+                if (kt > 0 && lane == 0) release_stage(empty0 + 8 * ((u - 1) % STAGES), warp);
             }
-        }
-        wgmma_wait<0>();
-
-        const int m = bm + wg * 64 + warp * 16 + g;
-#if RESIDUES
-        // Each sum modulo batch item z's modulus, in [0, modulus): one byte for the reconstruction pass to read.
-        constexpr int moduli[NMODULI] = {MODULI};
-        int modulus = moduli[0];
-#pragma unroll
-        for (int i = 1; i < NMODULI; ++i) modulus = z == i ? moduli[i] : modulus;
-        unsigned char* const c = reinterpret_cast<unsigned char*>(C) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-        const bool vec = reinterpret_cast<unsigned long long>(c) % 2 == 0 && c_sm % 2 == 0;
-        // By a reciprocal in double (the quotient of |sum| < 2^31 off by at most one, then corrected). This epilogue
-        // costs the kernel 5-8% against int32 stores at 8192^3 and 16384^3 (H100), repaid by the reconstruction
-        // reading a quarter of the bytes (docs/kernels/ozaki.md).
-        const double inverse = 1.0 / modulus;
-#pragma unroll
-        for (int i = 0; i < NREG; ++i) {
-            int r = acc[i] - __double2int_rd((double)acc[i] * inverse) * modulus;
-            r += r < 0 ? modulus : 0;
-            acc[i] = r >= modulus ? r - modulus : r;
-        }
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int n = bn + 8 * j + 2 * t;
-            if (m < M) store_byte2(c + (long long)m * c_sm, n, N, acc[4 * j], acc[4 * j + 1], vec);
-            if (m + 8 < M) store_byte2(c + (long long)(m + 8) * c_sm, n, N, acc[4 * j + 2], acc[4 * j + 3], vec);
-        }
-#else
-        int* const c = reinterpret_cast<int*>(C) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-        const bool vec = reinterpret_cast<unsigned long long>(c) % 8 == 0 && c_sm % 2 == 0;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int n = bn + 8 * j + 2 * t;
-            if (m < M) store_int2(c + (long long)m * c_sm, n, N, acc[4 * j], acc[4 * j + 1], vec);
-            if (m + 8 < M) store_int2(c + (long long)(m + 8) * c_sm, n, N, acc[4 * j + 2], acc[4 * j + 3], vec);
-        }
+            wgmma_wait<0>();
+#if PERSISTENT
+            // The tile's last stage: the copier refills it with the next tile's K-tiles while this one is written.
+            if (k_tiles > 0 && lane == 0) release_stage(empty0 + 8 * ((u - 1) % STAGES), warp);
 #endif
+            epilogue(acc, C, M, N, c_sm, z, batch_inner, c_sb0, c_sb1, bm + wg * 64 + warp * 16 + g, bn + 2 * t);
+        }
     }
 #if CLUSTER > 1
     cluster_sync();  // neither block leaves while the other may still copy into its stages or arrive on its barriers

@@ -68,6 +68,8 @@ class Int8Tile(Warpgroups, KernelConfig):
     # True: C receives each product reduced modulo its batch item's modulus (OZAKI_MODULI[z]) as uint8, a quarter of the
     # int32 products' bytes for the reconstruction pass to read (Ozaki scheme II); False: the int32 products.
     residues: bool = False
+    # True: about one block per SM (SMS along x, a batch item each along z), each walking the tiles of its batch item.
+    persistent: bool = False
     family: ClassVar[str] = "int8wg"
     source: ClassVar[str] = "8_int8_wgmma.cu"
 
@@ -85,10 +87,15 @@ class Int8Tile(Warpgroups, KernelConfig):
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
                 + (f"_g{self.group}" if self.group != 8 else "") + (f"_c{self.cluster}" if self.cluster > 1 else "")
-                + ("_mod" if self.residues else ""))
+                + ("_mod" if self.residues else "") + ("_p" if self.persistent else ""))
+
+    # The SMs of an H100 SXM or H200: a persistent launch's blocks along x (fewer SMs run the rest in a second wave).
+    SMS: ClassVar[int] = 132
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         x, y, z = super().grid(m, n, batch, k)
+        if self.persistent:
+            return (min(x * y, self.SMS), 1, z)
         return (x, -(-y // self.cluster) * self.cluster, z)  # whole clusters along y
 
     @property
@@ -97,13 +104,16 @@ class Int8Tile(Warpgroups, KernelConfig):
 
     def _tile_macros(self) -> dict[str, int | str]:
         return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "THREADS": self.threads, "GROUP": self.group,
-                "CLUSTER": self.cluster, "RESIDUES": int(self.residues), "NMODULI": len(OZAKI_MODULI),
+                "CLUSTER": self.cluster, "RESIDUES": int(self.residues), "PERSISTENT": int(self.persistent),
+                "NMODULI": len(OZAKI_MODULI),
                 "MODULI": ", ".join(map(str, OZAKI_MODULI))}
 
     def _check(self) -> list[str]:
         errors = self._warpgroup_errors()
         if self.cluster not in (1, 2):
             errors.append(f"cluster must be 1 or 2 (got {self.cluster})")
+        if self.persistent and self.cluster != 1:
+            errors.append("a persistent launch takes no clusters (cluster must be 1)")
         return errors
 
 
@@ -111,4 +121,6 @@ class Int8Tile(Warpgroups, KernelConfig):
 # alone or in pairs sharing B^T's tiles; and 128 x 128 tiles (32 KiB stages, six), twice the blocks for shapes that
 # leave a wave of 128 x 256 ones short. Last, the one Ozaki scheme II runs: 128 x 256, its products as residues.
 INT8_WG: tuple[Int8Tile, ...] = (Int8Tile(bm=128, bn=256, stages=4), Int8Tile(bm=128, bn=256, stages=4, cluster=2),
-                                 Int8Tile(bm=128, bn=128, stages=6), Int8Tile(bm=128, bn=256, stages=4, residues=True))
+                                 Int8Tile(bm=128, bn=128, stages=6), Int8Tile(bm=128, bn=256, stages=4, residues=True),
+                                 Int8Tile(bm=128, bn=256, stages=4, residues=True, persistent=True),
+                                 Int8Tile(bm=128, bn=256, stages=4, cluster=2, residues=True))

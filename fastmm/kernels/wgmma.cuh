@@ -147,12 +147,15 @@ __device__ __forceinline__ void cluster_sync()
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
+// (The default .release.cta, as CUTLASS's ClusterBarrier::arrive: the stage's only reader, wgmma, is finished by
+// then. ".release.cluster" made ptxas put a GPU-wide memory barrier before every arrival, in the multiplying warps'
+// K loop.)
 __device__ __forceinline__ void mbar_arrive_in(unsigned bar, unsigned rank)
 {
     asm volatile(
         "{\n.reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(rank)
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(rank)
         : "memory");
 }
 
