@@ -186,3 +186,34 @@ def test_the_fast_path_from_threads_at_once(rng):
         for t in threads:
             t.join()
         assert errors == [] and _cache()["fast_hits"] >= 4 * 45, _cache()
+
+
+def test_threads_that_come_and_go_share_one_stream_between_them(rng):
+    """Thirty threads one after another, each a kept A times a vector (a server's thread per request): right
+    results, and the streams of the ended threads handed on, not left one per thread."""
+    from fastmm._hooks import fastpath
+
+    errors = []
+
+    def request(a, seed):
+        try:
+            v = np.random.default_rng(seed).standard_normal(1536).astype(np.float32)
+            _close(a @ v, a, v)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((2048, 1536)).astype(np.float32)
+        v = rng.standard_normal(1536).astype(np.float32)
+        _close(a @ v, a, v)
+        _close(a @ v, a, v)  # (bought by now)
+        hits = _cache()["fast_hits"]
+        streams = set()
+        for seed in range(30):
+            t = threading.Thread(target=request, args=(a, seed))
+            t.start()
+            t.join()
+            del t
+            streams |= {id(me.stream) for me in fastpath._idle.get(0, [])}
+        assert errors == [] and _cache()["fast_hits"] - hits == 30, _cache()
+        assert len(streams) == 1, len(streams)

@@ -665,6 +665,41 @@ def test_threads_take_the_fast_path_at_once_each_on_its_own_stream(fast_gpu, rng
         assert _fast_hits() >= 4 * 28, fastmm.numpy_hook_status()["cache"]
 
 
+def test_threads_that_come_and_go_hand_their_streams_on(fast_gpu, rng, monkeypatch):
+    """Forty threads one after another, each taking the fast path (a server's thread per request): each new thread
+    takes the stream, event and buffer of one that ended, so one set serves them all; two at once, at most two."""
+    monkeypatch.setattr(_fastpath, "_idle", {})
+    made, real = [], _fastpath._Thread
+    monkeypatch.setattr(_fastpath, "_Thread", lambda cp: made.append(1) or real(cp))
+    errors = []
+
+    def request(seed, a):
+        try:
+            _hostmem.install_allocator()
+            v = np.random.default_rng(seed).standard_normal(640).astype(np.float32)
+            np.testing.assert_allclose(a @ v, _ref(a, v), rtol=1e-5, atol=1e-4)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 640)).astype(np.float32)
+        kept_then_fast(a, rng.standard_normal(640).astype(np.float32))
+        hits, made[:] = _fast_hits(), []
+        for seed in range(40):
+            t = threading.Thread(target=request, args=(seed, a))
+            t.start()
+            t.join()
+            del t
+        assert errors == [] and _fast_hits() - hits == 40
+        assert len(made) == 1, len(made)
+        pair = [threading.Thread(target=request, args=(s, a)) for s in (1, 2)]
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join()
+        assert errors == [] and len(made) <= 2
+
+
 def test_an_interrupt_in_the_fast_paths_wait_keeps_the_result_whole_and_the_path_usable(fast_gpu, rng, monkeypatch):
     if hook._state.shim is None or hook._state.shim.kind != "C":
         fastmm.accelerate_numpy(EVERYTHING)

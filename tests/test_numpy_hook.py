@@ -585,6 +585,9 @@ def use_lazy_gpu(monkeypatch, inline: bool, small_pieces: bool = True) -> _LazyG
     gpu = _LazyGPU()
     monkeypatch.setattr(_staged, "_INLINE_BYTES", 1 << 40 if inline else 0)
     monkeypatch.setattr(_staged._arrays, "_cp", gpu.cupy)
+    # (Set before the thread-locals: undone after them, it takes the states their end retires, which are the
+    # stand-in's.)
+    monkeypatch.setattr(_fastpath, "_idle", {})
     for module in (_staged, _fastpath):
         monkeypatch.setattr(module, "_dispatch", types.SimpleNamespace(matmul=gpu.matmul))
         monkeypatch.setattr(module, "_local", threading.local())

@@ -39,6 +39,16 @@ _MIN_BUFFER = 64 << 10  # the smallest buffer taken: vectors of a few shapes the
 _local = threading.local()
 _states: weakref.WeakSet = weakref.WeakSet()  # every thread's, for `release`
 _states_lock = threading.Lock()
+# Per device, the states of threads that have ended, for the next new thread: threads that come and go (a server's
+# per request, a pool's) would otherwise each leave a stream whose blocks CuPy's memory pool keeps for good.
+_idle: dict[int, list] = {}
+
+
+class _Sentinel:
+    """Kept only in a thread's local storage, which Python clears when the thread ends: its finalizer retires the
+    thread's states."""
+
+    __slots__ = ("__weakref__",)
 
 
 class _Thread:
@@ -77,12 +87,29 @@ def _thread(cp, device: int) -> _Thread:
     mine = getattr(_local, "devices", None)
     if mine is None:
         mine = _local.devices = {}
+        _local.sentinel = _Sentinel()
     me = mine.get(device)
     if me is None:
-        me = mine[device] = _Thread(cp)
+        with _states_lock:
+            idle = _idle.get(device)
+            me = idle.pop() if idle else None
+        me = mine[device] = me or _Thread(cp)
         with _states_lock:
             _states.add(me)
+        weakref.finalize(_local.sentinel, _retire, device, me)
     return me
+
+
+def _retire(device: int, me: _Thread) -> None:
+    """A thread has ended: its state (stream, event, buffer) waits for the next new thread on `device`."""
+    if me.pending:  # (interrupted twice: its copies were never waited for)
+        try:
+            me.stream.synchronize()
+            me.pending = False
+        except Exception:  # noqa: BLE001 - a broken context: the state is dropped, not handed on
+            return
+    with _states_lock:
+        _idle.setdefault(device, []).append(me)
 
 
 def release() -> None:
@@ -91,6 +118,7 @@ def release() -> None:
     with _states_lock:
         for me in list(_states):
             me.pinned = None
+        _idle.clear()  # the ended threads' states go (their streams with them)
 
 
 def _address(x) -> int:
