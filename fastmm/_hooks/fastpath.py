@@ -21,6 +21,7 @@ import numpy as np
 from .._dispatch import products as _dispatch
 from .._runtime import arrays as _arrays
 from . import hostmem as _hostmem
+from .staged import _on_host
 
 __all__ = ["matmul", "release", "MAX_BYTES"]
 
@@ -123,10 +124,6 @@ def release() -> None:
 
 def _address(x) -> int:
     return x.__array_interface__["data"][0]
-
-
-def _on_host(x) -> bool:
-    return isinstance(x, np.ndarray) and not isinstance(x, _arrays.cupy().ndarray)
 
 
 def _wait(event) -> None:

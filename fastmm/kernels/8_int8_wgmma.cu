@@ -52,26 +52,27 @@ static_assert(STAGES >= 2, "a stage filling while another is read");
 static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgroup copying");
 static_assert(!PERSISTENT || CLUSTER == 1, "persistent blocks walk tiles alone");
 
-// Two consecutive int32 of one row of C at column n (even): one 8-byte store when both lie inside C and C's rows
-// allow it, else up to two guarded stores.
-__device__ __forceinline__ void store_int2(int* crow, int n, int N, int x, int y, bool vec)
-{
-    if (vec && n + 1 < N) {
-        *reinterpret_cast<int2*>(crow + n) = make_int2(x, y);
-    } else {
-        if (n < N) crow[n] = x;
-        if (n + 1 < N) crow[n + 1] = y;
-    }
-}
+// C's elements: int32 sums, or (RESIDUES) their residues, one byte each; Pair two of them side by side.
+#if RESIDUES
+typedef unsigned char Out;
+typedef uchar2 Pair;
+#else
+typedef int Out;
+typedef int2 Pair;
+#endif
 
-// The same for two bytes (RESIDUES): values in [0, 256).
-__device__ __forceinline__ void store_byte2(unsigned char* crow, int n, int N, int x, int y, bool vec)
+// Two consecutive elements of one row of C at column n (even): one store of a Pair when both lie inside C and C's
+// rows allow it, else up to two guarded stores.
+__device__ __forceinline__ void store_pair(Out* crow, int n, int N, int x, int y, bool vec)
 {
     if (vec && n + 1 < N) {
-        *reinterpret_cast<uchar2*>(crow + n) = make_uchar2((unsigned char)x, (unsigned char)y);
+        Pair pair;
+        pair.x = (Out)x;
+        pair.y = (Out)y;
+        *reinterpret_cast<Pair*>(crow + n) = pair;
     } else {
-        if (n < N) crow[n] = (unsigned char)x;
-        if (n + 1 < N) crow[n + 1] = (unsigned char)y;
+        if (n < N) crow[n] = (Out)x;
+        if (n + 1 < N) crow[n + 1] = (Out)y;
     }
 }
 
@@ -97,14 +98,14 @@ __device__ __forceinline__ void release_stage(unsigned empty, int warp)
 __device__ __forceinline__ void epilogue(int (&acc)[NREG], void* C_, int M, int N, long long c_sm, int z,
                                          int batch_inner, long long c_sb0, long long c_sb1, int m, int n)
 {
+    Out* const c = reinterpret_cast<Out*>(C_) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
+    const bool vec = reinterpret_cast<unsigned long long>(c) % sizeof(Pair) == 0 && c_sm % 2 == 0;
 #if RESIDUES
     // Each sum modulo batch item z's modulus, in [0, modulus): one byte for the reconstruction pass to read.
     constexpr int moduli[NMODULI] = {MODULI};
     int modulus = moduli[0];
 #pragma unroll
     for (int i = 1; i < NMODULI; ++i) modulus = z == i ? moduli[i] : modulus;
-    unsigned char* const c = reinterpret_cast<unsigned char*>(C_) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-    const bool vec = reinterpret_cast<unsigned long long>(c) % 2 == 0 && c_sm % 2 == 0;
     // By a reciprocal in double (the quotient of |sum| < 2^31 off by at most one, then corrected). This epilogue
     // costs the kernel 5-8% against int32 stores at 8192^3 and 16384^3 (H100), repaid by the reconstruction
     // reading a quarter of the bytes (docs/kernels/ozaki.md).
@@ -115,20 +116,12 @@ __device__ __forceinline__ void epilogue(int (&acc)[NREG], void* C_, int M, int 
         r += r < 0 ? modulus : 0;
         acc[i] = r >= modulus ? r - modulus : r;
     }
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-        if (m < M) store_byte2(c + (long long)m * c_sm, n + 8 * j, N, acc[4 * j], acc[4 * j + 1], vec);
-        if (m + 8 < M) store_byte2(c + (long long)(m + 8) * c_sm, n + 8 * j, N, acc[4 * j + 2], acc[4 * j + 3], vec);
-    }
-#else
-    int* const c = reinterpret_cast<int*>(C_) + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
-    const bool vec = reinterpret_cast<unsigned long long>(c) % 8 == 0 && c_sm % 2 == 0;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-        if (m < M) store_int2(c + (long long)m * c_sm, n + 8 * j, N, acc[4 * j], acc[4 * j + 1], vec);
-        if (m + 8 < M) store_int2(c + (long long)(m + 8) * c_sm, n + 8 * j, N, acc[4 * j + 2], acc[4 * j + 3], vec);
-    }
 #endif
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        if (m < M) store_pair(c + (long long)m * c_sm, n + 8 * j, N, acc[4 * j], acc[4 * j + 1], vec);
+        if (m + 8 < M) store_pair(c + (long long)(m + 8) * c_sm, n + 8 * j, N, acc[4 * j + 2], acc[4 * j + 3], vec);
+    }
 }
 
 // Block tile number `lin` of a gx x gy grid of cluster tiles (gy rows of clusters) in the launch order: groups of GROUP
