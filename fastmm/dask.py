@@ -19,6 +19,7 @@ Examples
 from __future__ import annotations
 
 import copy
+import threading
 
 import numpy as np
 
@@ -295,13 +296,57 @@ def _identity(x):
     return x
 
 
-def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, nk: int, a, b) -> None:
-    """Output block (i, j)'s tasks: its K summed in a fixed order into the block, ``a(i, k) @ b(k, j)`` for k = 0 ..
-    nk - 1 (a and b give the operands' keys), the last sum named (name, i, j)."""
-    tasks[(acc, i, j, 0)] = (np.matmul, a(i, 0), b(0, j))
-    for k in range(1, nk):
-        tasks[(acc, i, j, k)] = (_multiply_add, (acc, i, j, k - 1), a(i, k), b(k, j))
-    tasks[(name, i, j)] = (_identity, (acc, i, j, nk - 1))
+_streams = threading.local()
+
+
+def _task_stream():
+    """This thread's non-blocking stream on the current GPU (made once per thread and GPU)."""
+    cp = _dispatch._cupy()
+    by_device = _streams.__dict__.setdefault("by_device", {})
+    device = cp.cuda.runtime.getDevice()
+    if device not in by_device:
+        by_device[device] = cp.cuda.Stream(non_blocking=True)
+    return by_device[device]
+
+
+def _finished(fn, *args):
+    """fn(*args), its GPU work done when the task returns, on a stream of the task's own.
+
+    A planned product's tasks end with their result computed, not queued: distributed sends a finished task's
+    device result to other workers at once, and UCX's sender and receiver wait for the legacy default stream
+    first, in the worker's event loop. Queued on that stream, a worker's products (tasks run ahead of their
+    kernels) held every transfer from or to it until the queue drained; on a non-blocking stream they hold none,
+    and a task waits for its own kernels only (docs/dask.md). The stream first waits, on the GPU, for what the
+    legacy stream has queued, so operands made there by other tasks are complete before they are read."""
+    cp = _dispatch._cupy()
+    if not any(isinstance(a, cp.ndarray) for a in args):  # host chunks: NumPy's product
+        return fn(*args)
+    stream = _task_stream()
+    stream.wait_event(cp.cuda.Stream.null.record())
+    with stream:
+        out = fn(*args)
+    stream.synchronize()
+    return out
+
+
+def _k_order(nk: int, local=lambda k: 0, start: int = 0) -> list[int]:
+    """The order in which an output block sums its K blocks: those whose operands its GPU holds first (`local(k)`:
+    how many of the two), so that its first products need no transfer while the others arrive, then from `start`
+    on, so that blocks sharing a GPU do not all wait for the same remote block at once. Fixed by the plan: the same
+    product gives the same bits."""
+    return sorted(range(nk), key=lambda k: (-local(k), (k - start) % nk))
+
+
+def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[int], a, b, run=()) -> None:
+    """Output block (i, j)'s tasks: its K summed into the block in `order`, ``a(i, k) @ b(k, j)`` for k in `order`
+    (a and b give the operands' keys), the last sum named (name, i, j). `run` = (_finished,) runs each product on
+    a stream of the task's own, finished when the task returns (a cluster's workers); () as called (one process,
+    where the threaded scheduler's tasks share CuPy's stream and its memory pool)."""
+    first = order[0]
+    tasks[(acc, i, j, 0)] = (*run, np.matmul, a(i, first), b(first, j))
+    for step, k in enumerate(order[1:], 1):
+        tasks[(acc, i, j, step)] = (*run, _multiply_add, (acc, i, j, step - 1), a(i, k), b(k, j))
+    tasks[(name, i, j)] = (_identity, (acc, i, j, len(order) - 1))
 
 
 def _chained(x, y) -> _da.Array:
@@ -316,7 +361,8 @@ def _chained(x, y) -> _da.Array:
     tasks: dict = {}
     for i in range(len(x.chunks[0])):
         for j in range(len(y.chunks[1])):
-            _sum_over_k(tasks, name, acc, i, j, nk, lambda i, k: (x.name, i, k), lambda k, j: (y.name, k, j))
+            _sum_over_k(tasks, name, acc, i, j, list(range(nk)), lambda i, k: (x.name, i, k),
+                        lambda k, j: (y.name, k, j))
     graph = HighLevelGraph.from_collections(name, tasks, dependencies=[x, y])
     return _da.Array(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype),
                      meta=getattr(x, "_meta", None))
@@ -387,10 +433,29 @@ def matmul(x, y, workers=None, **model):
         homes[w][(home_a, i, k)] = (_identity, (x.name, i, k))
     for (k, j), w in b_homes.items():
         homes[w][(home_b, k, j)] = (_identity, (y.name, k, j))
-    for i in range(len(product.rows)):
-        for j in range(len(product.cols)):
-            _sum_over_k(tasks[placement.owner(i, j)], name, acc, i, j, nk,  # on the block's owner
-                        lambda i, k: (home_a, i, k), lambda k, j: (home_b, k, j))
+    # Each block a GPU needs from another is fetched by a task of its own on that GPU, ready as soon as the block
+    # exists: its transfer starts at once and overlaps the products, where a product's own dependency would be
+    # fetched only when the product before it in the K sum had finished.
+    in_a, in_b = name + "-in-a", name + "-in-b"
+
+    def a_key(w, i, k):
+        if a_homes[i, k] == w:
+            return (home_a, i, k)
+        tasks[w].setdefault((in_a, w, i, k), (_identity, (home_a, i, k)))
+        return (in_a, w, i, k)
+
+    def b_key(w, k, j):
+        if b_homes[k, j] == w:
+            return (home_b, k, j)
+        tasks[w].setdefault((in_b, w, k, j), (_identity, (home_b, k, j)))
+        return (in_b, w, k, j)
+
+    for i in rows:
+        for j in cols:
+            w = placement.owner(i, j)  # K summed on the block's owner, its own blocks first
+            order = _k_order(nk, lambda k: (a_homes[i, k] == w) + (b_homes[k, j] == w), start=i + j)
+            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: a_key(w, i, k), lambda k, j: b_key(w, k, j),
+                        run=(_finished,))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).

@@ -89,7 +89,7 @@ def test_dask_bench_measures_one_two_four_and_all_gpus():
 
     assert gpu_counts(1) == [1] and gpu_counts(2) == [1, 2] and gpu_counts(4) == [1, 2, 4]
     assert gpu_counts(6) == [1, 2, 4, 6] and gpu_counts(8) == [1, 2, 4, 8]
-    assert KINDS == ("fastmm", "cupy", "planned")
+    assert KINDS == ("fastmm", "cupy", "planned", "planned-cupy")
 
 
 def test_dask_bench_names_a_protocol_it_cannot_use():
@@ -149,7 +149,7 @@ def test_dask_bench_refuses_an_unknown_graph_kind_before_any_work():
             "runpy.run_module('fastmm', run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2, out
-    assert "--dask-kinds: unknown graph kind(s) ['foo']; valid: fastmm, cupy, planned" in out.stderr, out.stderr
+    assert "--dask-kinds: unknown graph kind(s) ['foo']; valid: fastmm, cupy, planned, planned-cupy" in out.stderr, out.stderr
 
 
 def test_each_bench_worker_sees_every_gpu_its_own_first(monkeypatch):

@@ -111,6 +111,37 @@ def test_the_graph_pins_each_task_and_moves_what_the_plan_says(rng):
     assert "a 2 x 2 grid of GPUs" in fd.explain(x, y, WORKERS, **model)
 
 
+def test_each_gpu_fetches_its_remote_blocks_at_once_and_sums_its_own_first(rng):
+    """A block a GPU needs from another is fetched by a task of its own there, which needs nothing but the block: the
+    transfer starts when the block exists, not when the K sum reaches it. Each output block's K sum starts with the
+    blocks its GPU holds (as many as any K block offers), and still sums every K block exactly once."""
+    x = da.from_array(rng.standard_normal((400, 300)), chunks=(100, 50))
+    y = da.from_array(rng.standard_normal((300, 500)), chunks=(50, 125))
+    model = {"flops_per_s": 1e3}
+    z = fd.matmul(x, y, workers=WORKERS, **model)
+    plan = fd._plan(x, y, len(WORKERS), model)
+    where, deps = _pinned(z.dask)
+    fetches = [key for key in where if key[0].endswith(("-in-a", "-in-b"))]
+    assert fetches
+    for key in fetches:
+        (dep,) = deps[key]  # the home block alone
+        assert dep[0].endswith(("-a", "-b")) and where[dep] != where[key] == WORKERS[key[1]]
+    assert len(fetches) == len(set((where[k], deps[k].pop()) for k in fetches))  # once per GPU and block
+    nk, local_first = len(x.chunks[1]), 0
+    acc = next(key[0] for key in where if key[0].endswith("-sum"))
+    for i in range(len(x.chunks[0])):
+        for j in range(len(y.chunks[1])):
+            steps = [deps[(acc, i, j, step)] for step in range(nk)]
+            a_used = sorted(dep[-1] for d in steps for dep in d if dep[0].endswith(("-a", "-in-a")))
+            b_used = sorted(dep[-2] for d in steps for dep in d if dep[0].endswith(("-b", "-in-b")))
+            assert a_used == b_used == list(range(nk))  # every K block once
+            # The first product fetches as few operands as any K block would need.
+            p, w = plan.placement, plan.placement.owner(i, j)
+            fewest = min((p.a_home(i, k, plan.product) != w) + (p.b_home(k, j, plan.product) != w) for k in range(nk))
+            local_first += sum(dep[0].endswith(("-in-a", "-in-b")) for dep in steps[0]) == fewest
+    assert plan.placement.kind == "grid" and local_first == 16
+
+
 def test_over_tcp_the_plan_keeps_a_product_on_one_gpu_that_ucx_would_split():
     """The link's default rate follows the workers' protocol: blocks between GPUs cost 15 times more through host
     memory (TCP) than device to device (UCX), so 32768^3 in 8192^2 blocks splits over UCX and stays whole over TCP."""

@@ -88,6 +88,31 @@ def test_a_chunk_reuses_memory_only_after_the_kernels_that_read_its_last_owner(r
         _close(y, b)
 
 
+def test_a_planned_task_reads_operands_still_queued_and_returns_its_result_finished(rng):
+    """fastmm.dask.matmul's tasks on a cluster run on a non-blocking stream of their own (so that the workers'
+    transfers, which wait for the legacy default stream, do not wait for queued products) and return finished:
+    an operand whose kernels are still queued on the legacy stream is read complete, and the result is done."""
+    a = fastmm.asarray(cp.zeros((2048, 2048), cp.float32))
+    b = fastmm.asarray(rng.standard_normal((2048, 2048)).astype(np.float32))
+    streams = []
+
+    def product(x, y):
+        streams.append(cp.cuda.get_current_stream())
+        return x @ y
+
+    for _ in range(200):  # some milliseconds of kernels queued ahead on the legacy stream
+        a += 1.0 / 200
+    got = fd._finished(product, a, b)
+    (stream,) = streams
+    assert stream.ptr != 0 and stream.done and stream is fd._task_stream()
+    assert type(got) is fastmm.ndarray
+    want = b.astype(cp.float64).sum(axis=0)  # every row of a is one
+    _close(got[0], want, tol=1e-4)
+    _close(got[-1], want, tol=1e-4)
+    host = rng.standard_normal((3, 3))
+    assert np.array_equal(fd._finished(np.matmul, host, host), host @ host)  # host chunks: NumPy's, as called
+
+
 @pytest.mark.parametrize("gpus", [2, 4])
 def test_products_on_a_local_cluster_of_gpus(gpus, rng):
     """One worker per GPU (dask-cuda's LocalCUDACluster, or the same made of distributed's nannies): Dask's own graph

@@ -377,9 +377,10 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
     p.add_argument("--dask-protocol", default="tcp,ucx",
                    help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
-    p.add_argument("--dask-kinds", default="fastmm,cupy,planned",
+    p.add_argument("--dask-kinds", default="fastmm,cupy,planned,planned-cupy",
                    help="--dask: the cluster's graphs, comma-separated: fastmm (Dask's graph, fastmm chunks), cupy "
-                        "(the same, CuPy chunks), planned (fastmm.dask.matmul); default: all three")
+                        "(the same, CuPy chunks), planned (fastmm.dask.matmul, fastmm chunks), planned-cupy (the "
+                        "same, CuPy chunks); default: all four")
     p.add_argument("--plot", default=None, help="also draw TFLOP/s against size per kernel into this PNG")
 
 
