@@ -175,8 +175,9 @@ def link_rate(client, nbytes: int = 256 << 20, trials: int = 4) -> float:
     return nbytes / sorted(times)[len(times) // 2]
 
 
-def _on_gpus(n: int, chunk: int, seed: int):
-    """An (n, n) float32 Dask array of CuPy chunks made on the workers' GPUs."""
+def _on_gpus(n: int, chunk: int, seed: int, name: str | None = None):
+    """An (n, n) float32 Dask array of CuPy chunks made on the workers' GPUs (its keys named `name`: a graph made
+    again under the keys of one just cancelled is cancelled with it)."""
     import cupy as cp
     import dask.array as da
 
@@ -188,7 +189,7 @@ def _on_gpus(n: int, chunk: int, seed: int):
 
     meta = cp.empty((0, 0), cp.float32) if cp.cuda.is_available() else None
     return da.map_blocks(block, chunks=((chunk,) * (n // chunk), (chunk,) * (n // chunk)), dtype=np.float32,
-                         meta=meta)
+                         meta=meta, name=name)
 
 
 def _clear_log(dask_worker) -> None:
@@ -305,7 +306,7 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                 rows.append({"what": f"link ({protocol})", "protocol": protocol, "gpus": gpus, "link": rate})
             for n in n_cluster:
                 for kind in kinds:
-                    x = _on_gpus(n, chunk, seed=3)
+                    x = _on_gpus(n, chunk, seed=3, name=f"fastmm-bench-operand-{protocol}-{gpus}-{n}-{kind}")
                     if not kind.endswith("cupy"):
                         x = fd.from_array(x)
                     x = x.persist()
