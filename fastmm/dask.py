@@ -170,17 +170,29 @@ def _workers(workers):
 
 def _who_has(arrays) -> dict:
     """For the chunks of `arrays` already in a cluster's memory (persisted operands), the addresses of the workers
-    that hold each; {} where there is no client or nothing is held."""
+    that hold each; {} where there is no client or nothing is held.
+
+    A chunk made from one held chunk alone (``x.T`` of a persisted ``x``, a cast, a scaling) counts as held where
+    that chunk is: made there, it moves nowhere, where the plan's home for it would first fetch its source."""
     try:
         from distributed import futures_of, get_client
 
         client = get_client()
     except (ImportError, ValueError):
         return {}
-    who = {}
-    for array in arrays:
-        if futures_of(array):  # persisted: its chunks are futures
-            who.update(client.who_has(array))
+    futures = [f for array in arrays for f in futures_of(array)]
+    if not futures:
+        return {}
+    who = {key: list(holders) for key, holders in client.who_has(futures).items() if holders}
+    from dask.core import get_dependencies
+
+    for array in arrays:  # in order: y = x.T's chunks come from x's
+        graph = dict(array.__dask_graph__())
+        for key in _flat_keys(array):
+            if key not in who and key in graph:
+                sources = get_dependencies(graph, key)
+                if len(sources) == 1 and next(iter(sources)) in who:
+                    who[key] = who[next(iter(sources))]
     return who
 
 

@@ -274,6 +274,24 @@ def test_persisted_operands_move_only_to_the_workers_that_need_them():
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
 
 
+def test_a_chunk_made_from_one_persisted_chunk_lives_where_that_chunk_is():
+    """x @ x.T with x persisted: each chunk of x.T (a transpose of one of x's) counts as held by x's chunk's worker,
+    so the plan makes it there instead of first moving x's chunk to the plan's home for it; a chunk made from two
+    does not."""
+    with _four_workers() as (distributed, client, addresses, x, y, model):
+        x = client.persist(x)
+        distributed.wait(x)
+        xt, mixed = x.T, x[:300, :300] + x.T[:300, :300]
+        who = fd._who_has((x, xt, mixed))
+        held = client.who_has(x)
+        for (name, k, j) in fd._flat_keys(xt):
+            assert who[(name, k, j)] == list(held[(x.name, j, k)])
+        assert all(key in who for key in fd._flat_keys(x))
+        assert not any(key in who for key in fd._flat_keys(mixed))
+        z = client.persist(fd.matmul(x, xt, workers=addresses, **model))
+        assert np.allclose(z.compute(), x.compute() @ x.compute().T, rtol=1e-12, atol=1e-10)
+
+
 def _needers(x, y, plan):
     """(key, bytes, workers that need it) for every operand chunk under `plan`."""
     p, product = plan.placement, plan.product

@@ -245,7 +245,8 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     def add(row):  # each row printed as soon as it is measured: a run cut short keeps what it has
         row["tflops"] = 2 * row["n"] ** 3 / row["seconds"] / 1e12
         rows.append(row)
-        print(f"  {row['what']:62s} {row['seconds']:8.2f} s  {row['tflops']:7.1f} TFLOP/s", flush=True)
+        moved_ = f"  {row['moved'] / 2**30:6.2f} GiB between GPUs" if row.get("gpus", 1) > 1 and "moved" in row else ""
+        print(f"  {row['what']:62s} {row['seconds']:8.2f} s  {row['tflops']:7.1f} TFLOP/s{moved_}", flush=True)
 
     # 1. In memory, one GPU (--dask-n-memory 0: skipped).
     if n_in > 0:
