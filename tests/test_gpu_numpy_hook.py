@@ -289,7 +289,7 @@ def test_the_warm_up_starts_the_device_and_a_forked_child_still_gets_right_resul
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the forked child: status {status}"
         assert np.allclose(a @ b, want, rtol=1e-4, atol=1e-3)
-        assert fastmm.numpy_hook_status()["float32"]["on_gpu"] >= 1
+        assert fastmm.numpy_hook_status()["by_dtype"]["float32"]["on_gpu"] >= 1
         print("ok")
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
