@@ -384,7 +384,9 @@ def matmul(x, y, workers=None, **model):
     """``x @ y`` for 2-D Dask arrays, with each output block computed on a planned GPU of a distributed cluster.
 
     The plan (see `explain`) puts each input block on one GPU and computes each output block, K summed in a fixed
-    order, on the GPU that holds its inputs' rows or columns: a 2-D grid of GPUs, a 1-D split with the smaller
+    order (the blocks its GPU holds first), on the GPU that holds its inputs' rows or columns; each block a GPU needs
+    from another is fetched as soon as it exists, and each product runs on a stream of the task's own and is finished
+    when its task returns (docs/dask.md, "What keeps the GPUs busy"): a 2-D grid of GPUs, a 1-D split with the smaller
     operand sent to every GPU once, or one GPU where splitting would not pay for the bytes it moves. Without a
     distributed client (Dask's local scheduler, an out-of-core product on one GPU), or with one worker, it is
     ``x @ y`` with each output block's K summed in a fixed order into the block, one block product at a time, where
@@ -401,8 +403,7 @@ def matmul(x, y, workers=None, **model):
     flops_per_s, link_bytes_per_s : float, optional
         The time model's rate of one GPU, and the rate at which a GPU takes in blocks from the others (defaults: an
         H100's FP32 rate through fastmm's kernels; 15 GB/s where the workers talk UCX, 1 GB/s over TCP, as measured
-        on four H100s joined by NVLink, with chunks crossing through host memory either way); set them to your GPUs'
-        and interconnect's.
+        on four GPUs joined by NVLink); set them to your GPUs' and interconnect's.
 
     Returns
     -------

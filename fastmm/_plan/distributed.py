@@ -17,10 +17,9 @@ import dataclasses
 __all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "plan_distributed",
            "describe_distributed"]
 
-# Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which a GPU took in its
-# operands' blocks in planned products on four H100s joined by NVLink, by the cluster's protocol: UCX and TCP, both
-# through host memory there (each worker saw only its own GPU, so UCX could not map the others'). docs/dask.md has
-# the measurement; UCX with NVLink mapping, still to measure, should be faster.
+# Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which one transfer brought a
+# GPU an operand's block in planned products on four GPUs joined by NVLink, by the cluster's protocol: UCX (12-16 GB/s
+# with NVLink mapped; 8-21 through host memory) and TCP (about 1 GB/s). docs/dask.md has the measurements.
 FLOPS_PER_S = 50e12
 LINK_BYTES_PER_S = {"ucx": 15e9, "tcp": 1e9}
 
