@@ -196,16 +196,45 @@ def _who_has(arrays) -> dict:
     return who
 
 
-def _holding_most(arrays, who: dict, addresses: list[str]) -> list[str]:
-    """`addresses` with the worker that holds the most bytes of `arrays`' chunks (`who`, see _who_has) first (as
-    given where nothing is held, or no worker holds more than the first)."""
-    nbytes = {}
-    for array in arrays:
-        for key, chunk in zip(_flat_keys(array), _chunk_bytes(array)):
-            for address in who.get(key, ()):
-                nbytes[address] = nbytes.get(address, 0) + chunk
-    best = max(range(len(addresses)), key=lambda w: (nbytes.get(addresses[w], 0), -w))
-    return [addresses[best]] + [a for w, a in enumerate(addresses) if w != best]
+def _needers(x, y, product, placement):
+    """(key, bytes, plan places that need it) for every operand chunk of ``x @ y`` under `placement`."""
+    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
+    for i in rows:
+        for k in depth:
+            yield (x.name, i, k), product.a_bytes(i, k), {placement.owner(i, j) for j in cols}
+    for k in depth:
+        for j in cols:
+            yield (y.name, k, j), product.b_bytes(k, j), {placement.owner(i, j) for i in rows}
+
+
+# Up to this many GPUs every arrangement is tried (8! = 40320 sums of 8 numbers); beyond, one place at a time.
+_EVERY_ARRANGEMENT = 8
+
+
+def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list[str]:
+    """`addresses` reordered so that plan place p runs on the worker ``result[p]`` that already holds the most bytes
+    of the operand chunks place p needs (`who`, see _who_has): a chunk held by a worker that needs it moves to the
+    others that need it, one held elsewhere moves once more. As given where nothing is held; for one GPU, the worker
+    that holds the most."""
+    index = {address: w for w, address in enumerate(addresses)}
+    n = len(addresses)
+    gain = [[0] * n for _ in range(n)]  # gain[p][w]: bytes that worker w holds and plan place p needs
+    for key, nbytes, places in _needers(x, y, product, placement):
+        for w in {index[a] for a in who.get(key, ()) if a in index}:
+            for p in places:
+                gain[p][w] += nbytes
+    if not any(map(any, gain)):
+        return list(addresses)
+    if n <= _EVERY_ARRANGEMENT:
+        import itertools
+
+        best = max(itertools.permutations(range(n)), key=lambda order: sum(gain[p][w] for p, w in enumerate(order)))
+    else:  # the places that gain most choose first
+        best, free = [None] * n, set(range(n))
+        for p in sorted(range(n), key=lambda p: -max(gain[p])):
+            best[p] = max(sorted(free), key=lambda w: gain[p][w])
+            free.remove(best[p])
+    return [addresses[w] for w in best]
 
 
 def _flat_keys(array) -> list:
@@ -422,9 +451,9 @@ def matmul(x, y, workers=None, **model):
     plan = _plan(x, y, len(addresses), model, addresses)
     product, placement = plan.product, plan.placement
     who = _who_has((x, y))
-    if placement.kind == "one":
-        # The one GPU is the worker that already holds most of the operands (persisted), so that fewest move to it.
-        addresses = _holding_most((x, y), who, addresses)
+    # Each place of the plan (the one GPU, a row of the split, a place of the grid) on the worker that already holds
+    # most of what it needs (persisted operands), so that fewest bytes move.
+    addresses = _arranged(x, y, product, placement, who, addresses)
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
     home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
     homes: list[dict] = [{} for _ in addresses]

@@ -267,10 +267,15 @@ def test_persisted_operands_move_only_to_the_workers_that_need_them():
         z = client.persist(fd.matmul(x, y, workers=addresses, **model))
         distributed.wait(z)
         moved, _ = dask_bench.moved(client)
-        # Dask spreads the persisted chunks as it likes: those on a worker that does not need them move once more.
-        misplaced = sum(nbytes for key, nbytes, needers in _needers(x, y, plan)
-                        if not set(who[key]) & {addresses[w] for w in needers})
+        # Dask spreads the persisted chunks as it likes: the plan's places go to the workers that hold most of what
+        # each needs, and a chunk still on a worker that does not need it moves once more.
+        arranged = fd._arranged(x, y, plan.product, plan.placement, who, addresses)
+        misplaced = sum(nbytes for key, nbytes, needers in fd._needers(x, y, plan.product, plan.placement)
+                        if not set(who[key]) & {arranged[w] for w in needers})
         assert moved == sum(plan.received) + misplaced
+        identity = sum(nbytes for key, nbytes, needers in fd._needers(x, y, plan.product, plan.placement)
+                       if not set(who[key]) & {addresses[w] for w in needers})
+        assert misplaced <= identity
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
 
 
@@ -292,16 +297,27 @@ def test_a_chunk_made_from_one_persisted_chunk_lives_where_that_chunk_is():
         assert np.allclose(z.compute(), x.compute() @ x.compute().T, rtol=1e-12, atol=1e-10)
 
 
-def _needers(x, y, plan):
-    """(key, bytes, workers that need it) for every operand chunk under `plan`."""
-    p, product = plan.placement, plan.product
-    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
-    for i in rows:
-        for k in depth:
-            yield (x.name, i, k), product.a_bytes(i, k), {p.owner(i, j) for j in cols}
-    for k in depth:
-        for j in cols:
-            yield (y.name, k, j), product.b_bytes(k, j), {p.owner(i, j) for i in rows}
+def test_each_place_of_the_plan_goes_to_the_worker_holding_most_of_what_it_needs():
+    """Persisted operands spread as Dask put them: the plan's places are given to the workers so that the bytes
+    already held by a worker that needs them are the most any arrangement gives; as given where nothing is held."""
+    import itertools
+
+    x = da.ones((400, 400), chunks=100)
+    y = da.ones((400, 400), chunks=100)
+    plan = fd._plan(x, y, 4, {"flops_per_s": 1e3})
+    assert plan.placement.kind == "grid"
+    assert fd._arranged(x, y, plan.product, plan.placement, {}, WORKERS) == WORKERS
+    chunks = list(fd._needers(x, y, plan.product, plan.placement))
+    for seed in range(5):
+        pick = np.random.default_rng(seed).integers(0, 4, len(chunks))
+        who = {key: [WORKERS[w]] for (key, _, _), w in zip(chunks, pick)}
+
+        def held_by_a_needer(order):
+            return sum(nbytes for key, nbytes, places in chunks if {order[p] for p in places} & set(who[key]))
+
+        arranged = fd._arranged(x, y, plan.product, plan.placement, who, WORKERS)
+        assert sorted(arranged) == WORKERS
+        assert held_by_a_needer(arranged) == max(map(held_by_a_needer, itertools.permutations(WORKERS)))
 
 
 def test_a_product_kept_on_one_gpu_runs_where_its_operands_already_are():
