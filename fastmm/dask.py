@@ -359,9 +359,9 @@ def _finished(fn, *args):
     kernels) held every transfer from or to it until the queue drained; on a non-blocking stream they hold none,
     and a task waits for its own kernels only (docs/dask.md). The stream first waits, on the GPU, for what the
     legacy stream has queued, so operands made there by other tasks are complete before they are read."""
-    cp = _dispatch._cupy()
-    if not any(isinstance(a, cp.ndarray) for a in args):  # host chunks: NumPy's product
+    if not any(hasattr(a, "__cuda_array_interface__") for a in args):  # host chunks: NumPy's product, as called
         return fn(*args)
+    cp = _dispatch._cupy()
     stream = _task_stream()
     stream.wait_event(cp.cuda.Stream.null.record())
     with stream:
