@@ -187,6 +187,8 @@ def cmd_bench(args) -> int:
 
         try:
             parse_kinds(args.dask_kinds)
+            if args.dask_threads < 1:
+                raise ValueError(f"--dask-threads must be at least 1 (got {args.dask_threads})")
         except ValueError as e:
             print(f"python -m fastmm bench: error: {e}", file=sys.stderr)
             return 2

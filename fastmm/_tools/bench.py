@@ -375,6 +375,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-gpu-limit", type=float, default=10.0,
                    help="--dask: GiB of GPU memory the out-of-core product may use (CuPy's pool limit; default 10)")
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
+    p.add_argument("--dask-threads", type=int, default=1,
+                   help="--dask: threads of each worker (default 1, as dask-cuda's LocalCUDACluster starts them)")
     p.add_argument("--dask-protocol", default="tcp,ucx",
                    help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
     p.add_argument("--dask-kinds", default="fastmm,cupy,planned,planned-cupy",

@@ -89,8 +89,9 @@ def ucx_environment() -> dict[str, str]:
     return {f"DASK_DISTRIBUTED_UCXX__{k.upper().replace('-', '_')}": str(v) for k, v in UCX_NVLINK.items()}
 
 
-def _cluster(gpus: int, protocol: str = "tcp"):
-    """A local cluster with one single-threaded worker per GPU, talking `protocol` (tcp, or ucx over NVLink)."""
+def _cluster(gpus: int, protocol: str = "tcp", threads: int = 1):
+    """A local cluster with one worker per GPU, of `threads` threads (dask-cuda's default: one), talking `protocol`
+    (tcp, or ucx over NVLink)."""
     ucx = protocol == "ucx"
     if ucx:
         import dask
@@ -101,7 +102,7 @@ def _cluster(gpus: int, protocol: str = "tcp"):
     try:
         from dask_cuda import LocalCUDACluster
 
-        return LocalCUDACluster(n_workers=gpus, threads_per_worker=1, protocol=protocol,
+        return LocalCUDACluster(n_workers=gpus, threads_per_worker=threads, protocol=protocol,
                                 **({"enable_nvlink": True, "enable_tcp_over_ucx": True} if ucx else {}))
     except Exception as e:  # noqa: BLE001 - not installed, or a version that does not start here: said, then the same
         if not isinstance(e, ImportError):
@@ -113,7 +114,7 @@ def _cluster(gpus: int, protocol: str = "tcp"):
         # limit (7.9 GiB per worker on our GPU host) spilled 32768^3's chunks to disk (2 TFLOP/s); LocalCUDACluster
         # sets its own device-aware limits.
         host = host_gpus()
-        workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": 0,
+        workers = {i: {"cls": Nanny, "options": {"nthreads": threads, "memory_limit": 0,
                                                  "env": {"CUDA_VISIBLE_DEVICES": visible_devices(i, host),
                                                          **(ucx_environment() if ucx else {})}}}
                    for i in range(gpus)}
@@ -233,7 +234,7 @@ def _timed(fn, warm_up: bool = True) -> float:
 
 
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
-        protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS) -> list[dict]:
+        protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -297,9 +298,9 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
         if missing:
             print(f"  cluster over {protocol}: not measured ({missing})", flush=True)
             continue
-        with _cluster(gpus, protocol) as cluster, Client(cluster) as client:
+        with _cluster(gpus, protocol, threads) as cluster, Client(cluster) as client:
             pools = set(client.run(_rmm_pool, RMM_POOL_SHARE).values()) if protocol == "ucx" else set()
-            print(f"  {type(cluster).__name__}, {gpus} worker(s), {protocol}{'; ' if pools else ''}"
+            print(f"  {type(cluster).__name__}, {gpus} worker(s) of {threads} thread(s), {protocol}{'; ' if pools else ''}"
                   f"{'; '.join(sorted(pools))}", flush=True)
             if gpus > 1:
                 rate = link_rate(client)
@@ -373,7 +374,7 @@ def main(args) -> int:
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
-                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds)
+                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads)
     print_table(rows)
     if args.json:
         import json
