@@ -168,12 +168,17 @@ def _workers(workers):
     return sorted(client.scheduler_info()["workers"])
 
 
+# How many steps back a chunk is followed to the one persisted chunk it is made from (x.T, (2 * x).T, ...).
+_DERIVED_DEPTH = 4
+
+
 def _who_has(arrays) -> dict:
     """For the chunks of `arrays` already in a cluster's memory (persisted operands), the addresses of the workers
     that hold each; {} where there is no client or nothing is held.
 
-    A chunk made from one held chunk alone (``x.T`` of a persisted ``x``, a cast, a scaling) counts as held where
-    that chunk is: made there, it moves nowhere, where the plan's home for it would first fetch its source."""
+    A chunk made from one chunk alone, itself held or made so (``x.T`` of a persisted ``x``, ``(2 * x).T``, up to
+    `_DERIVED_DEPTH` steps), counts as held where that chunk is: made there, it moves nowhere, where the plan's home
+    for it would first fetch its source."""
     try:
         from distributed import futures_of, get_client
 
@@ -186,13 +191,25 @@ def _who_has(arrays) -> dict:
     who = {key: list(holders) for key, holders in client.who_has(futures).items() if holders}
     from dask.core import get_dependencies
 
-    for array in arrays:  # in order: y = x.T's chunks come from x's
-        graph = dict(array.__dask_graph__())
+    graphs = [array.__dask_graph__() for array in arrays if futures_of(array)]
+    unheld = set()
+
+    def holders(key, depth: int = 0):
+        if key in who or key in unheld or depth == _DERIVED_DEPTH:
+            return who.get(key)
+        graph = next((g for g in graphs if key in g), None)
+        sources = get_dependencies(graph, key) if graph is not None else ()
+        if len(sources) != 1:  # made from several chunks, or from none
+            unheld.add(key)
+            return None
+        found = holders(next(iter(sources)), depth + 1)
+        if found:
+            who[key] = found
+        return found
+
+    for array in arrays:
         for key in _flat_keys(array):
-            if key not in who and key in graph:
-                sources = get_dependencies(graph, key)
-                if len(sources) == 1 and next(iter(sources)) in who:
-                    who[key] = who[next(iter(sources))]
+            holders(key)
     return who
 
 
@@ -207,15 +224,48 @@ def _needers(x, y, product, placement):
             yield (y.name, k, j), product.b_bytes(k, j), {placement.owner(i, j) for i in rows}
 
 
-# Up to this many GPUs every arrangement is tried (8! = 40320 sums of 8 numbers); beyond, one place at a time.
-_EVERY_ARRANGEMENT = 8
+def _best_assignment(gain: list[list[int]]) -> list[int]:
+    """The assignment p -> w (a permutation) with the largest total gain[p][w]: the Hungarian method with potentials,
+    O(n^3) for n places and n workers (costs are -gain). On a tie, it is the first found, in a fixed order."""
+    n = len(gain)
+    inf = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    match = [0] * (n + 1)  # match[w] = place (1-based) assigned to worker w, 0: none yet
+    for p in range(1, n + 1):
+        match[0], w0 = p, 0
+        least, way, used = [inf] * (n + 1), [0] * (n + 1), [False] * (n + 1)
+        while match[w0]:
+            used[w0] = True
+            p0, delta, w1 = match[w0], inf, 0
+            for w in range(1, n + 1):
+                if not used[w]:
+                    cost = -gain[p0 - 1][w - 1] - u[p0] - v[w]
+                    if cost < least[w]:
+                        least[w], way[w] = cost, w0
+                    if least[w] < delta:
+                        delta, w1 = least[w], w
+            for w in range(n + 1):
+                if used[w]:
+                    u[match[w]] += delta
+                    v[w] -= delta
+                else:
+                    least[w] -= delta
+            w0 = w1
+        while w0:
+            w1 = way[w0]
+            match[w0] = match[w1]
+            w0 = w1
+    order = [0] * n
+    for w in range(1, n + 1):
+        order[match[w] - 1] = w - 1
+    return order
 
 
 def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list[str]:
-    """`addresses` reordered so that plan place p runs on the worker ``result[p]`` that already holds the most bytes
-    of the operand chunks place p needs (`who`, see _who_has): a chunk held by a worker that needs it moves to the
-    others that need it, one held elsewhere moves once more. As given where nothing is held; for one GPU, the worker
-    that holds the most."""
+    """`addresses` reordered so that plan place p runs on the worker ``result[p]``, the arrangement under which the
+    most bytes of the operand chunks each place needs are already held by that place's worker (`who`, see
+    _who_has): a chunk held by a worker that needs it moves to the others that need it, one held elsewhere moves
+    once more. As given where nothing is held; for one GPU, the worker that holds the most."""
     index = {address: w for w, address in enumerate(addresses)}
     n = len(addresses)
     gain = [[0] * n for _ in range(n)]  # gain[p][w]: bytes that worker w holds and plan place p needs
@@ -225,16 +275,7 @@ def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list
                 gain[p][w] += nbytes
     if not any(map(any, gain)):
         return list(addresses)
-    if n <= _EVERY_ARRANGEMENT:
-        import itertools
-
-        best = max(itertools.permutations(range(n)), key=lambda order: sum(gain[p][w] for p, w in enumerate(order)))
-    else:  # the places that gain most choose first
-        best, free = [None] * n, set(range(n))
-        for p in sorted(range(n), key=lambda p: -max(gain[p])):
-            best[p] = max(sorted(free), key=lambda w: gain[p][w])
-            free.remove(best[p])
-    return [addresses[w] for w in best]
+    return [addresses[w] for w in _best_assignment(gain)]
 
 
 def _flat_keys(array) -> list:
@@ -350,6 +391,14 @@ def _task_stream():
     return by_device[device]
 
 
+def _first_sum(a, b, out):
+    """A block's first product, into `out`: the running sum that the block's later products add to in place."""
+    return np.matmul(a, b, out=out)
+
+
+_first_sum.allocates = True  # _finished gives it `out`, from the legacy stream's memory
+
+
 def _finished(fn, *args):
     """fn(*args), its GPU work done when the task returns, on a stream of the task's own.
 
@@ -358,23 +407,36 @@ def _finished(fn, *args):
     first, in the worker's event loop. Queued on that stream, a worker's products (tasks run ahead of their
     kernels) held every transfer from or to it until the queue drained; on a non-blocking stream they hold none,
     and a task waits for its own kernels only (docs/dask.md). The stream first waits, on the GPU, for what the
-    legacy stream has queued, so operands made there by other tasks are complete before they are read."""
+    legacy stream has queued, so operands made there by other tasks are complete before they are read.
+
+    Memory that outlives the task (a `fn` marked ``allocates``: its result, given to it as `out`) is taken on the
+    legacy stream before that wait. CuPy's pool (and RMM's) hands a freed block out again in the order of the
+    stream it was taken on: from this task's stream, a block freed by Dask while another thread's task still read it
+    on the legacy stream could be written here before that read ran. The task's own temporaries die with it, after
+    the synchronization, so they may come from its stream."""
     if not any(hasattr(a, "__cuda_array_interface__") for a in args):  # host chunks: NumPy's product, as called
-        return fn(*args)
+        return fn(*args[:2], None) if getattr(fn, "allocates", False) else fn(*args)
     cp = _dispatch._cupy()
+    if getattr(fn, "allocates", False):
+        a, b = args
+        with cp.cuda.Stream.null:
+            out = cp.empty((a.shape[0], b.shape[1]), np.result_type(a.dtype, b.dtype))
+        # Of the operands' kind: fastmm's for fastmm chunks, CuPy's (whose products are cuBLAS's) for CuPy chunks.
+        args = (a, b, _array._wrap(out) if isinstance(a, _array.ndarray) else out)
     stream = _task_stream()
     stream.wait_event(cp.cuda.Stream.null.record())
-    with stream:
-        out = fn(*args)
-    stream.synchronize()
-    return out
+    try:
+        with stream:
+            return fn(*args)
+    finally:
+        stream.synchronize()  # also after an error: nothing of the task's left queued on memory Dask may free
 
 
 def _k_order(nk: int, local=lambda k: 0, start: int = 0) -> list[int]:
     """The order in which an output block sums its K blocks: those whose operands its GPU holds first (`local(k)`:
     how many of the two), so that its first products need no transfer while the others arrive, then from `start`
-    on, so that blocks sharing a GPU do not all wait for the same remote block at once. Fixed by the plan: the same
-    product gives the same bits."""
+    on, so that blocks sharing a GPU do not all wait for the same remote block at once. It follows from the plan
+    and from where persisted chunks are: the same product of the same persisted operands gives the same bits."""
     return sorted(range(nk), key=lambda k: (-local(k), (k - start) % nk))
 
 
@@ -384,7 +446,8 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
     a stream of the task's own, finished when the task returns (a cluster's workers); () as called (one process,
     where the threaded scheduler's tasks share CuPy's stream and its memory pool)."""
     first = order[0]
-    tasks[(acc, i, j, 0)] = (*run, np.matmul, a(i, first), b(first, j))
+    start = (*run, _first_sum) if run else (np.matmul,)
+    tasks[(acc, i, j, 0)] = (*start, a(i, first), b(first, j))
     for step, k in enumerate(order[1:], 1):
         tasks[(acc, i, j, step)] = (*run, _multiply_add, (acc, i, j, step - 1), a(i, k), b(k, j))
     tasks[(name, i, j)] = (_identity, (acc, i, j, len(order) - 1))

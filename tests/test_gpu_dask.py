@@ -113,6 +113,42 @@ def test_a_planned_task_reads_operands_still_queued_and_returns_its_result_finis
     assert np.array_equal(fd._finished(np.matmul, host, host), host @ host)  # host chunks: NumPy's, as called
 
 
+def test_a_planned_tasks_result_never_reuses_memory_another_thread_still_reads(rng):
+    """With two threads a worker runs two tasks at once: another task may queue a read of a block on the legacy
+    stream after this task's stream has waited for that stream, and Dask may free the block meanwhile. A planned
+    product's running sum is taken on the legacy stream before the wait, so it cannot be that block while the read
+    is pending: the read sees the block's values (small integers: every sum is exact)."""
+    import threading
+
+    n = 2048
+
+    def ints():
+        return fastmm.asarray(rng.integers(-3, 4, (n, n)).astype(np.float32))
+
+    a, b, c, d = ints(), ints(), ints(), ints()
+    want = (300 * (a.astype(cp.float64) @ b.astype(cp.float64))).astype(cp.float32)
+    held = {"z": fd._finished(fd._first_sum, a, b)}
+    acc = cp.zeros((n, n), cp.float32)
+
+    def other_task():  # reads the block on the legacy stream, queued, and lets it go
+        with cp.cuda.Stream.null:
+            for _ in range(300):
+                cp.add(acc, held["z"], out=acc)
+        del held["z"]
+
+    def first_sum(x, y, out):  # this task, after its stream's wait: the other one runs now
+        other = threading.Thread(target=other_task)
+        other.start()
+        other.join()
+        return np.matmul(x, y, out=out)
+
+    first_sum.allocates = True
+    z2 = fd._finished(first_sum, c, d)
+    cp.cuda.Device().synchronize()
+    assert bool((acc == want).all())
+    assert bool((z2 == c.astype(cp.float64) @ d.astype(cp.float64)).all())
+
+
 @pytest.mark.parametrize("gpus", [2, 4])
 def test_products_on_a_local_cluster_of_gpus(gpus, rng):
     """One worker per GPU (dask-cuda's LocalCUDACluster, or the same made of distributed's nannies): Dask's own graph

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "plan_distributed",
-           "describe_distributed"]
+__all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "resident_bytes",
+           "plan_distributed", "describe_distributed"]
 
 # Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which one transfer brought a
 # GPU an operand's block in planned products on four GPUs joined by NVLink, by the cluster's protocol: UCX (12-16 GB/s
@@ -98,6 +98,23 @@ def received_bytes(product: BlockProduct, placement: Placement) -> list[int]:
     return received
 
 
+def resident_bytes(product: BlockProduct, placement: Placement) -> list[int]:
+    """Bytes each GPU holds at most during the product: the input blocks that live there, those it receives (each
+    fetched as soon as it exists, kept until its last product there) and its output blocks."""
+    held = list(received_bytes(product, placement))
+    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
+    for i in rows:
+        for k in depth:
+            held[placement.a_home(i, k, product)] += product.a_bytes(i, k)
+    for k in depth:
+        for j in cols:
+            held[placement.b_home(k, j, product)] += product.b_bytes(k, j)
+    for i in rows:
+        for j in cols:
+            held[placement.owner(i, j)] += product.rows[i] * product.cols[j] * product.itemsize
+    return held
+
+
 @dataclasses.dataclass(frozen=True)
 class DistributedPlan:
     placement: Placement
@@ -159,8 +176,10 @@ def describe_distributed(plan: DistributedPlan) -> str:
     }[pl.kind]
     per = max(plan.received)
     gain = plan.one_gpu_seconds / plan.seconds if plan.seconds else 1.0
-    return (f"{head}\n  layout  {layout}; each output block's K summed on its owner, in a fixed order\n"
+    held = max(resident_bytes(p, pl))
+    return (f"{head}\n  layout  {layout}; each output block's K summed on its owner, its own blocks first\n"
             f"  moved   {_size(plan.moved)} between GPUs, at most {_size(per)} into one GPU\n"
+            f"  memory  at most {_size(held)} on one GPU (its blocks, those it receives, its output)\n"
             f"  model   {gain:.2f}x one GPU's speed: {plan.compute_seconds * 1e3:.1f} ms of compute on the busiest GPU "
             f"and {per / plan.link_bytes_per_s * 1e3:.1f} ms to receive its inputs "
             f"(assumed: {FLOPS_PER_S / 1e12:.0f} TFLOP/s a GPU, {plan.link_bytes_per_s / 1e9:.0f} GB/s into each GPU)")
