@@ -52,6 +52,29 @@ def test_chunked_products_from_host_memory_on_a_busy_gpu(rng):
         _close((x @ y).compute(scheduler="threads"), want)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_one_gpu_product_sums_each_block_in_order_from_host_chunks(workers, rng):
+    """fastmm.dask.matmul without a cluster, from host chunks on the threaded scheduler (an out-of-core product's
+    graph): ragged chunks, K re-chunked to x's blocks, a transposed operand, GPU work queued ahead of the graph, a
+    capped memory pool; results to the host through to_host, exact to float32 products."""
+    a = rng.standard_normal((1100, 900)).astype(np.float32)
+    b = rng.standard_normal((700, 900)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    x, y = fd.from_array(a, chunks=(300, 250)), fd.from_array(b, chunks=(256, 400))
+    big = cp.ones((4096, 4096), cp.float32)
+    pool = cp.get_default_memory_pool()
+    pool.set_limit(size=pool.total_bytes() + (512 << 20))
+    try:
+        for _ in range(2):
+            for _ in range(8):  # ~10 ms of queued work ahead of the graph's products
+                cp.matmul(big, big)
+            out = np.full(want.shape, np.nan, np.float32)
+            da.store(fd.to_host(fd.matmul(x, y.T)), out, scheduler="threads", num_workers=workers, lock=False)
+            _close(out, want)
+    finally:
+        pool.set_limit(size=0)
+
+
 def test_batched_product_and_results_to_the_host(rng):
     a = rng.standard_normal((6, 200, 150)).astype(np.float32)
     b = rng.standard_normal((6, 150, 170)).astype(np.float32)
