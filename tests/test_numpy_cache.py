@@ -759,7 +759,9 @@ def test_turning_the_hook_off_frees_the_fast_paths_buffers(fast_gpu, rng):
     assert me.pinned is None
 
 
-def test_a_wait_spins_then_sleeps():
+def test_a_wait_spins_then_sleeps(monkeypatch):
+    """Queries while the spin lasts, then a sleeping wait. The spin's length is set here (a loaded machine's
+    scheduler may hold a yielding thread past a millisecond), so that what is tested is the order, not the clock."""
     class Event:
         def __init__(self, ready_after):
             self.queries, self.ready_after, self.slept = 0, ready_after, False
@@ -773,7 +775,9 @@ def test_a_wait_spins_then_sleeps():
             self.slept = True
 
     soon, late = Event(3), Event(10**9)
+    monkeypatch.setattr(_fastpath, "_SPIN_SECONDS", 60.0)
     _fastpath._wait(soon)
+    monkeypatch.setattr(_fastpath, "_SPIN_SECONDS", 1e-3)
     _fastpath._wait(late)
     assert soon.queries == 4 and not soon.slept  # done within the spin: no sleeping wait
     assert late.slept  # past _SPIN_SECONDS: asleep until it is done
