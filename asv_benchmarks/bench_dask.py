@@ -52,10 +52,10 @@ class DaskChunked:
 
 class DaskSeveralGPUs:
     """(16384 x 16384) @ (16384 x 16384)^T in 4096^2 chunks made on the workers, on a local cluster of every GPU
-    (one worker each): Dask's own graph on fastmm chunks and on CuPy chunks, and fastmm.dask.matmul's planned graph.
-    Skipped where the machine has fewer than two GPUs or no distributed."""
+    (one worker each): Dask's own graph and fastmm.dask.matmul's planned graph, each on fastmm chunks and on CuPy
+    chunks. Skipped where the machine has fewer than two GPUs or no distributed."""
 
-    params = (["fastmm", "cupy", "planned"],)
+    params = (["fastmm", "cupy", "planned", "planned-cupy"],)
     param_names = ["graph"]
     timeout = 600
     N, CHUNK = 16384, 4096
@@ -75,7 +75,7 @@ class DaskSeveralGPUs:
         self.cluster = dask_bench._cluster(gpus)
         self.client = Client(self.cluster)
         x = dask_bench._on_gpus(self.N, self.CHUNK, seed=3)
-        self.x = (x if kind == "cupy" else fd.from_array(x)).persist()
+        self.x = (x if kind.endswith("cupy") else fd.from_array(x)).persist()
         wait(self.x)
         self.kind, self.wait, self.fd, self.sync_workers, self.runs = kind, wait, fd, dask_bench._synchronize, 0
         self.product()  # warm-up: kernels compiled on every worker
@@ -89,7 +89,7 @@ class DaskSeveralGPUs:
         self.runs += 1
         xi = self.x.map_blocks(dask_bench_same, name=f"asv-several-{self.kind}-{self.runs}", meta=self.x._meta,
                                dtype=self.x.dtype)
-        y = (self.fd.matmul(xi, xi.T) if self.kind == "planned" else xi @ xi.T).persist()
+        y = (self.fd.matmul(xi, xi.T) if self.kind.startswith("planned") else xi @ xi.T).persist()
         self.wait(y)
         self.client.run(self.sync_workers)  # a task is done when its kernels are queued, not run
         self.client.cancel(y)
