@@ -224,43 +224,6 @@ def _needers(x, y, product, placement):
             yield (y.name, k, j), product.b_bytes(k, j), {placement.owner(i, j) for i in rows}
 
 
-def _best_assignment(gain: list[list[int]]) -> list[int]:
-    """The assignment p -> w (a permutation) with the largest total gain[p][w]: the Hungarian method with potentials,
-    O(n^3) for n places and n workers (costs are -gain). On a tie, it is the first found, in a fixed order."""
-    n = len(gain)
-    inf = float("inf")
-    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
-    match = [0] * (n + 1)  # match[w] = place (1-based) assigned to worker w, 0: none yet
-    for p in range(1, n + 1):
-        match[0], w0 = p, 0
-        least, way, used = [inf] * (n + 1), [0] * (n + 1), [False] * (n + 1)
-        while match[w0]:
-            used[w0] = True
-            p0, delta, w1 = match[w0], inf, 0
-            for w in range(1, n + 1):
-                if not used[w]:
-                    cost = -gain[p0 - 1][w - 1] - u[p0] - v[w]
-                    if cost < least[w]:
-                        least[w], way[w] = cost, w0
-                    if least[w] < delta:
-                        delta, w1 = least[w], w
-            for w in range(n + 1):
-                if used[w]:
-                    u[match[w]] += delta
-                    v[w] -= delta
-                else:
-                    least[w] -= delta
-            w0 = w1
-        while w0:
-            w1 = way[w0]
-            match[w0] = match[w1]
-            w0 = w1
-    order = [0] * n
-    for w in range(1, n + 1):
-        order[match[w] - 1] = w - 1
-    return order
-
-
 def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list[str]:
     """`addresses` reordered so that plan place p runs on the worker ``result[p]``, the arrangement under which the
     most bytes of the operand chunks each place needs are already held by that place's worker (`who`, see
@@ -275,21 +238,15 @@ def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list
                 gain[p][w] += nbytes
     if not any(map(any, gain)):
         return list(addresses)
-    return [addresses[w] for w in _best_assignment(gain)]
+    from ._plan.distributed import best_assignment
+
+    return [addresses[w] for w in best_assignment(gain)]
 
 
 def _flat_keys(array) -> list:
     from dask.core import flatten
 
     return list(flatten(array.__dask_keys__()))
-
-
-def _chunk_bytes(array) -> list[int]:
-    """Bytes of each chunk, in the order of `_flat_keys` (C order over the chunk grid)."""
-    sizes = np.array([1])
-    for axis in array.chunks:
-        sizes = np.multiply.outer(sizes, np.array(axis))
-    return [int(v) * array.dtype.itemsize for v in sizes.ravel()]
 
 
 def _operands(x, y):

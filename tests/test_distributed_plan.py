@@ -9,8 +9,8 @@ import contextlib
 import numpy as np
 import pytest
 
-from fastmm._plan.distributed import (BlockProduct, Placement, candidates, describe_distributed, plan_distributed,
-                                      received_bytes, resident_bytes)
+from fastmm._plan.distributed import (BlockProduct, Placement, best_assignment, candidates, describe_distributed,
+                                      plan_distributed, received_bytes, resident_bytes)
 
 SQUARE = BlockProduct((8192,) * 4, (8192,) * 4, (8192,) * 4)  # 32768^3 in 8192^2 blocks of 256 MiB
 BLOCK = 8192 * 8192 * 4
@@ -53,6 +53,25 @@ def test_the_plan_says_how_much_crosses_between_gpus():
     # Each GPU of the grid: 4 blocks of A and 4 of B of its own, 8 received, 4 of C; one GPU holds all 48.
     assert "memory  at most 5.0 GiB on one GPU (its blocks, those it receives, its output)" in text
     assert resident_bytes(SQUARE, Placement("one", 4)) == [48 * BLOCK, 0, 0, 0]
+
+
+def test_the_arrangement_is_the_best_assignment_at_any_size():
+    """The places-to-workers assignment maximises the bytes already in place: every permutation compared up to six
+    workers, and a hidden best permutation found among sixteen."""
+    import itertools
+
+    rng = np.random.default_rng(7)
+    for n in range(1, 7):
+        for _ in range(20):
+            gain = rng.choice([0, 0, 1, 3, 8], (n, n)).tolist()
+            order = best_assignment(gain)
+            assert sorted(order) == list(range(n))
+            best = max(sum(gain[p][w] for p, w in enumerate(perm)) for perm in itertools.permutations(range(n)))
+            assert sum(gain[p][w] for p, w in enumerate(order)) == best
+    hidden = rng.permutation(16)
+    gain = rng.integers(0, 100, (16, 16))
+    gain[np.arange(16), hidden] = 10_000
+    assert best_assignment(gain.tolist()) == hidden.tolist()
 
 
 def test_a_bad_worker_count_is_a_clear_error():
@@ -323,25 +342,6 @@ def test_each_place_of_the_plan_goes_to_the_worker_holding_most_of_what_it_needs
         arranged = fd._arranged(x, y, plan.product, plan.placement, who, WORKERS)
         assert sorted(arranged) == WORKERS
         assert held_by_a_needer(arranged) == max(map(held_by_a_needer, itertools.permutations(WORKERS)))
-
-
-def test_the_arrangement_is_the_best_assignment_at_any_size():
-    """The places-to-workers assignment maximises the bytes already in place: every permutation compared up to six
-    workers, and a hidden best permutation found among sixteen."""
-    import itertools
-
-    rng = np.random.default_rng(7)
-    for n in range(1, 7):
-        for _ in range(20):
-            gain = rng.choice([0, 0, 1, 3, 8], (n, n)).tolist()
-            order = fd._best_assignment(gain)
-            assert sorted(order) == list(range(n))
-            best = max(sum(gain[p][w] for p, w in enumerate(perm)) for perm in itertools.permutations(range(n)))
-            assert sum(gain[p][w] for p, w in enumerate(order)) == best
-    hidden = rng.permutation(16)
-    gain = rng.integers(0, 100, (16, 16))
-    gain[np.arange(16), hidden] = 10_000
-    assert fd._best_assignment(gain.tolist()) == hidden.tolist()
 
 
 def test_a_product_kept_on_one_gpu_runs_where_its_operands_already_are():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "resident_bytes",
-           "plan_distributed", "describe_distributed"]
+           "plan_distributed", "describe_distributed", "best_assignment"]
 
 # Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which one transfer brought a
 # GPU an operand's block in planned products on four GPUs joined by NVLink, by the cluster's protocol: UCX (12-16 GB/s
@@ -152,6 +152,44 @@ def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float 
         plans.append(DistributedPlan(placement, product, tuple(received), compute,
                                      compute + max(received) / link_bytes_per_s, one, link_bytes_per_s))
     return min(plans, key=lambda p: (p.seconds, p.moved))
+
+
+def best_assignment(gain: list[list[int]]) -> list[int]:
+    """The assignment p -> w (a permutation) with the largest total gain[p][w] (fastmm.dask gives each place of a plan
+    the worker that already holds the most of what it needs): the Hungarian method with potentials, O(n^3) for n
+    places and n workers (costs are -gain). On a tie, it is the first found, in a fixed order."""
+    n = len(gain)
+    inf = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    match = [0] * (n + 1)  # match[w] = place (1-based) assigned to worker w, 0: none yet
+    for p in range(1, n + 1):
+        match[0], w0 = p, 0
+        least, way, used = [inf] * (n + 1), [0] * (n + 1), [False] * (n + 1)
+        while match[w0]:
+            used[w0] = True
+            p0, delta, w1 = match[w0], inf, 0
+            for w in range(1, n + 1):
+                if not used[w]:
+                    cost = -gain[p0 - 1][w - 1] - u[p0] - v[w]
+                    if cost < least[w]:
+                        least[w], way[w] = cost, w0
+                    if least[w] < delta:
+                        delta, w1 = least[w], w
+            for w in range(n + 1):
+                if used[w]:
+                    u[match[w]] += delta
+                    v[w] -= delta
+                else:
+                    least[w] -= delta
+            w0 = w1
+        while w0:
+            w1 = way[w0]
+            match[w0] = match[w1]
+            w0 = w1
+    order = [0] * n
+    for w in range(1, n + 1):
+        order[match[w] - 1] = w - 1
+    return order
 
 
 def _size(nbytes: float) -> str:
