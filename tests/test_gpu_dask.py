@@ -136,6 +136,25 @@ def test_a_planned_task_reads_operands_still_queued_and_returns_its_result_finis
     assert np.array_equal(fd._finished(np.matmul, host, host), host @ host)  # host chunks: NumPy's, as called
 
 
+def test_a_planned_task_that_fails_leaves_nothing_queued_and_the_next_one_runs(rng):
+    """A task whose product fails after queueing work (an out-of-memory midway, say) raises that error, with its
+    stream drained (nothing of it left to read memory that Dask then frees); the worker's next task runs as usual."""
+    a = fastmm.asarray(rng.standard_normal((1024, 1024)).astype(np.float32))
+    streams = []
+
+    def fails(x, y):
+        streams.append(cp.cuda.get_current_stream())
+        for _ in range(50):
+            x @ y  # queued on the task's stream
+        raise cp.cuda.memory.OutOfMemoryError(1 << 40, 0)
+
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError):
+        fd._finished(fails, a, a)
+    assert streams[0].done
+    got = fd._finished(fd._first_sum, a, a)
+    _close(got, a.astype(cp.float64) @ a.astype(cp.float64))
+
+
 def test_a_planned_tasks_result_never_reuses_memory_another_thread_still_reads(rng):
     """With two threads a worker runs two tasks at once: another task may queue a read of a block on the legacy
     stream after this task's stream has waited for that stream, and Dask may free the block meanwhile. A planned
