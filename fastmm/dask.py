@@ -384,9 +384,15 @@ def _finished(fn, *args):
     stream.wait_event(cp.cuda.Stream.null.record())
     try:
         with stream:
-            return fn(*args)
-    finally:
-        stream.synchronize()  # also after an error: nothing of the task's left queued on memory Dask may free
+            result = fn(*args)
+    except BaseException:
+        try:  # nothing of the task's left queued on memory Dask may free
+            stream.synchronize()
+        except Exception:  # noqa: BLE001 - a broken context: the task's own error is the one to report
+            pass
+        raise
+    stream.synchronize()
+    return result
 
 
 def _k_order(nk: int, local=lambda k: 0, start: int = 0) -> list[int]:

@@ -55,24 +55,23 @@ def test_chunked_products_from_host_memory_on_a_busy_gpu(rng):
 @pytest.mark.parametrize("workers", [1, 3])
 def test_the_one_gpu_product_sums_each_block_in_order_from_host_chunks(workers, rng):
     """fastmm.dask.matmul without a cluster, from host chunks on the threaded scheduler (an out-of-core product's
-    graph): ragged chunks, K re-chunked to x's blocks, a transposed operand, GPU work queued ahead of the graph, a
-    capped memory pool; results to the host through to_host, exact to float32 products."""
+    graph): each block's K summed in order into it (no partial products side by side), ragged chunks, K re-chunked
+    to x's blocks, a transposed operand, GPU work queued ahead of the graph; results to the host through to_host,
+    right to float32 products."""
     a = rng.standard_normal((1100, 900)).astype(np.float32)
     b = rng.standard_normal((700, 900)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64).T
     x, y = fd.from_array(a, chunks=(300, 250)), fd.from_array(b, chunks=(256, 400))
     big = cp.ones((4096, 4096), cp.float32)
-    pool = cp.get_default_memory_pool()
-    pool.set_limit(size=pool.total_bytes() + (512 << 20))
-    try:
-        for _ in range(2):
-            for _ in range(8):  # ~10 ms of queued work ahead of the graph's products
-                cp.matmul(big, big)
-            out = np.full(want.shape, np.nan, np.float32)
-            da.store(fd.to_host(fd.matmul(x, y.T)), out, scheduler="threads", num_workers=workers, lock=False)
-            _close(out, want)
-    finally:
-        pool.set_limit(size=0)
+    product = fd.matmul(x, y.T)
+    names = {key[0] for key in dict(product.__dask_graph__()) if isinstance(key, tuple)}
+    assert not any("sum-aggregate" in name or name.startswith("matmul-") for name in names), names
+    for _ in range(2):
+        for _ in range(8):  # ~10 ms of queued work ahead of the graph's products
+            cp.matmul(big, big)
+        out = np.full(want.shape, np.nan, np.float32)
+        da.store(fd.to_host(product), out, scheduler="threads", num_workers=workers, lock=False)
+        _close(out, want)
 
 
 def test_batched_product_and_results_to_the_host(rng):
@@ -123,8 +122,12 @@ def test_a_planned_task_reads_operands_still_queued_and_returns_its_result_finis
         streams.append(cp.cuda.get_current_stream())
         return x @ y
 
-    for _ in range(200):  # some milliseconds of kernels queued ahead on the legacy stream
+    big = cp.ones((4096, 4096), cp.float32)
+    for _ in range(8):  # ~10 ms of kernels queued ahead on the legacy stream, then those that make a
+        cp.matmul(big, big)
+    for _ in range(200):
         a += 1.0 / 200
+    assert not cp.cuda.Stream.null.done  # still queued when the task starts
     got = fd._finished(product, a, b)
     (stream,) = streams
     assert stream.ptr != 0 and stream.done and stream is fd._task_stream()
@@ -146,6 +149,7 @@ def test_a_planned_task_that_fails_leaves_nothing_queued_and_the_next_one_runs(r
         streams.append(cp.cuda.get_current_stream())
         for _ in range(50):
             x @ y  # queued on the task's stream
+        assert not streams[0].done  # still running when the error comes
         raise cp.cuda.memory.OutOfMemoryError(1 << 40, 0)
 
     with pytest.raises(cp.cuda.memory.OutOfMemoryError):
@@ -155,11 +159,13 @@ def test_a_planned_task_that_fails_leaves_nothing_queued_and_the_next_one_runs(r
     _close(got, a.astype(cp.float64) @ a.astype(cp.float64))
 
 
-def test_a_planned_tasks_result_never_reuses_memory_another_thread_still_reads(rng):
+@pytest.mark.parametrize("task", ["first", "add"])
+def test_a_planned_task_never_reuses_memory_another_thread_still_reads(task, rng, monkeypatch):
     """With two threads a worker runs two tasks at once: another task may queue a read of a block on the legacy
-    stream after this task's stream has waited for that stream, and Dask may free the block meanwhile. A planned
-    product's running sum is taken on the legacy stream before the wait, so it cannot be that block while the read
-    is pending: the read sees the block's values (small integers: every sum is exact)."""
+    stream after this task's stream has waited for that stream, and Dask may free the block meanwhile. Neither the
+    running sum a task keeps (taken on the legacy stream before the wait) nor its temporaries (taken on its own
+    stream, whose blocks only its own finished tasks freed) can then be that block: the read sees the block's values
+    (small integers: every sum is exact). Here the other task runs exactly after this one's wait."""
     import threading
 
     n = 2048
@@ -169,26 +175,48 @@ def test_a_planned_tasks_result_never_reuses_memory_another_thread_still_reads(r
 
     a, b, c, d = ints(), ints(), ints(), ints()
     want = (300 * (a.astype(cp.float64) @ b.astype(cp.float64))).astype(cp.float32)
-    held = {"z": fd._finished(fd._first_sum, a, b)}
+    cp.get_default_memory_pool().free_all_blocks()
+    held = {"z": fd._finished(fd._first_sum, a, b)}  # a block a finished task made
     acc = cp.zeros((n, n), cp.float32)
+    big = cp.ones((4096, 4096), cp.float32)
 
-    def other_task():  # reads the block on the legacy stream, queued, and lets it go
+    def other_task():  # reads the block on the legacy stream, behind ~10 ms of queued work, and lets it go
         with cp.cuda.Stream.null:
+            for _ in range(8):
+                cp.matmul(big, big)
             for _ in range(300):
                 cp.add(acc, held["z"], out=acc)
         del held["z"]
 
-    def first_sum(x, y, out):  # this task, after its stream's wait: the other one runs now
-        other = threading.Thread(target=other_task)
-        other.start()
-        other.join()
-        return np.matmul(x, y, out=out)
+    real = fd._task_stream()
 
-    first_sum.allocates = True
-    z2 = fd._finished(first_sum, c, d)
+    class AfterTheWait:  # the task's stream, the other task running right after this task's wait
+        def wait_event(self, event):
+            real.wait_event(event)
+            other = threading.Thread(target=other_task)
+            other.start()
+            other.join()
+
+        def __enter__(self):
+            return real.__enter__()
+
+        def __exit__(self, *exc):
+            return real.__exit__(*exc)
+
+        def synchronize(self):
+            real.synchronize()
+
+    monkeypatch.setattr(fd, "_task_stream", AfterTheWait)
+    if task == "first":
+        got = fd._finished(fd._first_sum, c, d)
+        want_got = c.astype(cp.float64) @ d.astype(cp.float64)
+    else:
+        total = fastmm.asarray(cp.zeros((n, n), cp.float32))
+        got = fd._finished(fd._multiply_add, total, c, d)  # its temporary is the block's size
+        want_got = c.astype(cp.float64) @ d.astype(cp.float64)
     cp.cuda.Device().synchronize()
     assert bool((acc == want).all())
-    assert bool((z2 == c.astype(cp.float64) @ d.astype(cp.float64)).all())
+    assert bool((got == want_got).all())
 
 
 @pytest.mark.parametrize("gpus", [2, 4])
