@@ -185,13 +185,14 @@ def _who_has(arrays) -> dict:
         client = get_client()
     except (ImportError, ValueError):
         return {}
-    futures = [f for array in arrays for f in futures_of(array)]
+    persisted = [(array, futures_of(array)) for array in arrays]
+    futures = [f for _, fs in persisted for f in fs]
     if not futures:
         return {}
     who = {key: list(holders) for key, holders in client.who_has(futures).items() if holders}
     from dask.core import get_dependencies
 
-    graphs = [array.__dask_graph__() for array in arrays if futures_of(array)]
+    graphs = [array.__dask_graph__() for array, fs in persisted if fs]
     unheld = set()
 
     def holders(key, depth: int = 0):
@@ -348,12 +349,9 @@ def _task_stream():
     return by_device[device]
 
 
-def _first_sum(a, b, out):
-    """A block's first product, into `out`: the running sum that the block's later products add to in place."""
+def _first_sum(a, b, out=None):
+    """A block's first product (into `out`): the running sum that the block's later products add to in place."""
     return np.matmul(a, b, out=out)
-
-
-_first_sum.allocates = True  # _finished gives it `out`, from the legacy stream's memory
 
 
 def _finished(fn, *args):
@@ -366,15 +364,15 @@ def _finished(fn, *args):
     and a task waits for its own kernels only (docs/dask.md). The stream first waits, on the GPU, for what the
     legacy stream has queued, so operands made there by other tasks are complete before they are read.
 
-    Memory that outlives the task (a `fn` marked ``allocates``: its result, given to it as `out`) is taken on the
-    legacy stream before that wait. CuPy's pool (and RMM's) hands a freed block out again in the order of the
+    Memory that outlives the task (a block's running sum: `_first_sum`'s result, given to it as `out`) is taken on
+    the legacy stream before that wait. CuPy's pool (and RMM's) hands a freed block out again in the order of the
     stream it was taken on: from this task's stream, a block freed by Dask while another thread's task still read it
     on the legacy stream could be written here before that read ran. The task's own temporaries die with it, after
     the synchronization, so they may come from its stream."""
     if not any(hasattr(a, "__cuda_array_interface__") for a in args):  # host chunks: NumPy's product, as called
-        return fn(*args[:2], None) if getattr(fn, "allocates", False) else fn(*args)
+        return fn(*args)
     cp = _dispatch._cupy()
-    if getattr(fn, "allocates", False):
+    if fn is _first_sum:
         a, b = args
         with cp.cuda.Stream.null:
             out = cp.empty((a.shape[0], b.shape[1]), np.result_type(a.dtype, b.dtype))
@@ -409,8 +407,7 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
     a stream of the task's own, finished when the task returns (a cluster's workers); () as called (one process,
     where the threaded scheduler's tasks share CuPy's stream and its memory pool)."""
     first = order[0]
-    start = (*run, _first_sum) if run else (np.matmul,)
-    tasks[(acc, i, j, 0)] = (*start, a(i, first), b(first, j))
+    tasks[(acc, i, j, 0)] = (*run, _first_sum, a(i, first), b(first, j))
     for step, k in enumerate(order[1:], 1):
         tasks[(acc, i, j, step)] = (*run, _multiply_add, (acc, i, j, step - 1), a(i, k), b(k, j))
     tasks[(name, i, j)] = (_identity, (acc, i, j, len(order) - 1))
@@ -506,24 +503,19 @@ def matmul(x, y, workers=None, **model):
     # fetched only when the product before it in the K sum had finished.
     in_a, in_b = name + "-in-a", name + "-in-b"
 
-    def a_key(w, i, k):
-        if a_homes[i, k] == w:
-            return (home_a, i, k)
-        tasks[w].setdefault((in_a, w, i, k), (_identity, (home_a, i, k)))
-        return (in_a, w, i, k)
-
-    def b_key(w, k, j):
-        if b_homes[k, j] == w:
-            return (home_b, k, j)
-        tasks[w].setdefault((in_b, w, k, j), (_identity, (home_b, k, j)))
-        return (in_b, w, k, j)
+    def on(w, home_name, homes_, fetch, block):
+        """The key of operand block `block` on GPU w: its home's, or that of a task of w's fetching it."""
+        if homes_[block] == w:
+            return (home_name, *block)
+        tasks[w].setdefault((fetch, w, *block), (_identity, (home_name, *block)))
+        return (fetch, w, *block)
 
     for i in rows:
         for j in cols:
             w = placement.owner(i, j)  # K summed on the block's owner, its own blocks first
             order = _k_order(nk, lambda k: (a_homes[i, k] == w) + (b_homes[k, j] == w), start=i + j)
-            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: a_key(w, i, k), lambda k, j: b_key(w, k, j),
-                        run=(_finished,))
+            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: on(w, home_a, a_homes, in_a, (i, k)),
+                        lambda k, j: on(w, home_b, b_homes, in_b, (k, j)), run=(_finished,))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).
