@@ -232,33 +232,39 @@ def _cupy():
     return cupy
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64, np.complex128])
 @pytest.mark.parametrize("form", ["single", "batch", "broadcast", "fortran", "strided", "out", "large"])
-def test_float64_products_run_on_cublas_through_their_own_loop(form, rng):
-    """NumPy's default dtype on GPUs with full-rate FP64: the float64 loop stages operands (eight-byte elements)
-    and cuBLAS's DGEMM computes them, to float64 accuracy; elsewhere the products stay NumPy's."""
-    if hook.float64_model(EVERYTHING, hook.compute_capability()) is None:
+def test_float64_and_complex_products_run_on_cublas_through_their_own_loops(form, dtype, rng):
+    """NumPy's default dtype, and the complex ones: each dtype's loop stages operands (8 or 16-byte elements) and
+    cuBLAS's DGEMM, CGEMM or ZGEMM computes them, to the dtype's accuracy; float64 and complex128 only on GPUs with
+    full-rate FP64 (elsewhere they stay NumPy's)."""
+    if dtype != np.complex64 and hook.float64_model(EVERYTHING, hook.compute_capability()) is None:
         pytest.skip(f"this GPU's FP64 is not full rate (compute capability {hook.compute_capability()}): float64 "
-                    "products stay NumPy's")
+                    "and complex128 products stay NumPy's")
     shapes = {"batch": ((5, 130, 70), (5, 70, 90)), "broadcast": ((6, 64, 48), (48, 80)),
               "large": ((3000, 2000), (2000, 2500))}.get(form, ((300, 200), (200, 100)))
-    a, b = rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1])
+
+    def draw(shape):
+        x = rng.standard_normal(shape)
+        return (x + 1j * rng.standard_normal(shape) if np.dtype(dtype).kind == "c" else x).astype(dtype)
+
+    a, b = draw(shapes[0]), draw(shapes[1])
     if form == "fortran":
         a, b = np.asfortranarray(a), np.asfortranarray(b)
     elif form == "strided":
-        a, b = rng.standard_normal((600, 403))[::2, 3::2], rng.standard_normal((400, 100))[::2]
+        a, b = draw((600, 403))[::2, 3::2], draw((400, 100))[::2]
     want = np.matmul(a, b)  # NumPy's, before the hook
+    name = np.dtype(dtype).name
     fastmm.accelerate_numpy(EVERYTHING)
-    before = fastmm.numpy_hook_status()["by_dtype"]["float64"]["on_gpu"]
+    before = fastmm.numpy_hook_status()["by_dtype"][name]["on_gpu"]
     if form == "out":
-        got = np.full(want.shape, np.nan)
+        got = np.full(want.shape, np.nan, dtype)
         np.matmul(a, b, out=got)
     else:
         got = a @ b
-    assert got.dtype == np.float64 and got.shape == want.shape
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-13
-    assert fastmm.numpy_hook_status()["by_dtype"]["float64"]["on_gpu"] == before + 1
-    c = (rng.standard_normal((40, 40)) + 1j).astype(np.complex128)
-    assert np.array_equal(c @ c, np.matmul(c, c))  # complex: NumPy's own loop
+    assert got.dtype == dtype and got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < (1e-5 if dtype == np.complex64 else 1e-13)
+    assert fastmm.numpy_hook_status()["by_dtype"][name]["on_gpu"] == before + 1
 
 
 def test_the_warm_up_starts_the_device_and_a_forked_child_still_gets_right_results():

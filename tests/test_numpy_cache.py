@@ -475,7 +475,7 @@ def test_a_product_that_took_the_cache_before_restore_numpy_keeps_nothing(gpu, r
     fastmm.restore_numpy()
     operands = ((a.ctypes.data, (1, 512, 512), (0, 2048, 4), 1), (b.ctypes.data, (1, 512, 8), (0, 32, 4), 1))
     for _ in range(3):
-        cache.decide(EVERYTHING, 1, 512, 512, 8, operands)
+        cache.decide(EVERYTHING, 1, 512, 512, 8, operands, "float32")
     assert gpu.device.uploads == [] and _hostmem.tracking_stats()["tracked_blocks"] == 0
 
 

@@ -41,7 +41,8 @@ class StandInGPU:
         with self.lock:
             self.calls.append((a.shape, b.shape, c.shape, a.strides, b.strides, c.strides))
         a, b = getattr(a, "dev", a), getattr(b, "dev", b)  # an operand kept on the stand-in device: its copy
-        c[...] = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        wide = np.complex128 if np.iscomplexobj(c) else np.float64
+        c[...] = np.matmul(a.astype(wide), b.astype(wide))
 
 
 class StandInDevice:
@@ -154,7 +155,7 @@ def test_other_dtypes_and_small_products_stay_numpys_bit_for_bit(gpu, rng):
         a = rng.standard_normal((64, 64)).astype(np.float32)
         assert np.array_equal(a @ a, _without_hook(lambda: a @ a))
     with fastmm.accelerate_numpy(EVERYTHING):
-        for dt in (np.float16, np.int32, np.complex64, np.complex128):  # (float64 has a loop of its own)
+        for dt in (np.float16, np.int32, np.int64):  # (float64 and the complex dtypes have loops of their own)
             x = (rng.standard_normal((40, 40)) * 4).astype(dt)
             assert np.array_equal(x @ x, _without_hook(lambda: x @ x)), dt
         y = rng.standard_normal((40, 40)).astype(np.float32)
@@ -794,7 +795,8 @@ def test_status_counts_what_the_hook_took_and_kept_and_why(gpu):
     np.ones((700, 700)) @ np.ones((700, 700))                       # float64: its own lane's, not counted here
     after = counts()
     assert [x - y for x, y in zip(after, before)] == [1, 1, 1, 0], (before, after)
-    assert "float32 and float64 products only" in fastmm.numpy_hook_status()["by_dtype"]["other dtypes"]
+    assert "float32, float64, complex64 and complex128 products only" in \
+        fastmm.numpy_hook_status()["by_dtype"]["other dtypes"]
 
 
 @pytest.mark.parametrize("loop", ["C", "ctypes"])
@@ -850,6 +852,54 @@ def test_float64_products_take_their_own_loop(gpu, rng):
         assert gpu.calls == []
     fastmm.restore_numpy()
     assert loops() == before
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_products_take_their_own_loops(gpu, rng, dtype):
+    """complex64 goes with float32 (cuBLAS's CGEMM), complex128 with float64 (ZGEMM): loops of their own, models of
+    their own (elements twice their real dtype's, a quarter of its rate); small products stay NumPy's bit for bit,
+    and float64=False keeps complex128 on NumPy; restore_numpy puts NumPy's loop back."""
+    name = np.dtype(dtype).name
+    lane = hook._state.lanes[name]
+
+    def loop():  # NumPy's complex loop now, read by swapping a loop in and back
+        now = hook._replace_loop(lane.ensure_shim().address, lane.type_num)
+        hook._replace_loop(now, lane.type_num)
+        return now
+
+    before = loop()
+    a = (rng.standard_normal((300, 200)) + 1j * rng.standard_normal((300, 200))).astype(dtype)
+    b = (rng.standard_normal((200, 100)) + 1j * rng.standard_normal((200, 100))).astype(dtype)
+    with fastmm.accelerate_numpy(EVERYTHING):
+        c = a @ b[:, ::2]                                              # b strided: the loop gets its strides
+        assert gpu.calls and gpu.calls[-1][:3] == ((1, 300, 200), (1, 200, 50), (1, 300, 50))
+        assert c.dtype == dtype
+        want = a.astype(np.complex128) @ b[:, ::2].astype(np.complex128)
+        np.testing.assert_allclose(c, want, rtol=1e-6 if dtype == np.complex64 else 1e-12)  # (the stand-in's rounding)
+        status = fastmm.numpy_hook_status()["by_dtype"][name]
+        assert status["on_gpu"] >= 1 and status["taken"]
+        real = hook._state.lanes["float32" if dtype == np.complex64 else "float64"].model
+        assert lane.model.itemsize == 2 * real.itemsize and lane.model.host == real.host / 4
+    gpu.calls.clear()
+    with fastmm.accelerate_numpy(NOTHING):
+        small = a[:8, :8]
+        assert np.array_equal(small @ small, _without_hook(lambda: small @ small)) and gpu.calls == []
+    with fastmm.accelerate_numpy(EVERYTHING, float64=False):
+        c = a @ b
+        assert (gpu.calls == []) == (dtype == np.complex128)
+        assert fastmm.numpy_hook_status()["by_dtype"][name]["taken"] == (dtype == np.complex64)
+    fastmm.restore_numpy()
+    assert loop() == before
+
+
+def test_the_complex_models_count_four_real_multiply_adds_a_complex_one():
+    model = hook.HostModel(host=1.4e12, link=14e9, gpu=50e12, overhead=500e-6)
+    c64 = hook.complex_model(model)
+    assert (c64.host, c64.gpu, c64.itemsize, c64.link, c64.overhead) == (0.35e12, 12.5e12, 8, 14e9, 500e-6)
+    # A product of the same sides has four times the real FLOPs for twice the bytes: offloaded from smaller sides on.
+    assert c64.min_flops() < model.min_flops()
+    c128 = hook.complex_model(hook.float64_model(model, (9, 0)))
+    assert c128.itemsize == 16 and c128.host == model.host / 8
 
 
 def test_float64_stays_numpys_where_the_gpus_fp64_is_slow():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HostModel", "model_path", "load_model", "save_model", "blas_name", "float64_model", "FULL_RATE_FP64",
-           "compute_capability"]
+__all__ = ["HostModel", "model_path", "load_model", "save_model", "blas_name", "float64_model", "complex_model",
+           "FULL_RATE_FP64", "compute_capability"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -193,3 +193,11 @@ def float64_model(model: HostModel, capability: tuple[int, int] | None) -> HostM
     if capability not in FULL_RATE_FP64:
         return None
     return dataclasses.replace(model, host=model.host / 2, gpu=model.gpu / 2, itemsize=8, measured="")
+
+
+def complex_model(model: HostModel) -> HostModel:
+    """A complex dtype's model from its real dtype's (complex64 from float32's, complex128 from float64's): a complex
+    multiply-add is four real ones, so both sides run a quarter as many of the model's (2 M N K) FLOPs a second, on
+    elements twice the size; NumPy's CGEMM/ZGEMM and cuBLAS's run at about their real rates. An estimate, not a
+    measurement of this machine."""
+    return dataclasses.replace(model, host=model.host / 4, gpu=model.gpu / 4, itemsize=2 * model.itemsize, measured="")

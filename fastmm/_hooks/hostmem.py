@@ -54,21 +54,36 @@ def _c_compiler() -> str | None:
 def compile_c(source: str, what: str) -> ctypes.CDLL | None:
     """Build fastmm's C file `source` into a shared library in a private temporary directory and load it; None (with
     a warning that names `what` will do without it) when there is no C compiler or it fails. A few tens of ms."""
+    with tempfile.TemporaryDirectory(prefix="fastmm-c-") as tmp:
+        lib = Path(tmp, f"lib{Path(source).stem}.so")
+        with _built_lock:
+            if source not in _built:
+                _built[source] = _build(source, what, Path(tmp))
+        if _built[source] is None:
+            return None
+        # Each load from a file of its own: a library with statics of its own (dlopen of one path shares them).
+        lib.write_bytes(_built[source])
+        return ctypes.CDLL(str(lib))  # the mapping outlives the file
+
+
+_built: dict = {}  # source -> the shared library's bytes (None: it cannot be built here), built once a process
+_built_lock = threading.Lock()
+
+
+def _build(source: str, what: str, tmp: Path) -> bytes | None:
     cc = _c_compiler()
     if cc is None:
-        warn_once(f"cc-{source}", f"no C compiler found (set CC): {what}", stacklevel=5)
+        warn_once(f"cc-{source}", f"no C compiler found (set CC): {what}", stacklevel=6)
         return None
-    text = resources.files(__package__).joinpath(source).read_text()
-    with tempfile.TemporaryDirectory(prefix="fastmm-c-") as tmp:
-        src, lib = Path(tmp, source), Path(tmp, f"lib{Path(source).stem}.so")
-        src.write_text(text)
-        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            warn_once(f"cc-{source}", f"{cc} could not build fastmm/{source}: {what} ({proc.stderr.strip()[:500]})",
-                      stacklevel=5)
-            return None
-        return ctypes.CDLL(str(lib))  # the mapping outlives the file
+    src, lib = tmp / source, tmp / "build.so"
+    src.write_text(resources.files(__package__).joinpath(source).read_text())
+    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        warn_once(f"cc-{source}", f"{cc} could not build fastmm/{source}: {what} ({proc.stderr.strip()[:500]})",
+                  stacklevel=6)
+        return None
+    return lib.read_bytes()
 
 
 class _Allocator:

@@ -1,4 +1,4 @@
-"""accelerate_numpy(): plain NumPy float32 and float64 matmul on the GPU, by replacing NumPy's own inner loops.
+"""accelerate_numpy(): plain NumPy float32, float64 and complex matmul on the GPU, by replacing NumPy's own inner loops.
 
 NumPy lets a package replace a ufunc's inner loop for one type signature (``PyUFunc_ReplaceLoopBySignature``, in
 NumPy's ufunc C API since NumPy 1.x and still in NumPy 2). ``np.matmul`` is a gufunc, and its float32 loop (``ff->f``;
@@ -36,14 +36,15 @@ from . import resident as _resident
 from . import staged as _staged
 from .._errors import warn_once
 from .._switch import Hook, Switch
-from .host_model import (FULL_RATE_FP64, HostModel, blas_name, compute_capability, float64_model,  # noqa: F401
-                         load_model, model_path, save_model)
+from .host_model import (FULL_RATE_FP64, HostModel, blas_name, complex_model, compute_capability,  # noqa: F401
+                         float64_model, load_model, model_path, save_model)
 
 _log = logging.getLogger("fastmm")
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
 
-_NPY_FLOAT, _NPY_DOUBLE = 11, 12  # NumPy's type numbers of float32 and float64 (stable since NumPy 1.0)
+# NumPy's type numbers of float32, float64, complex64 and complex128 (stable since NumPy 1.0)
+_NPY_FLOAT, _NPY_DOUBLE, _NPY_CFLOAT, _NPY_CDOUBLE = 11, 12, 14, 15
 _ARGS = ctypes.POINTER(ctypes.c_void_p)
 _INTS = ctypes.POINTER(ctypes.c_ssize_t)
 _LOOP = ctypes.CFUNCTYPE(None, _ARGS, _INTS, _INTS, ctypes.c_void_p)
@@ -60,7 +61,7 @@ _DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (
 # --------------------------------------------------------------------------------------------------------
 
 def _replace_loop(new: int, type_num: int = _NPY_FLOAT) -> int:
-    """Put `new` in np.matmul's loop slot for `type_num` (float32 or float64); return what was there."""
+    """Put `new` in np.matmul's loop slot for `type_num` (one of the hook's dtypes); return what was there."""
     try:
         from numpy._core import _multiarray_umath as umath
     except ImportError:  # NumPy 1.x
@@ -93,7 +94,7 @@ class _Shim:
         self.numpy_loop = None
         self._offload = offload or _offload  # fastmm's side, for this loop's dtype
         self.offload = _OFFLOAD(self._offload)
-        self.lib = _compile_c_loop()  # a library of its own: each loop (float32, float64) has its own statics
+        self.lib = _compile_c_loop()  # a library of its own: each dtype's loop has its own statics
         if self.lib is not None:
             self.kind = "C"
             self.lib.fastmm_configure.argtypes = [ctypes.c_void_p, ctypes.c_double]
@@ -234,7 +235,7 @@ def _offload_in(args, dims, steps, lane) -> int:
         if cache is not None:
             offload, views = cache.decide(lane.model, batch, m, k, n,
                                           ((args[0], (batch, m, k), (sa, steps[3], steps[4]), a_batch),
-                                           (args[1], (batch, k, n), (sb, steps[5], steps[6]), b_batch)))
+                                           (args[1], (batch, k, n), (sb, steps[5], steps[6]), b_batch)), lane.dtype)
         else:
             offload = lane.model.offloads(batch, m, k, n, a_batch, b_batch)
         if not offload:
@@ -292,7 +293,7 @@ class _Lane:
         self.dtype, self.type_num = dtype, type_num
         self.shim: _Shim | None = None
         self.model = HostModel()
-        self.enabled = dtype == "float32"  # float64 from accelerate_numpy(float64=True), its default
+        self.enabled = dtype == "float32"  # the others as accelerate_numpy() decides (see its float64 parameter)
         self.installed = False  # its loop is in NumPy's table
         self.offloaded = 0
         self.declined = 0
@@ -308,7 +309,9 @@ class _State:
     """The hook's state: a lane per dtype; the float32 lane's fields are also reachable here (shim, model, counts)."""
 
     def __init__(self):
-        self.lanes = {"float32": _Lane("float32", _NPY_FLOAT), "float64": _Lane("float64", _NPY_DOUBLE)}
+        types = (("float32", _NPY_FLOAT), ("float64", _NPY_DOUBLE), ("complex64", _NPY_CFLOAT),
+                 ("complex128", _NPY_CDOUBLE))
+        self.lanes = {name: _Lane(name, num) for name, num in types}
         self.product = _gpu_product  # tests put a stand-in GPU here
         self.device = _resident.CupyDevice()  # ... and a stand-in device for the cache of operands here
         self.cache: _resident.Cache | None = None  # operands kept on the GPU; None: off
@@ -359,11 +362,12 @@ _on_off = Switch(_install, _uninstall)
 # --------------------------------------------------------------------------------------------------------
 
 class accelerate_numpy(Hook):
-    """Run plain NumPy float32 matrix products on the GPU, through fastmm's kernels, from now on.
+    """Run plain NumPy matrix products on the GPU from now on: float32 through fastmm's kernels, float64 and complex
+    through cuBLAS (see `float64`).
 
-    Replaces NumPy's own float32 inner loop of ``np.matmul`` (which ``@`` and ``@=`` also use) with one that sends
-    a product to the GPU when a model of this machine predicts it is faster there, and runs NumPy's own loop
-    otherwise. Nothing else changes: other dtypes, other functions, and products below the threshold run NumPy's
+    Replaces NumPy's own float32, float64, complex64 and complex128 inner loops of ``np.matmul`` (which ``@`` and
+    ``@=`` also use) with one that sends a product to the GPU when a model of this machine predicts it is faster
+    there, and runs NumPy's own loop otherwise. Nothing else changes: other dtypes, other functions, and products below the threshold run NumPy's
     code and give NumPy's bit-identical results. Idempotent and thread-safe; `restore_numpy` undoes it. As a context
     manager (``with fastmm.accelerate_numpy():``) it keeps the hook on for the block: blocks in several threads may
     overlap, and the hook stays on until the last one exits, or for good if a plain call turned it on.
@@ -380,10 +384,12 @@ class accelerate_numpy(Hook):
         of the time. Freed blocks stay in the pool up to 1/16 of the host's memory (256 MiB to 4 GiB). As a context
         manager, the block's end puts the thread's previous allocator back; `restore_numpy` puts NumPy's back.
     float64 : bool, default True
-        Also take float64 products (NumPy's default dtype) through a loop of their own, to cuBLAS's DGEMM through
-        CuPy, on GPUs whose FP64 runs at full rate (P100, V100, A100, H100/H200, B200); elsewhere they stay NumPy's.
-        Their model is float32's with eight-byte elements, NumPy's DGEMM at half its SGEMM rate and the GPU's FP64
-        at half fastmm's FP32 rate.
+        Also take float64 and complex128 products (NumPy's default dtypes) through loops of their own, to cuBLAS's
+        DGEMM and ZGEMM through CuPy, on GPUs whose FP64 runs at full rate (P100, V100, A100, H100/H200, B200);
+        elsewhere they stay NumPy's. float64's model is float32's with eight-byte elements, NumPy's DGEMM at half its
+        SGEMM rate and the GPU's FP64 at half fastmm's FP32 rate. complex64 products always go with float32 ones (to
+        cuBLAS's CGEMM); a complex dtype's model is its real dtype's with elements twice the size and a quarter of
+        the rate on both sides (a complex multiply-add is four real ones).
     cache_bytes : int, optional
         At most this many bytes of GPU memory for operands kept there between products (arrays of fastmm's pool that
         a program multiplies again unchanged: a write into one makes its copy unusable, see the NumPy hook page of
@@ -402,9 +408,10 @@ class accelerate_numpy(Hook):
 
     Notes
     -----
-    What differs from NumPy for an offloaded product: the result is computed by fastmm's FP32 kernels (float64:
-    cuBLAS's DGEMM), so it matches NumPy's to the dtype's accuracy, not bit for bit. A GPU failure (no GPU, out
-    of memory, a driver fault) never loses a result: NumPy computes it, with one `PerformanceWarning`.
+    What differs from NumPy for an offloaded product: the result is computed by fastmm's FP32 kernels (the other
+    dtypes: cuBLAS's DGEMM, CGEMM, ZGEMM), so it matches NumPy's to the dtype's accuracy, not bit for bit. A GPU
+    failure (no GPU, out of memory, a driver fault) never loses a result: NumPy computes it, with one
+    `PerformanceWarning`.
     ``np.dot``, ``np.inner``, ``np.tensordot`` and ``np.einsum`` call BLAS directly and do not go through this loop:
     see the NumPy hook page of the documentation.
 
@@ -427,16 +434,17 @@ class accelerate_numpy(Hook):
                  cache_bytes: int | None = None, warm_up: bool = True):
         cap = _resident.cap_bytes(cache_bytes)
         with _on_off.lock:
-            f32, f64 = _state.lanes["float32"], _state.lanes["float64"]
-            f32.model = model if model is not None else load_model()
-            f32.ensure_shim().configure(True, f32.model.min_flops())
-            model64 = float64_model(f32.model, compute_capability()) if float64 else None
-            if model64 is not None or _state.product is not _gpu_product and float64:
-                f64.model = model64 or dataclasses.replace(f32.model, itemsize=8)  # (a stand-in GPU: as float32's)
-                f64.enabled = True
-                f64.ensure_shim().configure(True, f64.model.min_flops())
-            else:
-                f64.enabled = False
+            model32 = model if model is not None else load_model()
+            model64 = float64_model(model32, compute_capability()) if float64 else None
+            if model64 is None and float64 and _state.product is not _gpu_product:
+                model64 = dataclasses.replace(model32, itemsize=8)  # (a stand-in GPU: as float32's)
+            models = {"float32": model32, "float64": model64, "complex64": complex_model(model32),
+                      "complex128": model64 and complex_model(model64)}
+            for name, lane in _state.lanes.items():
+                lane.enabled = models[name] is not None
+                if lane.enabled:
+                    lane.model = models[name]
+                    lane.ensure_shim().configure(True, lane.model.min_flops())
             super().__init__()
             _sync_lanes()
             _configure_cache(cap)
@@ -484,13 +492,13 @@ def _drop_cache() -> None:
 
 
 def time_products_only() -> None:
-    """Install the float32 and float64 loops with nothing sent to the GPU: NumPy computes every product, and the
+    """Install every dtype's loop with nothing sent to the GPU: NumPy computes every product, and the
     loops' clocks time them (`numpy_hook_status()["by_dtype"][dtype]["seconds"]["kept_on_cpu"]`), which is how
     ``bench --numpy-hook --programs`` measures a program's share of time in products. `restore_numpy` undoes it."""
     never = HostModel(host=1e18, link=1.0, gpu=1.0, overhead=1.0)
     with _on_off.lock:
         for lane in _state.lanes.values():
-            lane.model = dataclasses.replace(never, itemsize=8 if lane.dtype == "float64" else 4)
+            lane.model = dataclasses.replace(never, itemsize=np.dtype(lane.dtype).itemsize)
             lane.enabled = True
             lane.ensure_shim().configure(True, math.inf)
         _configure_cache(0)
@@ -499,7 +507,7 @@ def time_products_only() -> None:
 
 
 def _sync_lanes() -> None:
-    """While the hook is on, each lane's loop installed as it is enabled (a later call may add or drop float64)."""
+    """While the hook is on, each lane's loop installed as it is enabled (a later call may add or drop float64's)."""
     if not _on_off.active:
         return
     _install()
@@ -509,7 +517,7 @@ def _sync_lanes() -> None:
 
 
 def restore_numpy() -> None:
-    """Put NumPy's own float32 and float64 matmul loops back: NumPy is then exactly as it was before `accelerate_numpy`.
+    """Put NumPy's own matmul loops back: NumPy is then exactly as it was before `accelerate_numpy`.
 
     Idempotent and thread-safe. A product already inside fastmm's loop finishes there; fastmm's compiled loop stays
     loaded (a thread may still be about to call it) and sends everything to NumPy's loop. In the calling thread, NumPy
@@ -556,9 +564,9 @@ def numpy_hook_status() -> dict:
         (products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took
         and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; the
         seconds spent in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the
-        products it then declined; and whether the hook takes that dtype now: float32 always, float64 on GPUs
-        with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own), ``pinned_allocator`` (whether
-        this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
+        products it then declined; and whether the hook takes that dtype now: float32 and complex64 always, float64
+        and complex128 on GPUs with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own),
+        ``pinned_allocator`` (whether this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
         held and pooled, bytes pooled and page-locked, reuses, mappings), ``cache`` (operands kept on the GPU, None
         while that is off: its cap and bytes, copies held, products served from them (``fast_hits``: of those, the
         ones with small other operands, which took the fast path) and the upload bytes that saved, copies made, copies
@@ -579,7 +587,8 @@ def numpy_hook_status() -> dict:
     """
     with _on_off.lock:
         by_dtype = {name: _lane_status(lane) for name, lane in _state.lanes.items()}
-        by_dtype["other dtypes"] = "NumPy's own loops: the hook takes float32 and float64 products only"
+        by_dtype["other dtypes"] = ("NumPy's own loops: the hook takes float32, float64, complex64 and complex128 "
+                                    "products only")
         return {"active": _on_off.active, "loop": _state.shim.kind if _state.shim else None,
                 "threshold": _state.model.threshold_text() if _on_off.active else None,
                 "offloaded": _state.offloaded, "declined_after_failure": _state.declined, "by_dtype": by_dtype,

@@ -246,10 +246,10 @@ class Cache:
 
     # ---- the decision -----------------------------------------------------------------------------------
 
-    def decide(self, model, batch, m, k, n, operands) -> tuple[bool, list]:
+    def decide(self, model, batch, m, k, n, operands, dtype) -> tuple[bool, list]:
         """Whether the product goes to the GPU, and for each operand (a, b) the device view to use instead of
         uploading it, or None. `operands`: (pointer, shape, strides, batch items it has) of a and b, as NumPy's
-        loop sees them (3-D, batch first)."""
+        loop sees them (3-D, batch first), of `dtype`."""
         with self._lock:
             if self._entries:
                 _hostmem.guard()  # (another SIGSEGV handler installed since the last copy: ours on top again)
@@ -288,8 +288,7 @@ class Cache:
             if offload:
                 for i, (ptr, shape, strides, _) in enumerate(operands):
                     if entries[i] is not None:
-                        views[i] = entries[i].view(self.device, ptr, shape, strides,
-                                                   np.float32 if model.itemsize == 4 else np.float64)
+                        views[i] = entries[i].view(self.device, ptr, shape, strides, dtype)
                         self.hits += 1
                         self.saved_bytes += sizes[i]
             return offload, views

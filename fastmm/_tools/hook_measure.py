@@ -14,12 +14,15 @@ from .timing import no_gpu
 
 __all__ = ["measure_model", "bench_rows", "BENCH_SHAPES"]
 
-# (label, batch, m, k, n): squares from 256^3 to 8192^3, then shapes where the link or the host decides.
+# (label, batch, m, k, n[, dtype]): float32 squares from 256^3 to 8192^3, shapes where the link or the host decides,
+# then NumPy's default dtype and the complex ones (cuBLAS's products, each with its dtype's model).
 BENCH_SHAPES = [
     ("256^3", 1, 256, 256, 256), ("512^3", 1, 512, 512, 512), ("1024^3", 1, 1024, 1024, 1024),
     ("2048^3", 1, 2048, 2048, 2048), ("4096^3", 1, 4096, 4096, 4096), ("8192^3", 1, 8192, 8192, 8192),
     ("4096x4096 @ 4096x16", 1, 4096, 4096, 16), ("16x8192 @ 8192x8192", 1, 16, 8192, 8192),
     ("8192x8192 @ 8192 (matvec)", 1, 8192, 8192, 1), ("64 x 512^3 batched", 64, 512, 512, 512),
+    ("1024^3 float64", 1, 1024, 1024, 1024, "float64"), ("4096^3 float64", 1, 4096, 4096, 4096, "float64"),
+    ("2048^3 complex64", 1, 2048, 2048, 2048, "complex64"), ("2048^3 complex128", 1, 2048, 2048, 2048, "complex128"),
 ]
 _FORCE = hook.HostModel(host=1.0, link=1e30, gpu=1e30, overhead=0.0)  # offloads every product above 0 FLOPs
 
@@ -34,14 +37,17 @@ def _median_seconds(f, repeats: int) -> float:
     return float(np.median(ts))
 
 
-def _operands(rng, batch, m, k, n):
-    shape_a = (batch, m, k) if batch > 1 else (m, k)
-    b = rng.standard_normal((k, n) if n > 1 else (k,)).astype(np.float32)
-    return rng.standard_normal(shape_a).astype(np.float32), b
+def _operands(rng, batch, m, k, n, dtype="float32"):
+    def draw(shape):
+        x = rng.standard_normal(shape)
+        return (x + 1j * rng.standard_normal(shape) if np.dtype(dtype).kind == "c" else x).astype(dtype)
+
+    return draw((batch, m, k) if batch > 1 else (m, k)), draw((k, n) if n > 1 else (k,))
 
 
 def _rel_error(got, a, b) -> float:
-    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    wide = np.complex128 if np.iscomplexobj(a) else np.float64
+    ref = np.matmul(a.astype(wide), b.astype(wide))
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
@@ -111,9 +117,11 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
     _timed(_FORCE, a, b, 1)
     _timed(None, a, b, 1)
     time.sleep(0.2)
-    for label, batch, m, k, n in shapes:
-        a, b = _operands(rng, batch, m, k, n)
-        flops = 2.0 * batch * m * k * n
+    models = _dtype_models(model)
+    for label, batch, m, k, n, *dtype in shapes:
+        dtype = dtype[0] if dtype else "float32"
+        a, b = _operands(rng, batch, m, k, n, dtype)
+        flops = (8.0 if np.dtype(dtype).kind == "c" else 2.0) * batch * m * k * n  # (real FLOPs)
         reps = repeats if flops < 1e12 else 2  # (8192^3: NumPy takes a second per product)
         # The GPU paths first: after a product, OpenBLAS's threads spin for a while (about 0.1 s) on every core,
         # and staging right after NumPy's product ran up to twice as slow (H100 host, 4096^3: 23.6 against 12.0 ms).
@@ -122,12 +130,21 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
         t_gpu, r_gpu = _timed(_FORCE, a, b, reps)
         t_np, r_np = _timed(None, a, b, reps)
         time.sleep(0.2)
-        rows.append({"shape": label, "gflop": flops / 1e9, "numpy_s": t_np, "hook_s": t_hook,
-                     "staged_s": t_staged, "gpu_s": t_gpu, "offloaded": model.offloads(batch, m, k, n, batch, 1),
+        lane = models[dtype]  # None: the hook leaves this dtype to NumPy on this GPU
+        rows.append({"shape": label, "dtype": dtype, "gflop": flops / 1e9, "numpy_s": t_np, "hook_s": t_hook,
+                     "staged_s": t_staged, "gpu_s": t_gpu,
+                     "offloaded": lane is not None and lane.offloads(batch, m, k, n, batch, 1),
                      "err_numpy": _rel_error(r_np, a, b), "err_hook": _rel_error(r_hook, a, b),
                      "err_gpu": max(_rel_error(r_gpu, a, b), _rel_error(r_staged, a, b))})
     hook.restore_numpy()
     return rows
+
+
+def _dtype_models(model: hook.HostModel) -> dict:
+    """Each dtype's model as accelerate_numpy(model) derives it on this GPU (None: that dtype stays NumPy's)."""
+    model64 = hook.float64_model(model, hook.compute_capability())
+    return {"float32": model, "float64": model64, "complex64": hook.complex_model(model),
+            "complex128": model64 and hook.complex_model(model64)}
 
 
 def print_bench(rows, model) -> None:

@@ -6,7 +6,7 @@ process, timed on its second pass (the first loads BLAS, compiles or loads fastm
 
 - as NumPy runs it;
 - with the hook's loops installed and nothing sent to the GPU: their clocks then give the seconds NumPy spent in
-  float32 and float64 products, the program's *share* in products, and the bound that share allows (Amdahl:
+  float32, float64 and complex products, the program's *share* in products, and the bound that share allows (Amdahl:
   1 / (1 - share), products made free);
 - under ``fastmm.accelerate_numpy()`` with its default settings, as a user runs it first: the speed-up, the fraction
   of the bound it reaches, and where the hook's time went (products on the GPU, products NumPy kept, the rest).
@@ -167,8 +167,8 @@ def amdahl_bound(share: float) -> float:
 
 
 def _products(status: dict) -> dict:
-    """The hook's float32 and float64 lanes added up: products on the GPU, kept by NumPy (by reason), seconds."""
-    lanes = [status["by_dtype"][d] for d in ("float32", "float64")]
+    """The hook's lanes (every dtype it takes) added up: products on the GPU, kept by NumPy (by reason), seconds."""
+    lanes = [lane for name, lane in status["by_dtype"].items() if name != "other dtypes"]
     return {"on_gpu": sum(x["on_gpu"] for x in lanes),
             "kept_on_cpu": {k: sum(x["kept_on_cpu"][k] for x in lanes) for k in lanes[0]["kept_on_cpu"]},
             "seconds": {k: sum(x["seconds"][k] for x in lanes) for k in lanes[0]["seconds"]}}
@@ -176,7 +176,7 @@ def _products(status: dict) -> dict:
 
 def measure(name: str, mode: str, scale: float = 1.0) -> dict:
     """Run program `name` twice in this process, the second timed: `mode` "numpy" (as it is), "share" (the hook's
-    loops timing NumPy's own float32 and float64 products, nothing offloaded) or "hook" (accelerate_numpy() with
+    loops timing NumPy's own products of every dtype it takes, nothing offloaded) or "hook" (accelerate_numpy() with
     its defaults)."""
     program = PROGRAMS[name]
     if mode not in MODES:
@@ -270,8 +270,8 @@ def print_table(rows) -> None:
           f"   {'GPU s':>6s} {'CPU s':>6s} {'rest s':>6s}  {'on GPU/kept':>11s}")
     for r in rows:
         print_row(r)
-    print("  share: NumPy's time in float32 and float64 products (the hook's loops timing NumPy's own); bound: "
-          "1 / (1 - share); "
+    print("  share: NumPy's time in float32, float64 and complex products (the hook's loops timing NumPy's own); "
+          "bound: 1 / (1 - share); "
           "GPU s / CPU s: the hook's products on the GPU and those NumPy kept; rest: everything else")
 
 
