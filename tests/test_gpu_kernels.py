@@ -23,6 +23,10 @@ SHAPES = [(s, s, s) for s in SIZES] + [
     (5, 3, 0), (33, 65, 257), (1000, 129, 127), (130, 258, 9),
     # K a multiple of 32 with tiles inside C: the sub-tile loop (all blocks; and next to edge blocks).
     (256, 512, 96), (300, 600, 160),
+    # The ragged loops (any K, any block): K past two runs of 512 with a tail of 3 terms, inside C and across its
+    # edges; one to three whole K-tiles and a tail (the prologue then copies the partial K-tile); slots allocated
+    # and no flush (K = 515: 32 whole K-tiles).
+    (256, 512, 1043), (300, 600, 1043), (256, 512, 17), (256, 512, 40), (300, 520, 50), (256, 512, 515),
 ]
 LAYOUTS = ["nn", "tn", "nt", "tt"]
 TOL = 1e-5
@@ -78,6 +82,7 @@ BATCHED = [
     ((70,), (3, 70, 5)),
     ((6, 1, 1, 40, 12), (1, 5, 3, 12, 40)),
     ((1, 1, 129, 8), (7, 8, 130)),
+    ((2, 256, 1043), (1043, 512)),  # whole tiles of a batch item on a ragged K: the tail's batch offset
 ]
 
 
@@ -282,6 +287,25 @@ def test_partial_sums_lower_the_error_of_a_long_k(rng):
     runs = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT256_SLICES), ref)
     one = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT256_LOOP16), ref)
     assert runs < 0.5 * one, (runs, one)
+
+
+@pytest.mark.parametrize("m,n", [(256, 256), (300, 330)])
+def test_the_ragged_loops_sum_a_ragged_k_and_their_edges_in_runs(m, n, rng):
+    """A K that is not a multiple of 16, on blocks inside and across C's edges: the ragged loop in runs of 512 against
+    the unrolled tile's one running sum (what such products and edges ran before), same run."""
+    import fastmm
+    from fastmm import _plan
+
+    k = 16383
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    fa, fb = fastmm.asarray(a), fastmm.asarray(b)
+    runs = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT256_SLICES_RAGGED), ref)
+    one = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT256), ref)
+    assert runs < 0.5 * one, (runs, one)
+    small = rel_error(fastmm.matmul(fa, fb, kernel="warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"), ref)
+    assert small < 0.5 * rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT128x64), ref)
 
 
 @pytest.mark.parametrize("m,n,k", [(2049, 2049, 2049), (2052, 2176, 2051), (2176, 2063, 2100)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import warnings
@@ -55,15 +56,17 @@ def test_tiled_rule_fills_the_gpu():
     # (cuBLAS's accuracy; one run over all of K had up to twice its error, and was under 2% faster).
     assert choose(8192, 8192, 8192).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
     assert choose(2048, 2048, 2048).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"
-    # K not a multiple of the stage depth, or short: the unrolled tiles, 32 deep from two waves.
-    assert choose(8192, 8192, 8184).name == "warptile_128x256x32_64x64_8x16_s4_spread"
+    # K not a multiple of 16: the same loop, which reads the last K % 16 terms after it.
+    assert choose(8192, 8192, 8184).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512_ragged"
+    # K short of the runs: the unrolled tiles, 32 deep from two waves.
     for b_t in (False, True):
         assert choose(8192, 8192, 8192, b_t=b_t, a_t=True).name == _plan.tiles.WT256_SLICES
     assert choose(4096, 4096, 4096, b_t=True).name == _plan.tiles.WT256_SLICES
     for m, n, k, a_t in ((2048, 2048, 2048, True), (4096, 4096, 4080, True), (8192, 8192, 8176, False)):
         assert choose(m, n, k, a_t=a_t).name == _plan.tiles.WT256_SLICES
     assert choose(16384, 16384, 64).name == "warptile_128x256x32_64x64_8x16_s4_spread"
-    assert choose(2048, 2048, 2040).name == "warptile_128x256x16_64x64_8x16_s4_spread"   # one wave of 128 tiles
+    assert choose(2048, 2048, 2040).name == _plan.tiles.WT256_SLICES_RAGGED   # one wave of 128 tiles, a ragged K
+    assert choose(2048, 2048, 1000).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_ragged"  # ... short of runs
     # ... or, K a multiple of 16, the 16-deep tile looping over whole K-tiles.
     assert choose(256, 256, 256, batch=64).name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16"
     assert choose(2048, 2048, 2032).name == _plan.tiles.WT256_SLICES
@@ -74,14 +77,16 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5% (the ragged-edge rule
     # takes such products first, see below).
-    assert _plan.tiles._fill(_plan.Problem(4097, 4097, 4097), H100) == "warptile_128x64x16_32x64_8x8_s4"
+    assert _plan.tiles._fill(_plan.Problem(4097, 4097, 4097), H100) == "warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"
     assert choose(65536, 128, 128).name == "warptile_128x64x16_32x64_8x8_s4"      # half of a 256-wide tile idle
     assert choose(2048, 1024, 2048).name == "warptile_128x64x16_32x64_8x8_s4_sub8"  # 256 tiles: under a wave
+    assert choose(2048, 1024, 8192).name == "warptile_128x64x16_32x64_8x8_s3_sub8_f512"  # ... K past 4096: in runs
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
+    assert choose(3072, 3072, 6144).name == "warptile_128x64x16_32x64_8x8_s3_sub8_f512"  # ... K past 4096: in runs
     assert choose(4096, 32, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # narrow: the smallest tile
     assert choose(768, 768, 256).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
-    assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"      # K not a multiple of 16
+    assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4_sub8_ragged"  # K not a multiple of 16
     # A ragged last wave: 3000^3 is 2.2 waves of 128x256 tiles (27% of the SMs' time idle), 2.85 of 128x64.
     assert _plan.wave_efficiency(_plan.Problem(3000, 3000, 3000), _plan.tiles.get_config(
         "warptile_128x256x16_64x64_8x16_s4_spread"), _plan.Device()) == pytest.approx(288 / 396)
@@ -157,8 +162,8 @@ def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel
     assert (c.rule, c.peel, c.splits) == ("ragged-edge", peel, 1)
     interior = _plan.choose(_plan.interior(problem, peel), H100)
     assert interior.rule == "tiled" and c.name == interior.name
-    if k % 16 and not problem.aligned:  # scalar loads and no whole K-tiles: the 16-deep large tile, not the 32-deep one
-        assert interior.name == "warptile_128x256x16_64x64_8x16_s4_spread"
+    if k % 16 and not problem.aligned:  # scalar loads and a ragged K: the 16-deep loop's twin, in runs of 512
+        assert interior.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512_ragged"
     text = fastmm.explain((m, k), (k, n))
     assert f"on the {m - peel[0]}x{n - peel[1]} interior; the last {peel[0]} rows and {peel[1]} columns" in text
 
@@ -261,6 +266,16 @@ def test_warptile_configurations_are_checked():
         configs.validate(WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, flush=512))  # no loop: no runs
     with pytest.raises(ValueError, match=r"KiB of shared memory per block"):
         configs.validate(WarpTile(128, 256, 32, 64, 64, 8, 16, 4, 1, sub_k=8, flush=512))  # 32-deep stages + slots
+    # The loop for any K and any block: a configuration of its own (the whole-K interior loop's code stays as tuned);
+    # blocks across C's edges on it where registers allow (not 128x256 tiles copying B^T transposing: they spilled).
+    ragged = dataclasses.replace(runs, ragged=True)
+    assert ragged.name == runs.name + "_ragged" and ragged.macros(Variant())["RAGGED"] == 1
+    assert runs.macros(Variant())["RAGGED"] == 0 and ragged.smem_bytes == runs.smem_bytes
+    assert ragged.loops_edges(Variant(b_t=False)) and not ragged.loops_edges(Variant(b_t=True))
+    assert not runs.loops_edges(Variant()) and configs.WT128x64_RUNS_RAGGED.loops_edges(Variant(b_t=True))
+    with pytest.raises(ValueError, match=r"ragged extends the sub-tile loop to any K and to blocks across C's edges: "
+                                         r"it needs sub_k > 0"):
+        configs.validate(WarpTile(128, 64, 16, 32, 64, 8, 8, 4, 3, ragged=True))
 
 
 def test_explain_names_kernel_and_rule():
@@ -643,15 +658,64 @@ def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
     if depth:
         assert k // splits // 16 * 16 == depth
     # Not where the tiles already fill the GPU, nor for a K short of two slices.
-    assert choose(1024, 1024, 1024).rule == "tiled" and choose(1000, 1000, 3000).rule == "tiled"
+    assert choose(1024, 1024, 1024).rule == "tiled" and choose(1000, 1000, 3000).rule != "split-k-idle"
     assert choose(804, 32, 1000).rule != "split-k-idle"
+
+
+@pytest.mark.parametrize("m,n,k,layout,rule,splits", [
+    (1988, 880, 3074, {"b_t": True}, "split-k-wave", 2),      # measured: 1.06x the 128x64 tile, 0.52x cuBLAS's error
+    (636, 2151, 1624, {"aligned": False}, "split-k-wave", 2),  # 1.13x, 0.37x (unsplit 64x64: 1.29x, 0.48x)
+    (739, 3367, 1559, {"a_t": True, "b_t": True}, "tiled", 1),  # 1.01x, 0.28x
+])
+def test_a_long_ragged_k_under_a_wave_is_summed_per_k_tile(m, n, k, layout, rule, splits):
+    """Less than a wave of 128x64 blocks on a long K not a multiple of 16 summed K in one chain on the unrolled tile,
+    up to 2.6x cuBLAS's error: 64x64 tiles with sums per K-tile instead, as fast where measured; batched products and
+    narrow outputs keep the 128x64 tile (in runs of 512 past K = 4096), and so does a K short of 1536."""
+    aligned = layout.get("aligned", True)
+    p = _plan.Problem(m, n, k, **layout, a_aligned=aligned, b_aligned=aligned)
+    c = _plan.choose(p)
+    assert (c.rule, c.name, c.splits) == (rule, _plan.tiles.WT64, splits)
+    assert _plan.serial_run(c, p) <= 256
+    runs = "warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"
+    assert _plan.choose(_plan.Problem(7017, 1690, 7204, batch=3, a_t=True)).name == runs
+    assert _plan.choose(_plan.Problem(1108, 5814, 2522, aligned=False)).name == _plan.tiles.WT128x64  # a wave and more
+    assert _plan.choose(_plan.Problem(9826, 123, 24645)).name == runs  # narrow: the runs, not one chain
+    assert _plan.choose(_plan.Problem(1000, 1000, 1000)).name == "warptile_128x64x16_32x64_8x8_s4_sub8_ragged"
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4100), (2048, 2048, 1000), (3072, 3072, 8200), (1024, 1024, 1000)])
+def test_a_ragged_k_runs_the_loop_whose_tail_follows_it(m, n, k):
+    """K not a multiple of 16: the sub-tile loops' ragged twins, where whole K-tiles on whole tiles take the loops
+    themselves (the kernel reads the last K % 16 terms after the loop); the same rules, the same runs."""
+    ragged, whole = _plan.choose(_plan.Problem(m, n, k)), _plan.choose(_plan.Problem(m, n, k - k % 16))
+    assert ragged.name == whole.name + "_ragged" and ragged.rule == whole.rule and ragged.config.ragged
+    assert ragged.config.sub_k and not whole.config.ragged
+
+
+@pytest.mark.parametrize("m,n,k,b_t,name", [
+    (3000, 3000, 8192, False, "warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"),  # 56 rows and columns past tiles
+    (3000, 3000, 8192, True, "warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"),
+    (6000, 5000, 7008, False, "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512_ragged"),
+    (6000, 5000, 7008, True, "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512"),  # B^T: edges keep one chain
+])
+def test_blocks_across_the_edges_sum_in_runs_where_the_loop_takes_them(m, n, k, b_t, name):
+    """A loop in runs of 512 on a product with blocks across C's edges: its ragged twin, whose loop takes those blocks
+    too (they summed all of K in one chain on the unrolled path), except the 128x256 tile copying B^T transposing,
+    where the edges' masks spilled registers: explain then counts the edges' one chain."""
+    p = _plan.Problem(m, n, k, b_t=b_t)
+    c = _plan.choose(p)
+    if c.peel != (0, 0):
+        p = _plan.interior(p, c.peel)
+        c = _plan.choose(p)
+    assert c.name == name
+    assert _plan.serial_run(c, p) == (k if name.endswith("f512") else 512)
 
 
 def test_long_k_on_large_tiles_fills_the_slots_when_k_has_no_even_cut():
     """1000x1000x100000: 32 tiles of 128x256; the only even cut (2) would leave half the SMs idle, so 4 slices, in
-    runs of 512, the last 32 of K as a launch of their own."""
+    runs of 512 (on the ragged twin: its blocks across C's edges too), the last 32 of K as a launch of their own."""
     c = choose(1000, 1000, 100000)
-    assert (c.rule, c.name, c.splits) == ("split-k", _plan.tiles.WT256_SLICES, 4)
+    assert (c.rule, c.name, c.splits) == ("split-k", _plan.tiles.WT256_SLICES_RAGGED, 4)
 
 
 @pytest.mark.parametrize("m,n,k,aligned", [(10099, 54648, 2, False), (7021, 3497, 3, False), (4096, 4096, 8, True),
@@ -666,14 +730,17 @@ def test_short_k_runs_on_64x64_tiles(m, n, k, aligned):
 
 def test_large_tiles_sum_long_k_in_runs():
     """From K = 1024 on whole 16-deep K-tiles, the 128x256 tile keeps partial sums over runs of 512."""
-    for m, n, k in ((2048, 2048, 2048), (12288, 12288, 12288), (6000, 5000, 7008)):
+    for m, n, k in ((2048, 2048, 2048), (12288, 12288, 12288), (6016, 5120, 7008)):
         assert choose(m, n, k).name == _plan.tiles.WT256_SLICES, (m, n, k)
-    assert choose(4096, 4096, 4097).name != _plan.tiles.WT256_SLICES  # K not whole tiles: no sub-tile loop
+    assert choose(4096, 4096, 4097).name == _plan.tiles.WT256_SLICES_RAGGED  # K not whole tiles: the last term after
 
 
 @pytest.mark.parametrize("m,n,k,run", [
     (1024, 1024, 1024, 1024),      # one running sum over K
     (4096, 4096, 4096, 512),       # the 128x256 tile: runs of 512
+    (4096, 4096, 4100, 516),       # ... and a ragged K's last 4 terms, added after its loop into the last run
+    (3072, 3072, 8200, 520),       # the 128x64 tile past K = 4096: runs of 512, and the last 8 terms after them
+    (3000, 3000, 8200, 520),       # ... on blocks across C's edges too
     (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and the 4 slices' sum)
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
     (8192, 4, 8192, 256),          # few columns: 4 terms per lane and step, over 64 steps
@@ -690,15 +757,17 @@ def test_each_plan_states_its_longest_running_sum(m, n, k, run):
 
 def _exceeds_for_a_known_reason(p, c):
     """Where the plans still sum more than SERIAL_RUN_BOUND terms in one accumulator (docs/kernels/heuristic.md,
-    'Accuracy: the longest running sum'): K not in whole 16-deep K-tiles (no sub-tile loop, so no runs), the 128x64
-    tiles (runs cost them 3-8%), sums per K-tile past K = 16 x the bound, and the few-column kernel's per-lane sums
-    (measured at or below cuBLAS's error)."""
+    'Accuracy: the longest running sum'): split-K's slices on the 128x64 tile's 8-step loop (one chain a slice), sums
+    per K-tile past K = 16 x the bound, the few-column kernel's per-lane sums (measured at or below cuBLAS's error),
+    and blocks across C's edges that a loop leaves to the unrolled path (128x256 tiles copying B^T transposing)."""
     name = c.config.name
     if c.pad or c.peel != (0, 0):
         inner = _plan.aligned_copies(p) if c.pad else _plan.interior(p, c.peel)
         return _exceeds_for_a_known_reason(inner, _plan.choose(inner))
-    return (p.k % 16 != 0 or name.startswith(("warptile_128x64", "fewcol")) or
-            getattr(c.config, "tile_sums", False) and p.k > 16 * _plan.SERIAL_RUN_BOUND)
+    edges = (isinstance(c.config, WarpTile) and c.config.sub_k and (p.m % c.config.bm or p.n % c.config.bn)
+             and not c.config.loops_edges(c.variant))
+    return (name.startswith("fewcol") or c.splits > 1 and name.startswith("warptile_128x64") or
+            getattr(c.config, "tile_sums", False) and p.k > 16 * _plan.SERIAL_RUN_BOUND or bool(edges))
 
 
 def test_plans_past_the_running_sum_bound_are_the_known_classes():

@@ -19,7 +19,8 @@ from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision
                         current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
 from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
-                    WT256_LOOP16, WT256_SLICES, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _few_columns_for, _useful)
+                    WT256_LOOP16, WT256_LOOP16_RAGGED, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP,
+                    _few_tiles, _fill, _few_columns_for, _looped, _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -65,7 +66,7 @@ def _split_for(problem: Problem, device: Device) -> str:
         return WT64
     side = min(problem.m, problem.n)
     if side >= 256 and _useful(problem, get_config(WT256_SLICES)) >= _MIN_USEFUL:
-        return WT256_SLICES
+        return _looped(problem, WT256_SLICES)  # (its twin where C's edges would leave blocks to one running sum)
     return WT128x64_LOOP if side >= 128 else WT64
 
 
@@ -93,7 +94,7 @@ def split_count(problem: Problem, device: Device) -> int:
         even = _even_splits(problem, config, most, _SPLIT_MIN_SLICE)
         if even and 5 * max(even) >= 3 * most:  # an even cut that fills 60% of the block slots
             return max(even)
-        if name == WT256_SLICES and most >= 2 and problem.k // most >= _SPLIT_MIN_SLICE:
+        if name in (WT256_SLICES, WT256_SLICES_RAGGED) and most >= 2 and problem.k // most >= _SPLIT_MIN_SLICE:
             return most  # no even cut fills the slots: the rest (under 16 x most deep) runs as one shallow launch
     wave = -(-config.min_blocks * device.sm_count // tiles)
     slices = max(problem.k // _SPLIT_SLICE, min(wave, problem.k // _SPLIT_MIN_SLICE))
@@ -425,7 +426,8 @@ RULES: tuple[Rule, ...] = (
          f"the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
          _wave_slots, WT64, wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
-         "past one wave, no mostly idle last wave (64x64 for small and narrow products)", lambda p, d: True, _fill),
+         "past one wave, no mostly idle last wave (64x64 for small and narrow products, and with sums per K-tile "
+         "under a wave on a long K not a multiple of 16)", lambda p, d: True, _fill),
 )
 _RULES_WITHOUT_COPIES = tuple(r for r in RULES if not r.pad)
 
@@ -449,6 +451,7 @@ _LIGHTER = {
     WT256_LOOP: WT256_LOOP16,      # 196 KiB -> 98 KiB
     WT256_32: WT256,               # 196 KiB -> 98 KiB
     WT256_SLICES: WT256_LOOP16,    # 226 KiB (the partial sums' slots) -> 98 KiB: one running sum
+    WT256_SLICES_RAGGED: WT256_LOOP16_RAGGED,  # ... on a ragged K
     TF32X3_TILES[0]: TF32X3_TILES[1],  # 102 KiB -> 51 KiB
 }
 

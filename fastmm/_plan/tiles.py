@@ -18,6 +18,10 @@ WT256_LOOP, WT256_32, WT256 = configs.WT256_LOOP.name, configs.WT256_32.name, co
 WT256_LOOP16, WT256_SLICES = configs.WT256_LOOP16.name, configs.WT256_SLICES.name
 WT128x64_LOOP, WT128x64, WT128x64_RUNS = configs.WT128x64_LOOP.name, configs.WT128x64.name, configs.WT128x64_RUNS.name
 WT128x64_SUMS, WT64 = configs.WT128x64_SUMS.name, configs.WT64.name
+WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED = configs.WT256_LOOP16_RAGGED.name, configs.WT256_SLICES_RAGGED.name
+# Each sub-tile loop's twin for a K that is not a multiple of its K-tile (the last K % 16 terms after the loop).
+_RAGGED = {WT256_LOOP16: WT256_LOOP16_RAGGED, WT256_SLICES: WT256_SLICES_RAGGED,
+           WT128x64_LOOP: configs.WT128x64_LOOP_RAGGED.name, WT128x64_RUNS: configs.WT128x64_RUNS_RAGGED.name}
 FEW_COLUMNS = tuple(c.name for c in configs.FEW_COLUMNS)
 TF32_TILES, TF32X3_TILES = tuple(c.name for c in configs.TF32_TILES), tuple(c.name for c in configs.TF32X3_TILES)
 TF32_WG, TF32X3_WG = configs.TF32_WG.name, configs.TF32X3_WG.name
@@ -32,10 +36,22 @@ _SUMS_BELOW_WAVE = 0.75
 # The 32-deep large tile halves the barriers per FMA but doubles the pipeline's fill: it pays from this many waves
 # on aligned rows, A not m-contiguous (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _DEEP_WAVES = 2
-# Sub-tile loops (bodies that the instruction cache holds) pay from this K, where K is a multiple of the K-tile; the
-# 128x256 tiles then sum K in runs of 512 (one FP32 chain over all of K has up to twice cuBLAS's error, runs cost
-# under 2%) (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+# Sub-tile loops (bodies that the instruction cache holds) pay from this K; the tiles then sum K in runs of 512 (one
+# FP32 chain over all of K has up to twice cuBLAS's error; runs cost under 2% on 128x256 tiles) (docs/kernels/
+# heuristic.md, section 'The heuristic's break-even points', tiled).
 _LOOP_MIN_K = 1024
+# The 128x64 tile's one chain over K matched cuBLAS's error up to K = 1024 and had 1.7-2.6x it at K = 1559-3074. Under
+# a wave of its blocks, a single product (both output sides >= 128) with K from this and not a multiple of 16 takes
+# 64x64 tiles with sums per K-tile, which the split-k-wave rule may then cut along K: 1.00-1.29x the unrolled 128x64
+# tile's speed on the three measured, at 0.3-0.7x cuBLAS's error (docs/kernels/heuristic.md, section 'The heuristic's
+# break-even points', tiled).
+_ONE_CHAIN_MAX_K = 1536
+# ... up to this K: past it, sums per K-tile add more than the running-sum bound of K-tile sums, where runs of 512 add
+# about 512 (`accuracy.SERIAL_RUN_BOUND` x 16).
+_TILE_SUMS_MAX_K = 65536
+# Past this K (the running-sum bound, `accuracy.SERIAL_RUN_BOUND`) the 128x64 tile sums K in runs of 512; below it,
+# one chain: its runs cost 3-8% (5-7% on the aligned copies), more than the 2% we spend on accuracy.
+_RUNS_128x64_MIN_K = 4096
 # Past one wave, a large tile whose last wave leaves more than 1 - this of the SMs' time idle gives way to the
 # 128x64 tile, three blocks to an SM (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _MIN_WAVE_EFFICIENCY = 0.85
@@ -84,33 +100,37 @@ _SHORT_K_UNALIGNED = 128
 def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
-    128x256 tiles where they fill the SMs: on their sub-tile loops where K allows, else 32 deep from two waves on
-    aligned rows, else 16 deep; 128x64 tiles where 128x256 ones would leave SMs idle, pad much or leave a ragged
-    last wave; 64x64 tiles for everything smaller or skinnier. The measurements: docs/kernels/heuristic.md, section
-    'The heuristic's break-even points', tiled.
+    128x256 tiles where they fill the SMs: on their 16-deep loop in runs of 512 from K = 1024, else 32 deep from two
+    waves on aligned rows, else on the loop; 128x64 tiles where 128x256 ones would leave SMs idle, pad much or leave a
+    ragged last wave (in runs past K = 4096); 64x64 tiles for everything smaller or skinnier, and for a long ragged K
+    under a wave. The loops take any K (`_looped`). The measurements: docs/kernels/heuristic.md, section 'The
+    heuristic's break-even points', tiled.
     """
     if problem.k <= _SHORT_K or (problem.k < _SHORT_K_UNALIGNED and not problem.aligned):
         return WT64  # bound by writing C: the most blocks, each storing its tile soonest
     big = get_config(WT256)
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
+    long_k = problem.k >= _LOOP_MIN_K
     if _fits(problem, device, WT256) and not ragged and not _small_tiles_first(problem):
-        long_k = problem.k >= _LOOP_MIN_K
-        if long_k and _whole_k_tiles(problem, WT256_SLICES):
-            return WT256_SLICES  # K summed in runs of 512: cuBLAS's accuracy, within 2% of one run (see _LOOP_MIN_K)
+        if long_k:
+            return _looped(problem, WT256_SLICES)  # K in runs of 512: cuBLAS's accuracy, within 2% of one run
         if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t and problem.aligned:
             return WT256_32
-        return WT256_LOOP16 if _whole_k_tiles(problem, WT256_LOOP16) else WT256
+        return _looped(problem, WT256_LOOP16)
     name = _fill_small_warptile(problem, device)
     if name == WT128x64:
         if problem.tiles(get_config(name)) < _SUMS_BELOW_WAVE * device.sm_count:
             return WT128x64_SUMS
-        if problem.runs and problem.k >= _LOOP_MIN_K and _whole_k_tiles(problem, WT128x64_RUNS):
-            return WT128x64_RUNS
         loop = get_config(WT128x64_LOOP)
         # The loop pays where fetch stalls are not hidden behind other blocks: below one wave of blocks.
         one_wave = problem.tiles(loop) < loop.min_blocks * device.sm_count
-        return WT128x64_LOOP if one_wave and _whole_k_tiles(problem, WT128x64_LOOP) else WT128x64
+        if (_ONE_CHAIN_MAX_K <= problem.k <= _TILE_SUMS_MAX_K and one_wave and problem.k % 16 and problem.batch == 1
+                and min(problem.m, problem.n) >= 128):
+            return WT64  # sums per K-tile on four times the blocks
+        if problem.k > _RUNS_128x64_MIN_K or problem.runs and long_k:
+            return _looped(problem, WT128x64_RUNS)  # K in runs of 512
+        return _looped(problem, WT128x64_LOOP) if one_wave else WT128x64
     return name
 
 
@@ -121,9 +141,13 @@ def _small_tiles_first(problem: Problem) -> bool:
     return (not problem.aligned or problem.runs) and problem.k < _LOOP_MIN_K
 
 
-def _whole_k_tiles(problem: Problem, name: str) -> bool:
-    """K is a multiple of the configuration's K-tile: its interior blocks run the sub-tile loop."""
-    return problem.k % get_config(name).bk == 0
+def _looped(problem: Problem, name: str) -> str:
+    """The sub-tile loop `name` for this product: itself on whole K-tiles, else its twin that reads the last K % 16
+    terms after the loop; the twin too where it also takes the blocks across C's edges and sums in runs (those blocks'
+    one running sum on the unrolled path then becomes runs as well)."""
+    twin = get_config(_RAGGED[name])
+    edges = twin.flush and twin.loops_edges(problem.variant_for(twin)) and (problem.m % twin.bm or problem.n % twin.bn)
+    return twin.name if problem.k % twin.bk or edges else name
 
 
 def _few_tiles(problem: Problem, device: Device) -> bool:

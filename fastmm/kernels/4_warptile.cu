@@ -31,6 +31,12 @@
 // and each body copies the matching SUB_K rows of a stage STAGES - 1 K-tiles ahead, with no bounds to check
 // (a copy past the last K-tile reads nothing: source size zero). Edge blocks take the unrolled path.
 //
+// RAGGED: the loop for any K and any block. It covers the whole K-tiles, and the last K % BK terms are read from
+// global memory after it (`add_tail`): fewer than BK a thread tile, under a percent of its FMAs from K = 1024 (their
+// loads' latency is not hidden). Blocks across C's edges take the loop too, their copies zeroing what lies past the
+// edge as the unrolled path's do, so that their sums run in runs as well (but see EDGE_LOOP). A macro, not a test
+// alone: the extra code moved ptxas' schedule of the whole-K interior loop, which had been tuned to half a percent.
+//
 // Edges: cp.async's source size zero-fills whatever lies outside the matrix (a vector that crosses the edge
 // copies only its valid bytes), so the FMAs never test bounds; C stores are guarded per row and element.
 //
@@ -38,9 +44,9 @@
 //
 // Macros: THREADS = (BM / WM) * (BN / WN) * 32, PAD (floats of padding per shared row: keeps 16-byte alignment,
 // spreads banks), BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, SUB_K, FLUSH (steps of k per
-// partial sum, a multiple of BK, or 0), and the layout as in rung 3: A_T = 1 when A
-// has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies of A and B are
-// legal (else 4-byte copies; C's 16-byte stores are decided per block, see fastmm_c_vec4).
+// partial sum, a multiple of BK, or 0), RAGGED (1: the sub-tile loop for any K and any block), and the layout as in
+// rung 3: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies
+// of A and B are legal (else 4-byte copies; C's 16-byte stores are decided per block, see fastmm_c_vec4).
 
 #define LX (WN / TN)             // lanes of a warp along n
 #define LY (WM / TM)             // ... and along m
@@ -58,6 +64,9 @@ static_assert(STAGES >= 2, "cp.async pipelining needs at least two stages");
 static_assert(VEC == 4 || VEC == 1, "VEC is 4 (16-byte copies) or 1 (4-byte copies)");
 static_assert(SUB_K == 0 || (BK % SUB_K == 0 && SUB_K >= 2 && !TILE_SUMS), "SUB_K divides BK; no tile sums");
 static_assert(FLUSH % BK == 0 && (FLUSH == 0 || SUB_K > 0), "partial sums span whole K-tiles, on the sub-tile loop");
+static_assert(RAGGED == 0 || SUB_K > 0, "a ragged K's tail follows the sub-tile loop");
+// Not the 128 x 256 tile's loop with B copied transposing (B_T): the edges' masks spilled its registers.
+#define EDGE_LOOP (RAGGED && !(B_T && BN > 128))
 
 // 128-bit shared-memory read at a byte address. Fragment addresses are kept as 32-bit shared addresses that
 // live through the whole K loop, so every read is [register + immediate]: recomputing them per K-tile made
@@ -294,12 +303,17 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     // worse), while the loop lost 0-2% (4096^3 A^T.B 1.02 -> 1.00x cuBLAS, 512x512x32768 1.00x). Edge blocks and a K
     // that is not a multiple of BK keep one running sum.
     bool flushed = false;
+#if RAGGED
+    const int loop_tiles = K / BK;  // whole K-tiles: the loop's; the rest is the tail's
+#else
+    const int loop_tiles = num_k_tiles;
+#endif
     auto in_runs = [&](auto&& loop) {
 #if FLUSH
-        for (int kt0 = 0; kt0 < num_k_tiles; kt0 += FLUSH_TILES) {
-            const int kt1 = min(kt0 + FLUSH_TILES, num_k_tiles);
+        for (int kt0 = 0; kt0 < loop_tiles; kt0 += FLUSH_TILES) {
+            const int kt1 = min(kt0 + FLUSH_TILES, loop_tiles);
             loop(kt0, kt1);
-            if (kt1 < num_k_tiles) {
+            if (kt1 < loop_tiles) {
                 add_sums(flushed, true);
                 flushed = true;
 #pragma unroll
@@ -309,13 +323,67 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
             }
         }
 #else
-        loop(0, num_k_tiles);
+        loop(0, loop_tiles);
 #endif
     };
+#if RAGGED
+    // The terms of k in [k0, K) (fewer than BK) into the last run, in order, straight from global memory, through the
+    // fragment buffers, which are free once the loop is done; 16 bytes at a time along an operand's unit stride. Rows
+    // and columns past C's edge read the last one instead (their sums are never stored). (Loading the next step's
+    // values during a step's FMAs spilled the 128x256 loop.)
+    auto load_tail = [&](int buf, int k) {
+        const int row0 = bm + wm0 + ty * 4, col0 = bn + wn0 + tx * 4;
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const long long m = row0 + i * (WM / RM);
+            if (A_T && VEC == 4 && m + 3 < M) {
+                const float4 v = *reinterpret_cast<const float4*>(a + (long long)k * lda + m);
+                af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
+            } else {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const long long mr = m + r < M ? m + r : M - 1;
+                    af[buf][i * 4 + r] = a[A_T ? (long long)k * lda + mr : mr * lda + k];
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RN; ++j) {
+            const long long n = col0 + j * (WN / RN);
+            if (!B_T && VEC == 4 && n + 3 < N) {
+                const float4 v = *reinterpret_cast<const float4*>(b + (long long)k * ldb + n);
+                bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
+            } else {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const long long nr = n + r < N ? n + r : N - 1;
+                    bf[buf][j * 4 + r] = b[B_T ? nr * ldb + k : (long long)k * ldb + nr];
+                }
+            }
+        }
+    };
+    auto add_tail = [&](int k0) {
+#pragma unroll 1
+        for (int k = k0; k < K; ++k) {
+            load_tail(0, k);
+            fma_step(0, false);
+        }
+    };
+#endif
 #if SUB_K
     // (num_k_tiles > 0 adds nothing to K % BK == 0 for the K > 0 the dispatcher launches, but with it ptxas laid
     // the loop out the way that ran 0.5% faster, 4096^3 1.004x against 0.999x cuBLAS: same loop statistics.)
+#if RAGGED
+#if EDGE_LOOP
+    // Every block with a whole K-tile, its copies kept within C's edges.
+    const unsigned ok = copy_a.edge_mask(m_left) | copy_b.edge_mask(n_left) << 16;  // one register for both
+    if (loop_tiles > 0) {
+#else
+    if (m_left >= BM && n_left >= BN && loop_tiles > 0) {
+#endif
+#else
     if (m_left >= BM && n_left >= BN && K % BK == 0 && num_k_tiles > 0) {
+#endif
         constexpr int SUBS = BK / SUB_K;  // loop bodies per K-tile
         constexpr int SUB_COPIES = CopyA::SUB_COUNT + CopyB::SUB_COUNT;
         constexpr int SUB_PER_STEP = (SUB_COPIES + SUB_K - 2) / (SUB_K - 1);  // from step 1 on
@@ -324,7 +392,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
             for (int it = kt0 * SUBS; it < kt1 * SUBS; ++it) {
                 const int sub = it % SUBS;
                 // Copies of this body go to K-tile it / SUBS + STAGES - 1, into the stage at write_stage.
-                const bool has = it / SUBS + STAGES - 1 < num_k_tiles;
+                const bool has = it / SUBS + STAGES - 1 < loop_tiles;
                 const unsigned a_rd = a_frag + sub * A_ROWS, b_rd = b_frag + sub * B_ROWS;
                 const unsigned wa = write_stage + sub * A_ROWS, wb = write_stage + sub * B_ROWS;
 #pragma unroll
@@ -333,8 +401,13 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #pragma unroll
                     for (int c = (k - 1) * SUB_PER_STEP; c < k * SUB_PER_STEP && c < SUB_COPIES; ++c) {
                         if (c < 0) continue;
+#if EDGE_LOOP
+                        if (c < CopyA::SUB_COUNT) copy_a.copy_sub_edge<0>(c, wa, lda, has, ok);
+                        else copy_b.copy_sub_edge<16>(c - CopyA::SUB_COUNT, wb, ldb, has, ok);
+#else
                         if (c < CopyA::SUB_COUNT) copy_a.copy_sub(c, wa, lda, has);
                         else copy_b.copy_sub(c - CopyA::SUB_COUNT, wb, ldb, has);
+#endif
                     }
                     fma_step(k % 2, false);
                 }
@@ -358,6 +431,9 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
                 fma_step((SUB_K - 1) % 2, false);
             }
         });
+#if RAGGED
+        if (K % BK) add_tail(K - K % BK);
+#endif
     } else
 #endif
     for (int kt = 0; kt < num_k_tiles; ++kt) {

@@ -21,33 +21,9 @@ from .base import MAX_GRID_Y, MAX_GRID_Z, Variant, KernelConfig
 from .int8 import INT8_WG, Int8Tile, Warpgroups
 from .passes import AUXILIARY, REPITCH, SLICE_SUM, SPLIT, Repitch, SliceSum, Split
 
-__all__ = [
-    "KernelConfig",
-    "MAX_GRID_Y",
-    "MAX_GRID_Z",
-    "Naive",
-    "Smem",
-    "RegTile",
-    "WarpTile",
-    "TensorTile",
-    "WgTile",
-    "FewColumns",
-    "Int8Tile",
-    "INT8_WG",
-    "SliceSum",
-    "Split",
-    "SPLIT",
-    "SLICE_SUM",
-    "Repitch",
-    "REPITCH",
-    "AUXILIARY",
-    "Variant",
-    "CONFIGS",
-    "FAMILIES",
-    "current_name",
-    "get_config",
-    "validate",
-]
+__all__ = ["KernelConfig", "MAX_GRID_Y", "MAX_GRID_Z", "Naive", "Smem", "RegTile", "WarpTile", "TensorTile", "WgTile",
+           "FewColumns", "Int8Tile", "INT8_WG", "SliceSum", "Split", "SPLIT", "SLICE_SUM", "Repitch", "REPITCH",
+           "AUXILIARY", "Variant", "CONFIGS", "FAMILIES", "current_name", "get_config", "validate"]
 
 @dataclasses.dataclass(frozen=True)
 class Naive(KernelConfig):
@@ -220,6 +196,10 @@ class WarpTile(_Pipelined, KernelConfig):
     # to slots in shared memory every `flush` steps and restart from zero, so a long K is summed in runs: relative
     # error ~ sqrt(flush + K / flush) instead of ~ sqrt(K) (4096^3 A^T.B: 4.1e-7 against 1.1e-6, cuBLAS 8.1e-7).
     flush: int = 0
+    # The sub-tile loop for any K (the last K % bk terms from global memory after it) and for blocks across C's edges
+    # (copies zeroed past the edge) where registers allow (`loops_edges`). Configurations of their own, for such
+    # products only: the extra code moved ptxas' schedule of the whole-K interior loop, whose binaries stay as tuned.
+    ragged: bool = False
     family: ClassVar[str] = "warptile"
     source: ClassVar[str] = "4_warptile.cu"
 
@@ -227,11 +207,17 @@ class WarpTile(_Pipelined, KernelConfig):
     def name(self) -> str:
         return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
                 f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}"
-                f"{f'_sub{self.sub_k}' if self.sub_k else ''}{f'_f{self.flush}' if self.flush else ''}")
+                f"{f'_sub{self.sub_k}' if self.sub_k else ''}{f'_f{self.flush}' if self.flush else ''}"
+                + "_ragged" * self.ragged)
 
     @property
     def smem_bytes(self) -> int:
         return self.shared_for(self.flush + 1)
+
+    def loops_edges(self, variant: Variant) -> bool:
+        """Whether blocks across C's edges take the loop (4_warptile.cu's EDGE_LOOP): not on 128x256 tiles whose B is
+        copied transposing (B^T, unit stride along k), where the edges' masks spilled registers."""
+        return self.ragged and not (variant.b_t and self.bn > 128)
 
     def shared_for(self, k: int) -> int:
         # Past the stages, where a product's K makes partial sums: each thread's TM x TN slots. A shorter K launches
@@ -240,7 +226,8 @@ class WarpTile(_Pipelined, KernelConfig):
 
     def _tile_macros(self) -> dict[str, int]:
         return {**self._pipeline_macros(), "TM": self.tm, "TN": self.tn, "SPREAD": int(self.spread),
-                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k, "FLUSH": self.flush}
+                "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k, "FLUSH": self.flush,
+                "RAGGED": int(self.ragged)}
 
     def _check(self) -> list[str]:
         errors = []
@@ -265,6 +252,9 @@ class WarpTile(_Pipelined, KernelConfig):
                               f"{max(passes)} (the rows one pass of copies covers)")
             if self.tile_sums:
                 errors.append("sub_k and tile_sums cannot be combined")
+        if self.ragged and not self.sub_k:
+            errors.append("ragged extends the sub-tile loop to any K and to blocks across C's edges: it needs "
+                          "sub_k > 0")
         if self.flush % self.bk or self.flush < 0 or (self.flush and not self.sub_k):
             errors.append(f"flush {self.flush} must be a multiple of BK ({self.bk}) on a sub-tile loop (sub_k > 0): "
                           "partial sums span whole K-tiles of the loop")
@@ -484,6 +474,10 @@ WT128x64 = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, mi
 WT128x64_RUNS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=3, min_blocks=3, sub_k=8, flush=512)
 # ... on less than a wave (768^3)
 WT128x64_SUMS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=4, min_blocks=2, tile_sums=True)
+# The sub-tile loops above for a K that is not a multiple of 16 (the last K % 16 terms after the loop) and for blocks
+# across C's edges
+WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED = (
+    dataclasses.replace(c, ragged=True) for c in (WT256_LOOP16, WT256_SLICES, WT128x64_LOOP, WT128x64_RUNS))
 # small and narrow products, split-K slices
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
@@ -510,6 +504,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
     WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
+    WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
