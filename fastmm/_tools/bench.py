@@ -151,6 +151,7 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
     import cupy as cp
 
     import fastmm
+    from ..kernels.configs import BY_NAME
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -183,8 +184,9 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
         record("cublas", cublas)
         for kernel in kernels:
             family = kernel.split("_")[0]
-            # The few-column kernels re-read A once per NMAX columns: only few-column (or few-row) shapes.
-            off_shape = family == "fewcol" and min(shape.m, shape.n) > 16
+            # The few-column kernels re-read A once per NMAX columns: only shapes whose few columns (or rows) one
+            # block holds.
+            off_shape = family == "fewcol" and min(shape.m, shape.n) > BY_NAME[kernel].nmax
             if off_shape or shape.flops / (_EXPECTED_TFLOPS.get(family, 30.0) * 1e12) > SLOW_SECONDS:
                 bar.update()
                 continue
