@@ -674,7 +674,8 @@ def test_large_tiles_sum_long_k_in_runs():
 @pytest.mark.parametrize("m,n,k,run", [
     (1024, 1024, 1024, 1024),      # one running sum over K
     (4096, 4096, 4096, 512),       # the 128x256 tile: runs of 512
-    (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and the 4 slices' sum)
+    (1000, 1000, 100000, 24992),   # split-K into 4 slices of runs of 512, but the blocks across C's edges (31% of C)
+                                   # sum each slice in one chain on the unrolled path
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
     (8192, 4, 8192, 256),          # few columns: 4 terms per lane and step, over 64 steps
     (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run
@@ -691,13 +692,14 @@ def test_each_plan_states_its_longest_running_sum(m, n, k, run):
 def _exceeds_for_a_known_reason(p, c):
     """Where the plans still sum more than SERIAL_RUN_BOUND terms in one accumulator (docs/kernels/heuristic.md,
     'Accuracy: the longest running sum'): K not in whole 16-deep K-tiles (no sub-tile loop, so no runs), the 128x64
-    tiles (runs cost them 3-8%), sums per K-tile past K = 16 x the bound, and the few-column kernel's per-lane sums
-    (measured at or below cuBLAS's error)."""
+    tiles (runs cost them 3-8%), sums per K-tile past K = 16 x the bound, the few-column kernel's per-lane sums
+    (measured at or below cuBLAS's error), and blocks across C's edges, which a loop leaves to one running sum."""
     name = c.config.name
     if c.pad or c.peel != (0, 0):
         inner = _plan.aligned_copies(p) if c.pad else _plan.interior(p, c.peel)
         return _exceeds_for_a_known_reason(inner, _plan.choose(inner))
-    return (p.k % 16 != 0 or name.startswith(("warptile_128x64", "fewcol")) or
+    edges = isinstance(c.config, WarpTile) and c.config.sub_k and (p.m % c.config.bm or p.n % c.config.bn)
+    return (p.k % 16 != 0 or name.startswith(("warptile_128x64", "fewcol")) or bool(edges) or
             getattr(c.config, "tile_sums", False) and p.k > 16 * _plan.SERIAL_RUN_BOUND)
 
 

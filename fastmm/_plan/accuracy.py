@@ -24,8 +24,11 @@ SERIAL_RUN_BOUND = 4096
 _STEP, _FOLD = 128, 8
 
 
-def _run_of(config, k: int, a_t: bool = False) -> int:
-    """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound)."""
+def _run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
+    """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound); `edges`: some of
+    its blocks cross C's edges, which a sub-tile loop leaves to the unrolled path's one running sum."""
+    if edges and isinstance(config, WarpTile) and config.sub_k:
+        return k
     if isinstance(config, FewColumns):
         per_step = 16 if a_t or config.nmax > 16 else 4  # past 16 columns a warp takes every 8th k in every layout
         steps = -(-k // (_STEP * config.cluster))
@@ -43,7 +46,8 @@ def serial_run(choice: Choice, problem: Problem, device: Device = Device()) -> i
     """The longest run of terms that `choice` adds into one FP32 accumulator for `problem`.
 
     Split-K counts its deepest slice and the slices' sum (in order); a product on aligned copies or with its ragged
-    edges peeled off counts the plan of the copies or of the interior (the edges' few-column runs are shorter)."""
+    edges peeled off counts the plan of the copies or of the interior (the edges' few-column runs are shorter); blocks
+    across C's edges on a sub-tile loop's tile count the one running sum of the unrolled path they take."""
     if problem.k == 0:
         return 0
     if choice.pad:
@@ -52,9 +56,10 @@ def serial_run(choice: Choice, problem: Problem, device: Device = Device()) -> i
     if choice.peel != (0, 0):
         inside = interior(problem, choice.peel)
         return serial_run(choose(inside, device, "auto"), inside, device)
-    k, splits = problem.k, choice.splits
+    k, splits, config = problem.k, choice.splits, choice.config
+    edges = isinstance(config, WarpTile) and bool(problem.m % config.bm or problem.n % config.bn)
     if splits > 1:
         depth, full, tail = split_cut(k, splits)
-        return max(_run_of(choice.config, depth, choice.variant.a_t),
-                   _run_of(choice.config, tail, choice.variant.a_t) if tail else 0, full + (tail > 0))
-    return _run_of(choice.config, k, choice.variant.a_t)
+        return max(_run_of(config, depth, choice.variant.a_t, edges),
+                   _run_of(config, tail, choice.variant.a_t, edges) if tail else 0, full + (tail > 0))
+    return _run_of(config, k, choice.variant.a_t, edges)
