@@ -183,10 +183,11 @@ def cmd_bench(args) -> int:
                   file=sys.stderr)
             return 2
     if args.dask:
-        from ._tools.dask_bench import parse_kinds
+        from ._tools.dask_bench import parse_kinds, parse_stealing
 
         try:
             parse_kinds(args.dask_kinds)
+            parse_stealing(args.dask_stealing)
             if args.dask_threads < 1:
                 raise ValueError(f"--dask-threads must be at least 1 (got {args.dask_threads})")
         except ValueError as e:

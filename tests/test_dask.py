@@ -126,6 +126,34 @@ def test_dask_bench_counts_the_bytes_that_cross_between_workers():
         assert nbytes == 1000 * 100 * 8 and rate > 0  # both chunks, from a to b
 
 
+def test_dask_bench_turns_work_stealing_off_and_counts_the_tasks_stolen():
+    """--dask-stealing off: the setting the scheduler reads as it starts (a planned task that is stolen fetches its
+    operands again); the count of stolen tasks is the scheduler's log of confirmed moves."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    import dask
+
+    from fastmm._tools.dask_bench import _confirmed_steals, parse_stealing, steals
+
+    assert parse_stealing("on") == (True,) and parse_stealing("on,off") == (True, False)
+    assert parse_stealing("off, off") == (False,)
+    with pytest.raises(ValueError, match=r"--dask-stealing takes on, off or on,off \(got 'maybe'\)"):
+        parse_stealing("maybe")
+    for on in (True, False):
+        with dask.config.set({"distributed.scheduler.work-stealing": on}), \
+                distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=None) as c, \
+                distributed.Client(c) as client:
+            assert ("stealing" in c.scheduler.extensions) == on
+            assert steals(client) == 0
+
+    class Log:
+        def get_events(self, topic):
+            assert topic == "stealing"
+            return [(0.0, ("request", [])), (1.0, ("confirm", "k", "memory", "a", "b", "s")),
+                    (2.0, ("already-computing", "k2")), (3.0, ("confirm", "k3", "memory", "b", "a", "s"))]
+
+    assert _confirmed_steals(Log()) == 2
+
+
 def test_fastmm_arrays_have_serializers_of_their_own():
     """Chunks sent between workers must arrive as fastmm arrays (CuPy's deserializer, found through the base class,
     makes plain CuPy arrays, whose products are cuBLAS's); registered by fastmm.dask, and by fastmm itself in a
@@ -150,6 +178,9 @@ def test_dask_bench_refuses_an_unknown_graph_kind_before_any_work():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2, out
     assert "--dask-kinds: unknown graph kind(s) ['foo']; valid: fastmm, cupy, planned, planned-cupy" in out.stderr, out.stderr
+    bad = code.replace("'--dask-kinds', 'planned,foo'", "'--dask-stealing', 'maybe'")
+    out = subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True)
+    assert out.returncode == 2 and "--dask-stealing takes on, off or on,off (got 'maybe')" in out.stderr, out.stderr
     code = code.replace("'--dask-kinds', 'planned,foo'", "'--dask-threads', '0'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2 and "--dask-threads must be at least 1 (got 0)" in out.stderr, out.stderr

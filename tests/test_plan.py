@@ -741,7 +741,7 @@ def test_large_tiles_sum_long_k_in_runs():
     (4096, 4096, 4100, 516),       # ... and a ragged K's last 4 terms, added after its loop into the last run
     (3072, 3072, 8200, 520),       # the 128x64 tile past K = 4096: runs of 512, and the last 8 terms after them
     (3000, 3000, 8200, 520),       # ... on blocks across C's edges too
-    (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and the 4 slices' sum)
+    (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and their sum), edge blocks too
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
     (8192, 4, 8192, 256),          # few columns: 4 terms per lane and step, over 64 steps
     (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run

@@ -151,6 +151,7 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
     import cupy as cp
 
     import fastmm
+    from ..kernels.configs import BY_NAME
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -183,8 +184,9 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
         record("cublas", cublas)
         for kernel in kernels:
             family = kernel.split("_")[0]
-            # The few-column kernels re-read A once per NMAX columns: only few-column (or few-row) shapes.
-            off_shape = family == "fewcol" and min(shape.m, shape.n) > 16
+            # The few-column kernels re-read A once per NMAX columns: only shapes whose few columns (or rows) one
+            # block holds.
+            off_shape = family == "fewcol" and min(shape.m, shape.n) > BY_NAME[kernel].nmax
             if off_shape or shape.flops / (_EXPECTED_TFLOPS.get(family, 30.0) * 1e12) > SLOW_SECONDS:
                 bar.update()
                 continue
@@ -377,6 +379,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
     p.add_argument("--dask-threads", type=int, default=1,
                    help="--dask: threads of each worker (default 1, as dask-cuda's LocalCUDACluster starts them)")
+    p.add_argument("--dask-stealing", default="on",
+                   help="--dask: the scheduler's work stealing, on, off or on,off (each cluster both ways; default: on, "
+                        "Dask's default)")
     p.add_argument("--dask-protocol", default="tcp,ucx",
                    help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
     p.add_argument("--dask-kinds", default="fastmm,cupy,planned,planned-cupy",

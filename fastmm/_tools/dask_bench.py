@@ -43,6 +43,15 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def parse_stealing(text: str) -> tuple[bool, ...]:
+    """--dask-stealing: "on", "off" or "on,off" (each cluster measured both ways)."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    bad = sorted(set(words) - {"on", "off"})
+    if bad or not words:
+        raise ValueError(f"--dask-stealing takes on, off or on,off (got {text!r})")
+    return tuple(dict.fromkeys(w == "on" for w in words))
+
+
 def gpu_counts(most: int) -> list[int]:
     """1, 2, 4, ... up to `most` GPUs, and `most` itself."""
     return sorted({1 << i for i in range(most.bit_length()) if 1 << i <= most} | {most})
@@ -89,13 +98,15 @@ def ucx_environment() -> dict[str, str]:
     return {f"DASK_DISTRIBUTED_UCXX__{k.upper().replace('-', '_')}": str(v) for k, v in UCX_NVLINK.items()}
 
 
-def _cluster(gpus: int, protocol: str = "tcp", threads: int = 1):
+def _cluster(gpus: int, protocol: str = "tcp", threads: int = 1, stealing: bool = True):
     """A local cluster with one worker per GPU, of `threads` threads (dask-cuda's default: one), talking `protocol`
-    (tcp, or ucx over NVLink)."""
+    (tcp, or ucx over NVLink), its scheduler stealing work between workers or not (`stealing`)."""
+    import dask
+
+    # The scheduler reads the setting as it starts (in this process, as both kinds of cluster start it).
+    dask.config.set({"distributed.scheduler.work-stealing": stealing})
     ucx = protocol == "ucx"
     if ucx:
-        import dask
-
         # This process's UCX (the scheduler's and the client's) starts once, with the first cluster over UCX: set
         # for good, as a dask-cuda cluster would set it, rather than only while this one is built.
         dask.config.set({f"distributed-ucxx.{k}": v for k, v in UCX_NVLINK.items()})
@@ -215,6 +226,16 @@ def moved(client) -> tuple[int, float]:
     return total, total / seconds if seconds > 0 else 0.0
 
 
+def _confirmed_steals(dask_scheduler) -> int:
+    return sum(1 for _, msg in dask_scheduler.get_events("stealing") if isinstance(msg, tuple) and msg[0] == "confirm")
+
+
+def steals(client) -> int:
+    """Tasks the scheduler's work stealing has moved from the worker it had sent them to, so far (its log's confirmed
+    moves): a planned task moved so fetches its operands again."""
+    return client.run_on_scheduler(_confirmed_steals)
+
+
 def _same(chunk):
     return chunk
 
@@ -234,7 +255,8 @@ def _timed(fn, warm_up: bool = True) -> float:
 
 
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
-        protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1) -> list[dict]:
+        protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1,
+        stealing: tuple[bool, ...] = (True,)) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -246,7 +268,8 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     def add(row):  # each row printed as soon as it is measured: a run cut short keeps what it has
         row["tflops"] = 2 * row["n"] ** 3 / row["seconds"] / 1e12
         rows.append(row)
-        moved_ = f"  {row['moved'] / 2**30:6.2f} GiB between GPUs" if row.get("gpus", 1) > 1 and "moved" in row else ""
+        moved_ = (f"  {row['moved'] / 2**30:6.2f} GiB between GPUs, {row['stolen']} tasks stolen"
+                  if row.get("gpus", 1) > 1 and "moved" in row else "")
         print(f"  {row['what']:62s} {row['seconds']:8.2f} s  {row['tflops']:7.1f} TFLOP/s{moved_}", flush=True)
 
     # 1. In memory, one GPU (--dask-n-memory 0: skipped).
@@ -293,15 +316,18 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
         return rows
     from distributed import Client, wait
 
-    for protocol, gpus in ((p, g) for p in protocols for g in gpu_counts(max_gpus)):
+    for protocol, gpus, steal in ((p, g, s) for p in protocols for g in gpu_counts(max_gpus) for s in stealing):
         missing = protocol_missing(protocol)
         if missing:
             print(f"  cluster over {protocol}: not measured ({missing})", flush=True)
             continue
-        with _cluster(gpus, protocol, threads) as cluster, Client(cluster) as client:
+        if gpus == 1 and not steal and True in stealing:
+            continue  # one worker steals nothing: measured once
+        where = protocol if len(stealing) == 1 else f"{protocol}, stealing {'on' if steal else 'off'}"
+        with _cluster(gpus, protocol, threads, steal) as cluster, Client(cluster) as client:
             pools = set(client.run(_rmm_pool, RMM_POOL_SHARE).values()) if protocol == "ucx" else set()
-            print(f"  {type(cluster).__name__}, {gpus} worker(s) of {threads} thread(s), {protocol}{'; ' if pools else ''}"
-                  f"{'; '.join(sorted(pools))}", flush=True)
+            print(f"  {type(cluster).__name__}, {gpus} worker(s) of {threads} thread(s), {protocol}, work stealing "
+                  f"{'on' if steal else 'off'}{'; ' if pools else ''}{'; '.join(sorted(pools))}", flush=True)
             if gpus > 1:
                 rate = link_rate(client)
                 print(f"  {protocol}: one 256 MiB chunk from worker to worker at {rate / 1e9:.1f} GB/s", flush=True)
@@ -325,12 +351,14 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
 
                     product(0)  # warm-up
                     clear_moved(client)
+                    stolen = steals(client)
                     t0 = time.perf_counter()
                     product(1)
                     secs = time.perf_counter() - t0
                     total, rate = moved(client)
-                    add({"what": f"cluster ({protocol}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
-                         "kind": kind, "protocol": protocol, "seconds": secs, "moved": total, "link": rate})
+                    add({"what": f"cluster ({where}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
+                         "kind": kind, "protocol": where, "seconds": secs, "moved": total, "link": rate,
+                         "stolen": steals(client) - stolen})
                     client.cancel(x)
     return rows
 
@@ -342,14 +370,14 @@ def print_table(rows) -> None:
             print(f"  {r['what']:62s} {r['link'] / 1e9:8.1f} GB/s, one chunk from worker to worker")
             continue
         err = f"  rel error {r['rel_error']:.1e}" if "rel_error" in r else ""
-        moved_ = (f"  {r['moved'] / 2**30:6.2f} GiB between GPUs at {r.get('link', 0) / 1e9:5.1f} GB/s a transfer"
-                  if r.get("gpus", 1) > 1 and "moved" in r else "")
+        moved_ = (f"  {r['moved'] / 2**30:6.2f} GiB between GPUs at {r.get('link', 0) / 1e9:5.1f} GB/s a transfer, "
+                  f"{r.get('stolen', 0)} tasks stolen" if r.get("gpus", 1) > 1 and "moved" in r else "")
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}")
     for r in rows:
         if r.get("gpus", 1) > 1 and "seconds" in r:
             # Against the same graph on one GPU, same protocol.
             one = next((o for o in rows if o.get("kind") == r["kind"] and o["n"] == r["n"] and o["gpus"] == 1
-                        and o.get("protocol") == r.get("protocol")), None)
+                        and o.get("protocol", "").split(",")[0] == r.get("protocol", "").split(",")[0]), None)
             if one:
                 eff = r["tflops"] / (r["gpus"] * one["tflops"])
                 print(f"  scaling, {r['n']}^3 {r['kind']} over {r.get('protocol')}: {r['gpus']} GPUs "
@@ -369,12 +397,14 @@ def main(args) -> int:
     from .timing import no_gpu
 
     kinds = parse_kinds(args.dask_kinds)
+    stealing = parse_stealing(args.dask_stealing)
     if no_gpu("bench --dask"):
         return 2
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
-                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads)
+                   args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads,
+                   stealing)
     print_table(rows)
     if args.json:
         import json
