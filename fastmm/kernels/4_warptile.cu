@@ -331,35 +331,29 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     // fragment buffers, which are free once the loop is done; 16 bytes at a time along an operand's unit stride. Rows
     // and columns past C's edge read the last one instead (their sums are never stored). (Loading the next step's
     // values during a step's FMAs spilled the 128x256 loop.)
+    // Four values of step k of one operand, at x .. x + 3 along M (A) or N (B): one 16-byte load where they are
+    // contiguous (`unit`: that operand's unit stride) and inside, else four, each past x_end reading x_end - 1.
+    auto tail4 = [&](const float* p, bool unit, long long x, int x_end, long long ld, int k) {
+        if (unit && VEC == 4 && x + 3 < x_end) return *reinterpret_cast<const float4*>(p + (long long)k * ld + x);
+        float v[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const long long xr = x + r < x_end ? x + r : x_end - 1;
+            v[r] = p[unit ? (long long)k * ld + xr : xr * ld + k];
+        }
+        return make_float4(v[0], v[1], v[2], v[3]);
+    };
     auto load_tail = [&](int buf, int k) {
         const int row0 = bm + wm0 + ty * 4, col0 = bn + wn0 + tx * 4;
 #pragma unroll
         for (int i = 0; i < RM; ++i) {
-            const long long m = row0 + i * (WM / RM);
-            if (A_T && VEC == 4 && m + 3 < M) {
-                const float4 v = *reinterpret_cast<const float4*>(a + (long long)k * lda + m);
-                af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
-            } else {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const long long mr = m + r < M ? m + r : M - 1;
-                    af[buf][i * 4 + r] = a[A_T ? (long long)k * lda + mr : mr * lda + k];
-                }
-            }
+            const float4 v = tail4(a, A_T, row0 + i * (WM / RM), M, lda, k);
+            af[buf][i * 4 + 0] = v.x; af[buf][i * 4 + 1] = v.y; af[buf][i * 4 + 2] = v.z; af[buf][i * 4 + 3] = v.w;
         }
 #pragma unroll
         for (int j = 0; j < RN; ++j) {
-            const long long n = col0 + j * (WN / RN);
-            if (!B_T && VEC == 4 && n + 3 < N) {
-                const float4 v = *reinterpret_cast<const float4*>(b + (long long)k * ldb + n);
-                bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
-            } else {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const long long nr = n + r < N ? n + r : N - 1;
-                    bf[buf][j * 4 + r] = b[B_T ? nr * ldb + k : (long long)k * ldb + nr];
-                }
-            }
+            const float4 v = tail4(b, !B_T, col0 + j * (WN / RN), N, ldb, k);
+            bf[buf][j * 4 + 0] = v.x; bf[buf][j * 4 + 1] = v.y; bf[buf][j * 4 + 2] = v.z; bf[buf][j * 4 + 3] = v.w;
         }
     };
     auto add_tail = [&](int k0) {
