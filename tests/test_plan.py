@@ -690,6 +690,9 @@ def test_a_ragged_k_runs_the_loop_whose_tail_follows_it(m, n, k):
     ragged, whole = _plan.choose(_plan.Problem(m, n, k)), _plan.choose(_plan.Problem(m, n, k - k % 16))
     assert ragged.name == whole.name + "_ragged" and ragged.rule == whole.rule and ragged.config.ragged
     assert ragged.config.sub_k and not whole.config.ragged
+    # Forced onto a ragged K, a loop that is not a twin leaves every block to the unrolled path: one chain over K.
+    p = _plan.Problem(m, n, k)
+    assert _plan.serial_run(_plan.choose(p, kernel=whole.name), p) == k
 
 
 @pytest.mark.parametrize("m,n,k,b_t,name", [

@@ -29,7 +29,7 @@
 // inside A, B and C, when K is a multiple of BK, instead run a loop whose body is SUB_K steps of k (1,150
 // instructions for SUB_K = 8): the same stages, the same one barrier per K-tile (at the end of its last body),
 // and each body copies the matching SUB_K rows of a stage STAGES - 1 K-tiles ahead, with no bounds to check
-// (a copy past the last K-tile reads nothing: source size zero). Edge blocks take the unrolled path.
+// (a copy past the last K-tile reads nothing: source size zero). Edge blocks take the unrolled path (but see RAGGED).
 //
 // RAGGED: the loop for any K and any block. It covers the whole K-tiles, and the last K % BK terms are read from
 // global memory after it (`add_tail`): fewer than BK a thread tile, under a percent of its FMAs from K = 1024 (their
@@ -426,7 +426,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
             }
         });
 #if RAGGED
-        if (K % BK) add_tail(K - K % BK);
+        if (K % BK && M > 0 && N > 0) add_tail(K - K % BK);  // (an empty C launches one block: nothing to clamp to)
 #endif
     } else
 #endif

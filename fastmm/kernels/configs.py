@@ -189,8 +189,9 @@ class WarpTile(_Pipelined, KernelConfig):
     # Sum each K-tile's products apart before adding them to the accumulators (twice the accumulator
     # registers, one FADD per BK FMAs): relative error on 4096x16x4096 0.7x cuBLAS's instead of 2.8x.
     tile_sums: bool = False
-    # Interior blocks (tile inside A, B and C, K a multiple of bk) run a loop of sub_k-step bodies instead of
-    # the fully unrolled K-tile, which the instruction cache could not hold (0 = always unrolled).
+    # Interior blocks (tile inside A, B and C, K a multiple of bk; any block and any K with `ragged`) run a loop of
+    # sub_k-step bodies instead of the fully unrolled K-tile, which the instruction cache could not hold (0 = always
+    # unrolled).
     sub_k: int = 0
     # Steps of k per partial sum on the sub-tile loop (0: one running sum over all of K). The accumulators are added
     # to slots in shared memory every `flush` steps and restart from zero, so a long K is summed in runs: relative
