@@ -669,6 +669,8 @@ def test_large_tiles_sum_long_k_in_runs():
     for m, n, k in ((2048, 2048, 2048), (12288, 12288, 12288), (6000, 5000, 7008)):
         assert choose(m, n, k).name == _plan.tiles.WT256_SLICES, (m, n, k)
     assert choose(4096, 4096, 4097).name != _plan.tiles.WT256_SLICES  # K not whole tiles: no sub-tile loop
+    p = _plan.Problem(4096, 4096, 4097)  # ... and forced there, the loop leaves every block to one chain over K
+    assert _plan.serial_run(_plan.choose(p, kernel=_plan.tiles.WT256_SLICES), p) == 4097
 
 
 @pytest.mark.parametrize("m,n,k,run", [

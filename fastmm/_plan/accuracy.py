@@ -27,8 +27,8 @@ _STEP, _FOLD = 128, 8
 def _run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
     """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound); `edges`: some of
     its blocks cross C's edges, which a sub-tile loop leaves to the unrolled path's one running sum."""
-    if edges and isinstance(config, WarpTile) and config.sub_k:
-        return k
+    if isinstance(config, WarpTile) and config.sub_k and (edges or k % config.bk):
+        return k  # (a loop on a ragged K, forced or tuned, leaves every block to the unrolled path)
     if isinstance(config, FewColumns):
         per_step = 16 if a_t or config.nmax > 16 else 4  # past 16 columns a warp takes every 8th k in every layout
         steps = -(-k // (_STEP * config.cluster))
