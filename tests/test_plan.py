@@ -736,6 +736,8 @@ def test_large_tiles_sum_long_k_in_runs():
     for m, n, k in ((2048, 2048, 2048), (12288, 12288, 12288), (6016, 5120, 7008)):
         assert choose(m, n, k).name == _plan.tiles.WT256_SLICES, (m, n, k)
     assert choose(4096, 4096, 4097).name == _plan.tiles.WT256_SLICES_RAGGED  # K not whole tiles: the last term after
+    p = _plan.Problem(4096, 4096, 4097)  # ... and the loop that is not its twin, forced there: one chain over K
+    assert _plan.serial_run(_plan.choose(p, kernel=_plan.tiles.WT256_SLICES), p) == 4097
 
 
 @pytest.mark.parametrize("m,n,k,run", [
