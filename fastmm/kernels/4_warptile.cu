@@ -381,6 +381,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         constexpr int SUBS = BK / SUB_K;  // loop bodies per K-tile
         constexpr int SUB_COPIES = CopyA::SUB_COUNT + CopyB::SUB_COUNT;
         constexpr int SUB_PER_STEP = (SUB_COPIES + SUB_K - 2) / (SUB_K - 1);  // from step 1 on
+        static_assert((SUB_K - 2) * SUB_PER_STEP >= SUB_COPIES, "a body's copies fit its steps 1 .. SUB_K - 2");
         constexpr unsigned A_ROWS = 4 * SUB_K * LDA_S, B_ROWS = 4 * SUB_K * LDB_S;  // a sub-slice, in bytes
         in_runs([&](int kt0, int kt1) {
             for (int it = kt0 * SUBS; it < kt1 * SUBS; ++it) {
