@@ -370,7 +370,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #if RAGGED
 #if EDGE_LOOP
     // Every block with a whole K-tile, its copies kept within C's edges.
-    const unsigned ok = copy_a.edge_mask(m_left) | copy_b.edge_mask(n_left) << 16;  // one register for both
+    const unsigned a_ok = copy_a.edge_mask(m_left), b_ok = copy_b.edge_mask(n_left);
     if (loop_tiles > 0) {
 #else
     if (m_left >= BM && n_left >= BN && loop_tiles > 0) {
@@ -397,8 +397,8 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
                     for (int c = (k - 1) * SUB_PER_STEP; c < k * SUB_PER_STEP && c < SUB_COPIES; ++c) {
                         if (c < 0) continue;
 #if EDGE_LOOP
-                        if (c < CopyA::SUB_COUNT) copy_a.copy_sub_edge<0>(c, wa, lda, has, ok);
-                        else copy_b.copy_sub_edge<16>(c - CopyA::SUB_COUNT, wb, ldb, has, ok);
+                        if (c < CopyA::SUB_COUNT) copy_a.copy_sub_edge(c, wa, lda, has, a_ok);
+                        else copy_b.copy_sub_edge(c - CopyA::SUB_COUNT, wb, ldb, has, b_ok);
 #else
                         if (c < CopyA::SUB_COUNT) copy_a.copy_sub(c, wa, lda, has);
                         else copy_b.copy_sub(c - CopyA::SUB_COUNT, wb, ldb, has);

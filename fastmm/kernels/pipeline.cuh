@@ -98,28 +98,21 @@ struct SliceCopy {
     __device__ __forceinline__ void next_sub(long long ld) { src += TRANS ? SUB_K : SUB_K * ld; }
 
     // For a block across the matrix's edge on the sub-tile loop (4_warptile.cu's RAGGED): what this thread's copies may
-    // read along x, below x_left: a bit per pass along x of a transposing copy, else the bytes of its one vector
-    // (at most 16 bits either way).
+    // read along x, below x_left: of a transposing copy, how many of its passes along x (they lie in order along x);
+    // else the bytes of its one vector.
     __device__ __forceinline__ unsigned edge_mask(int x_left) const
     {
-        if (TRANS) {
-            unsigned ok = 0;
-#pragma unroll
-            for (int ix = 0; ix < N_X; ++ix) ok |= (unsigned)(x0 + ix * P_X < x_left) << ix;
-            return ok;
-        }
+        if (TRANS) return (unsigned)min(max((x_left - x0 + P_X - 1) / P_X, 0), N_X);
         return 4 * min(max(x_left - x0, 0), V);  // (N_X is 1: one place along x)
     }
 
-    // copy_sub within edge_mask's answer, found `at` bits up `ok` (two operands' masks share a register): past x_left
-    // the stage's elements are zeros.
-    template <int at>
+    // copy_sub within edge_mask's answer `ok`: past x_left the stage's elements are zeros.
     __device__ __forceinline__ void copy_sub_edge(int i, unsigned d_off, long long ld, bool has, unsigned ok) const
     {
         const int ix = i % N_X, ik = i / N_X;
         const unsigned d = dst + d_off + 4 * (ik * P_K * LDS + ix * P_X);
         const float* s = src + (TRANS ? ix * P_X * ld + ik * P_K : ik * P_K * ld + ix * P_X);
-        const unsigned bytes = has ? (TRANS ? ((ok >> (at + ix)) & 1u) * 4u : (ok >> at) & 31u) : 0u;
+        const unsigned bytes = has ? (TRANS ? ((unsigned)ix < ok ? 4u : 0u) : ok) : 0u;
         if (V == 4) {
             cp_async16(d, s, bytes);
         } else {
