@@ -29,7 +29,10 @@ def test_every_dtype_of_the_table_gets_a_checked_row(gpu):
     shapes = [("64^3", 1, 64, 64, 64), ("2 x 48x40x24 batched", 2, 48, 40, 24), ("64^3 float64", 1, 64, 64, 64,
               "float64"), ("64^3 complex64", 1, 64, 64, 64, "complex64"), ("64^3 complex128", 1, 64, 64, 64,
               "complex128")]
+    before = {d: s["on_gpu"] for d, s in fastmm.numpy_hook_status()["by_dtype"].items() if d != "other dtypes"}
     rows = hook_measure.bench_rows(hook.HostModel(), shapes=shapes, repeats=1)
+    after = fastmm.numpy_hook_status()["by_dtype"]
+    assert all(after[d]["on_gpu"] > before[d] for d in dtypes), (before, after)  # each row's GPU path ran on the GPU
     assert [r["dtype"] for r in rows] == ["float32", "float32", "float64", "complex64", "complex128"]
     for r in rows:
         assert max(r["err_numpy"], r["err_hook"], r["err_gpu"]) < 1e-5, r

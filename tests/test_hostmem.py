@@ -186,3 +186,30 @@ def test_exit_with_pooled_and_live_blocks_is_clean():
     atexit.register(lambda: print("exiting"))
     """)
     assert p.returncode == 0 and p.stdout.strip() == "exiting" and p.stderr == "", p.stderr
+
+
+def test_a_c_source_is_built_once_and_each_load_has_statics_of_its_own(monkeypatch):
+    """The NumPy hook's loop, one per dtype: one compile a process, each load from a file of its own (dlopen of one
+    path would share the statics, and one dtype's threshold would be another's)."""
+    import ctypes
+
+    _hostmem.compile_c("hostloop.c", "test")  # built here, or by an earlier test
+    monkeypatch.setattr(_hostmem.subprocess, "run", lambda *a, **k: pytest.fail("compiled a second time"))
+    first, second = (_hostmem.compile_c("hostloop.c", "test") for _ in range(2))
+    address = [ctypes.cast(lib.fastmm_below_threshold, ctypes.c_void_p).value for lib in (first, second)]
+    assert address[0] != address[1]
+    # A product below the first loop's threshold counts in its statics alone.
+    loop_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_ssize_t),
+                              ctypes.POINTER(ctypes.c_ssize_t), ctypes.c_void_p)
+    offload_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_ssize_t),
+                                 ctypes.POINTER(ctypes.c_ssize_t))
+    numpy_loop, offload = loop_t(lambda *args: None), offload_t(lambda *args: 0)
+    for lib in (first, second):
+        lib.fastmm_below_threshold.restype = ctypes.c_longlong
+        lib.fastmm_set_numpy_loop.argtypes = [ctypes.c_void_p]
+        lib.fastmm_configure.argtypes = [ctypes.c_void_p, ctypes.c_double]
+        lib.fastmm_set_numpy_loop(ctypes.cast(numpy_loop, ctypes.c_void_p))
+    first.fastmm_configure(ctypes.cast(offload, ctypes.c_void_p), 1e300)
+    dims, steps = (ctypes.c_ssize_t * 4)(1, 2, 2, 2), (ctypes.c_ssize_t * 9)()
+    first.fastmm_matmul_loop((ctypes.c_void_p * 3)(), dims, steps, None)
+    assert (first.fastmm_below_threshold(), second.fastmm_below_threshold()) == (1, 0)

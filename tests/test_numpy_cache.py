@@ -57,6 +57,22 @@ def test_an_unchanged_operand_goes_up_once(gpu, rng):
     assert stats["entries"] == 1 and stats["bytes"] == a.nbytes
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_a_kept_complex_operand_is_read_back_as_its_dtype(gpu, rng, dtype):
+    """The copy's views take the product's dtype, not one its itemsize suggests (complex64 is 8 bytes, as float64):
+    the kept operand, a transposed view and an offset one of it, each against the product on the new data."""
+    def draw(shape):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a, b = draw((512, 512)), draw((512, 8))  # a: 2 or 4 MiB, a block of fastmm's pool
+        for x, y in ((a, b), (a.T, b), (a[:, 3:], b[3:])) * 3:
+            want = x.astype(np.complex128) @ y.astype(np.complex128)
+            np.testing.assert_allclose(x @ y, want, rtol=1e-5 if dtype == np.complex64 else 1e-12)
+        stats = fastmm.numpy_hook_status()["cache"]
+    assert gpu.device.uploads[0] == a.nbytes and stats["hits"] >= 6, (gpu.device.uploads, stats)
+
+
 def _thread_write(a):
     t = threading.Thread(target=lambda: a.__setitem__((1, 2), 42.0))
     t.start()

@@ -1,6 +1,7 @@
-/* fastmm's stand-in for NumPy's float32 matmul inner loop (np.matmul's "ff->f" loop), for accelerate_numpy().
+/* fastmm's stand-in for NumPy's matmul inner loop of one dtype (np.matmul's "ff->f" loop for float32; "dd->d", "FF->F"
+ * and "DD->D" alike, each from a copy of this library of its own), for accelerate_numpy().
  *
- * Why C: once installed, this loop runs for every float32 matmul in the process, 3x3 products that take a
+ * Why C: once installed, this loop runs for every matmul of its dtype in the process, 3x3 products that take a
  * microsecond included. Deciding "too small for the GPU" here costs nanoseconds; a ctypes callback would cost
  * about as much as such a product. Products with enough work go to `offload` (a ctypes callback into fastmm's
  * Python, which takes the GIL itself): it returns 1 when it computed the product, and whatever it declines (0) runs

@@ -188,7 +188,7 @@ class _Shim:
 def _compile_c_loop():
     """fastmm/_hooks/hostloop.c built and loaded (once per process), or None where it cannot be."""
     return _hostmem.compile_c("hostloop.c", "fastmm's NumPy hook runs NumPy's loop through a ctypes callback, which "
-                              "adds about a microsecond to every float32 matmul")
+                              "adds about a microsecond to every matmul of the dtypes it takes")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -365,12 +365,13 @@ class accelerate_numpy(Hook):
     """Run plain NumPy matrix products on the GPU from now on: float32 through fastmm's kernels, float64 and complex
     through cuBLAS (see `float64`).
 
-    Replaces NumPy's own float32, float64, complex64 and complex128 inner loops of ``np.matmul`` (which ``@`` and
-    ``@=`` also use) with one that sends a product to the GPU when a model of this machine predicts it is faster
-    there, and runs NumPy's own loop otherwise. Nothing else changes: other dtypes, other functions, and products below the threshold run NumPy's
-    code and give NumPy's bit-identical results. Idempotent and thread-safe; `restore_numpy` undoes it. As a context
-    manager (``with fastmm.accelerate_numpy():``) it keeps the hook on for the block: blocks in several threads may
-    overlap, and the hook stays on until the last one exits, or for good if a plain call turned it on.
+    Replaces NumPy's own float32, float64, complex64 and complex128 inner loops of ``np.matmul`` (which ``@`` and ``@=``
+    also use) with one that sends a product to the GPU when a model of this machine predicts it is faster there, and
+    runs NumPy's own loop otherwise. Nothing else changes: other dtypes, other functions, and products below the
+    threshold run NumPy's code and give NumPy's bit-identical results. Idempotent and thread-safe; `restore_numpy`
+    undoes it. As a context manager (``with fastmm.accelerate_numpy():``) it keeps the hook on for the block: blocks in
+    several threads may overlap, and the hook stays on until the last one exits, or for good if a plain call turned it
+    on.
 
     Parameters
     ----------
@@ -559,17 +560,17 @@ def numpy_hook_status() -> dict:
     Returns
     -------
     dict
-        ``active`` (bool), ``loop`` (``"C"``, ``"ctypes"`` or None before the first install), ``threshold`` (a
-        sentence, while active), ``offloaded`` (products computed on the GPU), ``declined_after_failure``
-        (products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took
-        and those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; the
-        seconds spent in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the
-        products it then declined; and whether the hook takes that dtype now: float32 and complex64 always, float64
-        and complex128 on GPUs with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own),
-        ``pinned_allocator`` (whether this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
+        ``active`` (bool), ``loop`` (``"C"``, ``"ctypes"`` or None before the first install), ``threshold`` (a sentence,
+        while active), ``offloaded`` (float32 products computed on the GPU), ``declined_after_failure`` (float32
+        products NumPy computed because the GPU path failed), ``by_dtype`` (per dtype, the products the GPU took and
+        those NumPy kept, by reason: below the threshold, the host predicted faster, after a failure; the seconds spent
+        in each: on fastmm's path, staging included, in NumPy's loop, and in fastmm's part for the products it then
+        declined; and whether the hook takes that dtype now: float32 and complex64 always, float64 and complex128 on
+        GPUs with full-rate FP64 unless ``float64=False``; other dtypes are NumPy's own), ``pinned_allocator`` (whether
+        this thread's new large arrays come from fastmm's page-locked pool) and ``pool`` (that pool's counts: blocks
         held and pooled, bytes pooled and page-locked, reuses, mappings), ``cache`` (operands kept on the GPU, None
-        while that is off: its cap and bytes, copies held, products served from them (``fast_hits``: of those, the
-        ones with small other operands, which took the fast path) and the upload bytes that saved, copies made, copies
+        while that is off: its cap and bytes, copies held, products served from them (``fast_hits``: of those, the ones
+        with small other operands, which took the fast path) and the upload bytes that saved, copies made, copies
         dropped because their buffer was written and for room, write faults seen, blocks tracked). The counts are the
         process's, since the first install.
 

@@ -1,5 +1,5 @@
-"""A float32 or float64 product of host (NumPy) arrays computed on the GPU: the operands staged through pinned memory by a few
-staging threads, in pieces, while the GPU multiplies the pieces before.
+"""A product of host (NumPy) arrays computed on the GPU, float32 or another dtype the NumPy hook takes: the operands staged
+through pinned memory by a few staging threads, in pieces, while the GPU multiplies the pieces before.
 
 Used by `accelerate_numpy` (fastmm/_hooks/numpy_hook.py), whose loop hands over NumPy's own operand and output
 buffers, and by fastmm.dask for host chunks. The GPU copies page-locked (pinned) memory several times faster than
@@ -486,8 +486,8 @@ def plan(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int, direct: bool 
 
 def matmul_host(a: np.ndarray, b: np.ndarray, c: np.ndarray, budget: int | None = None) -> None:
     """``c[...] = a @ b`` on the GPU, for host arrays a (batch, m, k), b (batch, k, n), c (batch, m, n) of one dtype,
-    float32 (fastmm's kernels) or float64 (CuPy's, cuBLAS). `a` or `b` may be a device array already (an operand
-    that stays on the GPU): it is read where it is.
+    float32 (fastmm's kernels) or float64, complex64, complex128 (CuPy's, cuBLAS). `a` or `b` may be a device array
+    already (an operand that stays on the GPU): it is read where it is.
 
     An operand with batch stride 0 (NumPy's broadcasting) is uploaded once. `budget` bounds the GPU memory the
     pieces in flight use (default: half of what is free). Raises fastmm's errors (no GPU, out of memory, a driver

@@ -103,8 +103,10 @@ def _cluster(gpus: int, protocol: str = "tcp", threads: int = 1, stealing: bool 
     (tcp, or ucx over NVLink), its scheduler stealing work between workers or not (`stealing`)."""
     import dask
 
-    # The scheduler reads the setting as it starts (in this process, as both kinds of cluster start it).
-    dask.config.set({"distributed.scheduler.work-stealing": stealing})
+    # The scheduler reads these as it starts (in this process, as both kinds of cluster start it): stealing, and how
+    # many events a topic its log keeps (1000 by default), where `steals` counts the stolen tasks.
+    dask.config.set({"distributed.scheduler.work-stealing": stealing,
+                     "distributed.admin.low-level-log-length": 1 << 20})
     ucx = protocol == "ucx"
     if ucx:
         # This process's UCX (the scheduler's and the client's) starts once, with the first cluster over UCX: set
