@@ -32,6 +32,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 from . import _array, _serialize, linalg
 from ._dispatch import products as _dispatch
+from ._errors import warn_once
 
 __all__ = ["from_array", "meta", "to_host", "matmul", "explain"]
 
@@ -322,8 +323,37 @@ def _made_at(layer, name: str, addresses: list[str], home):
         return None
 
     pinned = copy.copy(layer)
-    pinned.annotations = {**(layer.annotations or {}), "workers": workers, "allow_other_workers": True}
+    pinned.annotations = {**(layer.annotations or {}), "workers": workers, "allow_other_workers": True, _PINNED: True}
     return pinned
+
+
+_PINNED = "fastmm_pinned"  # (`_dask_pins.MARK`, which imports distributed)
+_pinned_schedulers: set = set()
+
+
+def _pin_on_scheduler() -> None:
+    """The scheduler plugin that keeps planned tasks on their workers (`fastmm._dask_pins`), once per scheduler of the
+    current client; without one (no client, an asynchronous one, a refusal) the tasks are Dask's preferences alone."""
+    from distributed import get_client
+
+    try:
+        client = get_client()
+    except ValueError:  # no client: the graph is computed by one the product cannot see
+        return
+    try:
+        key = client.scheduler_info()["id"]
+        if key in _pinned_schedulers or client.asynchronous:
+            return
+        import cloudpickle
+
+        from . import _dask_pins
+
+        cloudpickle.register_pickle_by_value(_dask_pins)  # the scheduler need not import fastmm
+        client.register_plugin(_dask_pins.Pins())
+        _pinned_schedulers.add(key)
+    except Exception as e:  # noqa: BLE001 - the product stays right without it
+        warn_once("dask-pins", f"fastmm.dask.matmul could not register its scheduler plugin ({type(e).__name__}: "
+                  f"{e}): work stealing may move planned tasks, and they fetch their operands again", stacklevel=4)
 
 
 def _multiply_add(c, a, b):
@@ -522,9 +552,10 @@ def matmul(x, y, workers=None, **model):
     layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: a_homes[i, k])
     if y.name != x.name:
         layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: b_homes[k, j])
-    # The plan's worker, as a restriction that holds while that worker runs: where it dies (or its nanny restarts it
-    # at a new address), Dask runs its tasks on the others instead of waiting for an address that never returns.
-    pins = [{"workers": [address], "allow_other_workers": True} for address in addresses]
+    # The plan's worker, as a restriction that holds while that worker runs (never stolen from it: `_dask_pins`):
+    # where it dies (or its nanny restarts it at a new address), its tasks run on the others.
+    _pin_on_scheduler()
+    pins = [{"workers": [address], "allow_other_workers": True, _PINNED: True} for address in addresses]
     home_layers = []
     for w, pin in enumerate(pins):  # one layer per GPU: Dask annotates a layer as a whole
         if homes[w]:
