@@ -397,8 +397,9 @@ def _finished(fn, *args):
     Memory that outlives the task (a block's running sum: `_first_sum`'s result, given to it as `out`) is taken on
     the legacy stream before that wait. CuPy's pool (and RMM's) hands a freed block out again in the order of the
     stream it was taken on: from this task's stream, a block freed by Dask while another thread's task still read it
-    on the legacy stream could be written here before that read ran. The task's own temporaries die with it, after
-    the synchronization, so they may come from its stream."""
+    on the legacy stream could be written here before that read ran. The task's temporaries come from its stream:
+    freed as the task queues its work, from the legacy stream they could go to another thread while this stream still
+    used them."""
     if not any(hasattr(a, "__cuda_array_interface__") for a in args):  # host chunks: NumPy's product, as called
         return fn(*args)
     cp = _dispatch._cupy()

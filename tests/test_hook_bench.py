@@ -39,5 +39,5 @@ def test_every_dtype_of_the_table_gets_a_checked_row(gpu):
     # Real FLOPs: a complex multiply-add is four real ones.
     assert rows[3]["gflop"] == pytest.approx(4 * rows[0]["gflop"])
     assert not any(r["offloaded"] for r in rows)  # the defaults: 64^3 is too small for the GPU
-    assert hook_measure._dtype_models(hook.HostModel(gpu=1e18, link=1e18, overhead=0.0))["complex64"].offloads(
+    assert hook.dtype_models(hook.HostModel(gpu=1e18, link=1e18, overhead=0.0), None)["complex64"].offloads(
         1, 64, 64, 64)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["HostModel", "model_path", "load_model", "save_model", "blas_name", "float64_model", "complex_model",
-           "FULL_RATE_FP64", "compute_capability"]
+           "dtype_models", "FULL_RATE_FP64", "compute_capability"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -201,3 +201,9 @@ def complex_model(model: HostModel) -> HostModel:
     elements twice the size; NumPy's CGEMM/ZGEMM and cuBLAS's run at about their real rates. An estimate, not a
     measurement of this machine."""
     return dataclasses.replace(model, host=model.host / 4, gpu=model.gpu / 4, itemsize=2 * model.itemsize, measured="")
+
+
+def dtype_models(model: HostModel, model64: HostModel | None) -> dict:
+    """Each dtype's model from float32's and float64's (None: float64 and complex128 stay NumPy's)."""
+    return {"float32": model, "float64": model64, "complex64": complex_model(model),
+            "complex128": model64 and complex_model(model64)}

@@ -37,7 +37,7 @@ from . import staged as _staged
 from .._errors import warn_once
 from .._switch import Hook, Switch
 from .host_model import (FULL_RATE_FP64, HostModel, blas_name, complex_model, compute_capability,  # noqa: F401
-                         float64_model, load_model, model_path, save_model)
+                         dtype_models, float64_model, load_model, model_path, save_model)
 
 _log = logging.getLogger("fastmm")
 
@@ -439,8 +439,7 @@ class accelerate_numpy(Hook):
             model64 = float64_model(model32, compute_capability()) if float64 else None
             if model64 is None and float64 and _state.product is not _gpu_product:
                 model64 = dataclasses.replace(model32, itemsize=8)  # (a stand-in GPU: as float32's)
-            models = {"float32": model32, "float64": model64, "complex64": complex_model(model32),
-                      "complex128": model64 and complex_model(model64)}
+            models = dtype_models(model32, model64)
             for name, lane in _state.lanes.items():
                 lane.enabled = models[name] is not None
                 if lane.enabled:

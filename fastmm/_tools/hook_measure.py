@@ -117,7 +117,8 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
     _timed(_FORCE, a, b, 1)
     _timed(None, a, b, 1)
     time.sleep(0.2)
-    models = _dtype_models(model)
+    # Each dtype's model as accelerate_numpy(model) derives it on this GPU (None: that dtype stays NumPy's).
+    models = hook.dtype_models(model, hook.float64_model(model, hook.compute_capability()))
     for label, batch, m, k, n, *dtype in shapes:
         dtype = dtype[0] if dtype else "float32"
         a, b = _operands(rng, batch, m, k, n, dtype)
@@ -138,13 +139,6 @@ def bench_rows(model: hook.HostModel, shapes=BENCH_SHAPES, seed: int = 0, repeat
                      "err_gpu": max(_rel_error(r_gpu, a, b), _rel_error(r_staged, a, b))})
     hook.restore_numpy()
     return rows
-
-
-def _dtype_models(model: hook.HostModel) -> dict:
-    """Each dtype's model as accelerate_numpy(model) derives it on this GPU (None: that dtype stays NumPy's)."""
-    model64 = hook.float64_model(model, hook.compute_capability())
-    return {"float32": model, "float64": model64, "complex64": hook.complex_model(model),
-            "complex128": model64 and hook.complex_model(model64)}
 
 
 def print_bench(rows, model) -> None:
