@@ -12,8 +12,7 @@ elsewhere when that worker leaves. Two things go wrong with a preference alone:
 
 `Pins` makes the marked tasks unstealable while they run on a worker they name (the stealing extension's one gate,
 ``steal_time_ratio``, answers "never" for them, as it does for its own fast tasks), and drops the names of marked tasks
-whose workers have all left, sending those already waiting to be placed again; and the active memory manager keeps
-the replicas that marked tasks still to run on a worker will read there. Without the plugin (say, an asynchronous
+whose workers have all left, sending those already waiting to be placed again. Without the plugin (say, an asynchronous
 client), the tasks behave as Dask's preferences do.
 """
 
@@ -38,29 +37,6 @@ def _free(ts) -> None:
     ts.loose_restrictions = True
 
 
-def _keep_replicas(scheduler) -> None:
-    """The active memory manager drops no replica of a chunk from a worker that a marked task waiting for it names.
-
-    Its ReduceReplicas policy keeps the replicas of tasks about to run (processing) where they run, but not those of
-    tasks still waiting for another dependency: a block's later K sums on its home GPU, once the other GPU that needs
-    the block had fetched it, lost the home's copy (the most loaded worker's is dropped) and fetched it back."""
-    amm = scheduler.extensions.get("amm")
-    find = getattr(amm, "_find_dropper", None)
-    if find is None or getattr(find, "fastmm", False):
-        return
-
-    def _find_dropper(ts, candidates, pending_drop):
-        named = {address for waiter in ts.waiters or () if waiter.annotations and waiter.annotations.get(MARK)
-                 for address in waiter.worker_restrictions or ()}
-        if named:
-            candidates = {ws for ws in (ts.who_has if candidates is None else candidates) or ()
-                          if ws.address not in named}
-        return find(ts, candidates, pending_drop)
-
-    _find_dropper.fastmm = True
-    amm._find_dropper = _find_dropper
-
-
 class Pins(SchedulerPlugin):
     """Marked tasks: never stolen from a worker they name; free to run anywhere once all those workers have left."""
 
@@ -71,7 +47,6 @@ class Pins(SchedulerPlugin):
         self.freed = 0  # tasks whose workers had all left (for tests and logs)
 
     async def start(self, scheduler):
-        _keep_replicas(scheduler)
         stealing = scheduler.extensions.get("stealing")
         if stealing is None or getattr(stealing.steal_time_ratio, "fastmm", False):
             return

@@ -515,12 +515,16 @@ def matmul(x, y, workers=None, **model):
     nk, rows, cols = len(product.depth), range(len(product.rows)), range(len(product.cols))
     # A chunk already held by a worker that needs it (a persisted operand) stays there: it moves to the others that
     # need it as it would from the plan's home, and not first to that home.
-    # A chunk of B made from one of A (x @ x.T) is made where A's is (fastmm/_dask_homes.py).
-    from . import _dask_homes
-
     index = {address: w for w, address in enumerate(addresses)}
     held = {key: [index[a] for a in holders if a in index] for key, holders in who.items()}
-    a_homes, b_homes = _dask_homes.choose(x, y, product, placement, held)
+
+    def home(key, planned: int, needers: set[int]) -> int:
+        return next((w for w in held.get(key, ()) if w in needers), planned)
+
+    a_homes = {(i, k): home((x.name, i, k), placement.a_home(i, k, product), {placement.owner(i, j) for j in cols})
+               for i in rows for k in range(nk)}
+    b_homes = {(k, j): home((y.name, k, j), placement.b_home(k, j, product), {placement.owner(i, j) for i in rows})
+               for k in range(nk) for j in cols}
     for (i, k), w in a_homes.items():
         homes[w][(home_a, i, k)] = (_identity, (x.name, i, k))
     for (k, j), w in b_homes.items():

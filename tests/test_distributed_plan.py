@@ -421,30 +421,3 @@ def test_a_product_kept_on_one_gpu_runs_where_its_operands_already_are():
         assert dask_bench.moved(client) == (0, 0.0)
         assert {tuple(who) for who in client.who_has(z).values()} == {(addresses[2],)}
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
-
-
-def _same(block):
-    return block
-
-
-def test_x_at_x_t_makes_each_chunk_of_b_where_its_chunk_of_a_is():
-    """The bench's product: x persisted on one worker, then xi @ xi.T of a copy (xi's chunks made from x's). A chunk
-    that worker needs only as B's (the rows of the other worker, rows split) used to go to A's home and back for the
-    transpose (3 block moves); made where A's is, it moves twice, and the total is the plan's plus each chunk not held
-    by a worker that needs it, once."""
-    with _four_workers() as (distributed, client, addresses, _, _y, model):
-        addresses = addresses[:2]
-        x = client.persist(da.random.RandomState(3).random_sample((400, 400), chunks=100), workers=[addresses[1]])
-        distributed.wait(x)
-        xi = x.map_blocks(_same, dtype=x.dtype)
-        plan = fd._plan(xi, xi.T, 2, model, addresses)
-        assert plan.placement.kind == "rows"
-        who = fd._who_has((xi, xi.T))
-        arranged = fd._arranged(xi, xi.T, plan.product, plan.placement, who, addresses)
-        misplaced = sum(nbytes for key, nbytes, needers in fd._needers(xi, xi.T, plan.product, plan.placement)
-                        if not set(who[key]) & {arranged[w] for w in needers})
-        dask_bench.clear_moved(client)
-        z = client.persist(fd.matmul(xi, xi.T, workers=addresses, **model))
-        distributed.wait(z)
-        assert dask_bench.moved(client)[0] == sum(plan.received) + misplaced == 24 * 100 * 100 * 8
-        assert np.allclose(z.compute(), x.compute() @ x.compute().T, rtol=1e-12, atol=1e-10)
