@@ -123,7 +123,9 @@ def test_a_planned_task_reads_operands_still_queued_and_returns_its_result_finis
         return x @ y
 
     big = cp.ones((4096, 4096), cp.float32)
-    for _ in range(8):  # ~10 ms of kernels queued ahead on the legacy stream, then those that make a
+    # ~180 ms of kernels queued ahead on the legacy stream, then those that make a (with 8, ~20 ms, a busy host's 200
+    # launches below outlasted them once)
+    for _ in range(64):
         cp.matmul(big, big)
     for _ in range(200):
         a += 1.0 / 200
