@@ -332,8 +332,9 @@ _pinned_schedulers: set = set()
 
 
 def _pin_on_scheduler() -> None:
-    """The scheduler plugin that keeps planned tasks on their workers (`fastmm._dask_pins`), once per scheduler of the
-    current client; without one (no client, an asynchronous one, a refusal) the tasks are Dask's preferences alone."""
+    """The scheduler plugin that keeps planned tasks on their workers (`fastmm._dask_pins`), registered once per client
+    and scheduler (idempotent there: another client of the same scheduler registers it again harmlessly); without one
+    (no client, an asynchronous one, a refusal) the tasks are Dask's preferences alone."""
     from distributed import get_client
 
     try:
@@ -341,7 +342,8 @@ def _pin_on_scheduler() -> None:
     except ValueError:  # no client: the graph is computed by one the product cannot see
         return
     try:
-        key = client.scheduler_info()["id"]
+        # (This client and its scheduler's address: no round trip to the scheduler, which every product would pay.)
+        key = (client.id, client.scheduler.address)
         if key in _pinned_schedulers or client.asynchronous:
             return
         import cloudpickle
