@@ -184,6 +184,36 @@ def few_columns_splits(problem: Problem, device: Device) -> int:
     return 1 if count in _CLUSTERS and _clusters(device) else count
 
 
+# 17 to 32 columns against at least as many rows, on a K from _NARROW_FEW_MIN_K (any K past it, before the split-K
+# rules): the 32-column few-column kernel (a lane per row of C, the large operand read once), K split over a cluster of
+# as many blocks as fit one wave, each slice at least _SPLIT_MIN_SLICE deep (docs/kernels/heuristic.md, section 'The
+# heuristic's break-even points', wide-few-columns). Up to the second constant's slice: deeper ones (a lane's running sum
+# of K / 8 terms) had up to 1.5x cuBLAS's error, and go to the split-K rules.
+_WIDE_FEW = 32
+_WIDE_FEW_MAX_SLICE = 3072
+
+
+def _wide_few(problem: Problem, device: Device) -> bool:
+    if problem.batch != 1 or not _FEW < problem.n <= _WIDE_FEW or problem.m < problem.n:
+        return False
+    config = get_config(_few_columns_for(problem, device))
+    return (_NARROW_FEW_MIN_K <= problem.k <= _WIDE_FEW_MAX_SLICE * _wide_few_count(problem, device)
+            and config.nmax == _WIDE_FEW and config.smem_bytes <= device.max_smem_optin)
+
+
+def _wide_few_count(problem: Problem, device: Device) -> int:
+    """The blocks of a cluster over which K is split: the most that fit one wave with slices >= _SPLIT_MIN_SLICE."""
+    config = get_config(_few_columns_for(problem, device))
+    blocks = -(-problem.m // config.tile[0])
+    return max(c for c in (1, *_CLUSTERS) if c == 1 or _clusters(device) and problem.k // c >= _SPLIT_MIN_SLICE
+               and blocks * c <= config.min_blocks * device.sm_count)
+
+
+def _wide_few_kernel(problem: Problem, device: Device) -> str:
+    name, count = _few_columns_for(problem, device), _wide_few_count(problem, device)
+    return f"{name}_c{count}" if count > 1 else name
+
+
 # An output side from 17 to below this, on a K from the second constant up to split-k's: the few-column kernel's blocks
 # (16 columns each, K spread over a warp's lanes) beat a handful of 64x64 tiles walking K latency-bound
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', narrow-few-columns).
@@ -393,6 +423,10 @@ RULES: tuple[Rule, ...] = (
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
          f"summed in a fixed order; below 2^{_FEW_SUM_MIN_MACS.bit_length() - 1} multiply-adds at most a cluster's)",
          _few, _few_columns_kernel, few_columns_splits),
+    Rule(RuleName.WIDE_FEW_COLUMNS, f"a single product of {_FEW + 1} to {_WIDE_FEW} columns against at least as many "
+         f"rows, K >= {_NARROW_FEW_MIN_K} (at most {_WIDE_FEW_MAX_SLICE} a slice): the {_WIDE_FEW}-column few-column kernel, a lane per row of C, the large "
+         "operand read once; K split over a cluster of 2, 4 or 8 blocks where those fit one wave, each slice >= "
+         f"{_SPLIT_MIN_SLICE} deep", _wide_few, _wide_few_kernel),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),
