@@ -922,3 +922,24 @@ def test_every_rules_text_has_its_numbers_filled_in():
         assert "{" not in rule.reason and "}" not in rule.reason, (rule.name, rule.reason)
     few = next(r for r in _plan.RULES if r.name == "few-columns")
     assert "below 2^24 multiply-adds" in few.reason
+
+
+def test_few_column_lanes_add_at_most_384_terms_in_single_products():
+    """A long K on the few-column kernel takes slices (over a cluster, more waves if need be, or summed by the
+    slice-sum kernel) so that no lane's running sum passes 384 terms: 6457x15x13544 with A m-contiguous (1693 terms
+    a lane unsplit) had 1.9x cuBLAS's error."""
+    from fastmm._plan.runs import run_of
+
+    p, c = _planned(6457, 15, 13544, a_t=True)
+    assert (c.rule, c.name, c.splits) == ("few-columns", "fewcol_n16_c8", 1)
+    rng = np.random.default_rng(7)
+    seen = 0
+    for _ in range(3000):
+        few, k = int(rng.integers(1, 33)), int(np.exp(rng.uniform(np.log(64), np.log(200000))))
+        many = int(np.exp(rng.uniform(np.log(64), np.log(100000))))
+        m, n = (few, many) if rng.random() < 0.3 else (many, few)
+        p, c = _planned(m, n, k, a_t=bool(rng.random() < 0.5), b_t=bool(rng.random() < 0.5))
+        if c.rule in ("few-columns", "wide-few-columns"):
+            seen += 1
+            assert run_of(c.config, -(-k // c.splits), c.variant.a_t) <= 384, (m, n, k, c.name, c.splits)
+    assert seen > 500

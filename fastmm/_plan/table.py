@@ -21,6 +21,7 @@ from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
 from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
                     WT256_LOOP16, WT256_LOOP16_RAGGED, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP,
                     _few_tiles, _fill, _few_columns_for, _looped, _useful)
+from .runs import run_of
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -131,6 +132,11 @@ def _short_k_few(problem: Problem, device: Device) -> bool:
     return problem.k <= _SHORT_K and _few(problem, device)
 
 
+# A lane of the few-column kernel adds at most this many terms in one running sum, in single products (they take
+# slices of K, over a cluster or summed by the slice-sum kernel, to keep it): 6457x15x13544 with A m-contiguous,
+# 1693 terms a lane, had 1.9x cuBLAS's error; the 32-column kernel's lanes kept at most cuBLAS's up to 384
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns).
+_FEW_MAX_RUN = 384
 # Few-column products below this many multiply-adds take a cluster's slices (one launch) rather than more slices summed
 # by the slice-sum kernel (a second launch, which costs them more than the deeper slices; docs/kernels/heuristic.md,
 # section 'The heuristic's break-even points', few-columns).
@@ -156,11 +162,16 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
     count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
     small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
-    if not _clusters(device) or (count > 2 * _CLUSTERS[-1] and not small):
-        return count
+    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms (each at least _SPLIT_MIN_SLICE deep).
+    need = min(-(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN),
+               max(1, problem.k // _SPLIT_MIN_SLICE))
+    if not _clusters(device) or (max(count, need) > 2 * _CLUSTERS[-1] and not small):
+        return max(count, need)
     per_sm = config.min_blocks if config.nmax > 4 else 1
-    return max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
+    fits = max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
                and problem.k // c >= _SPLIT_SLICE)
+    # (past the clusters that fit one wave: the smallest that is enough, over more waves; else that many slices)
+    return fits if fits >= need else next((c for c in _CLUSTERS if c >= need), max(count, need))
 
 
 # Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
