@@ -83,7 +83,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(2048, 1024, 8192).name == "warptile_128x64x16_32x64_8x8_s3_sub8_f512"  # ... K past 4096: in runs
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
     assert choose(3072, 3072, 6144).name == "warptile_128x64x16_32x64_8x8_s3_sub8_f512"  # ... K past 4096: in runs
-    assert choose(4096, 32, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # narrow: the smallest tile
+    assert choose(4096, 48, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # narrow: the smallest tile
     assert choose(768, 768, 256).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"  # a short ragged K: unrolled
@@ -647,7 +647,7 @@ def test_former_kernel_names_still_work_with_a_warning(old, new):
 
 
 @pytest.mark.parametrize("m,n,k,splits,depth", [
-    (804, 32, 7189, 28, 256),   # 13 tiles of 64x64: 28 slices of 256 and a last launch 21 deep
+    (804, 33, 7189, 28, 256),   # 13 tiles of 64x64: 28 slices of 256 and a last launch 21 deep
     (2, 5, 2392, 9, 256),       # one tile: slices no shallower than 256
     (64, 4096, 4096, 8, 512),   # 64 rows: 64 tiles of 64x64 (128x64 ones would be half padding), one wave of 512
     (4944, 97, 52685, 3, None),  # 156 tiles, K over 4x the output's sides: three blocks' worth per SM
@@ -751,7 +751,7 @@ def test_large_tiles_sum_long_k_in_runs():
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
     (8192, 4, 8192, 256),          # few columns: 4 terms per lane and step, over 64 steps
     (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run
-    (804, 32, 7189, 29),           # split-k-idle: 28 slices and a shallow last launch
+    (804, 33, 7189, 29),           # split-k-idle: 28 slices and a shallow last launch
     (768, 768, 768, 16),           # split-k-mid: 6 slices of 128 on sums per 16-deep K-tile
 ])
 def test_each_plan_states_its_longest_running_sum(m, n, k, run):
@@ -818,13 +818,34 @@ def test_small_few_column_products_split_over_one_cluster(m, n, k, a_t, name):
     assert big.splits > 8  # 2^28 multiply-adds: the slices and their sum
 
 
-@pytest.mark.parametrize("m,n,k", [(38, 22, 820), (2925, 18, 477), (168, 31, 486), (32, 9598, 2655),
-                                   (462, 40, 704), (9787, 30, 1523)])
+@pytest.mark.parametrize("m,n,k", [(32, 9598, 2655), (462, 40, 704), (200, 47, 1000)])
 def test_narrow_outputs_on_a_mid_k_run_on_the_few_column_kernel(m, n, k):
+    """Few rows (17 to 47) or 33 to 47 columns: the 16-column kernel, its blocks covering them 16 at a time."""
     p, c = _planned(m, n, k)
     assert (c.rule, c.name, c.splits) == ("narrow-few-columns", "fewcol_n16", 1)
     assert _planned(719, 36, 267)[1].rule != "narrow-few-columns"  # K short: the tiles won
-    assert _planned(804, 32, 7189)[1].rule == "split-k-idle"  # a handful of tiles on a long K: split-k-idle first
+    assert _planned(804, 33, 7189)[1].rule == "split-k-idle"  # a handful of tiles on a long K: split-k-idle first
+
+
+@pytest.mark.parametrize("m,n,k,name", [
+    (9787, 30, 1523, "fewcol_n32_s3"),      # 306 blocks of rows: past a wave, K whole
+    (2925, 18, 477, "fewcol_n32_s3"),       # K under two slices of 256
+    (7479, 17, 2706, "fewcol_n32_s3"),      # 234 blocks: two each would pass a wave
+    (4096, 32, 4096, "fewcol_n32_s3_c2"),
+    (1848, 19, 7157, "fewcol_n32_s3_c4"),   # 58 blocks, 4 each: 232 of an H100's 264 slots
+    (804, 32, 7189, "fewcol_n32_s3_c8"),
+    (38, 22, 820, "fewcol_n32_s3_c2"),      # slices of 410
+])
+def test_17_to_32_columns_run_on_the_32_column_kernel(m, n, k, name):
+    """17 to 32 columns against as many rows or more, K from 448: the 32-column kernel, K split over a cluster where
+    its blocks fit one wave, slices at least 256 deep and at most 3072 (a lane's run of 384 terms)."""
+    p, c = _planned(m, n, k)
+    assert (c.rule, c.name, c.splits) == ("wide-few-columns", name, 1)
+    assert _plan.serial_run(c, p) <= 384
+    assert _planned(n, m, k)[1].rule != "wide-few-columns"  # few rows: not transposed onto it
+    assert _planned(m, n, k, batch=2)[1].rule != "wide-few-columns"  # single products only
+    assert _planned(100000, 20, 100000)[1].rule == "split-k"  # slices deeper than 3072 even over 8 blocks
+    assert _planned(2925, 18, 400)[1].rule != "wide-few-columns"  # K short
 
 
 @pytest.mark.parametrize("m,n,k,splits", [(3144, 161, 10725, 4), (112, 5606, 8639, 4), (3026, 175, 2675, 4),
@@ -901,3 +922,24 @@ def test_every_rules_text_has_its_numbers_filled_in():
         assert "{" not in rule.reason and "}" not in rule.reason, (rule.name, rule.reason)
     few = next(r for r in _plan.RULES if r.name == "few-columns")
     assert "below 2^24 multiply-adds" in few.reason
+
+
+def test_few_column_lanes_add_at_most_384_terms_in_single_products():
+    """A long K on the few-column kernel takes slices (over a cluster, more waves if need be, or summed by the
+    slice-sum kernel) so that no lane's running sum passes 384 terms: 6457x15x13544 with A m-contiguous (1693 terms
+    a lane unsplit) had 1.9x cuBLAS's error."""
+    from fastmm._plan.runs import run_of
+
+    p, c = _planned(6457, 15, 13544, a_t=True)
+    assert (c.rule, c.name, c.splits) == ("few-columns", "fewcol_n16_c8", 1)
+    rng = np.random.default_rng(7)
+    seen = 0
+    for _ in range(3000):
+        few, k = int(rng.integers(1, 33)), int(np.exp(rng.uniform(np.log(64), np.log(200000))))
+        many = int(np.exp(rng.uniform(np.log(64), np.log(100000))))
+        m, n = (few, many) if rng.random() < 0.3 else (many, few)
+        p, c = _planned(m, n, k, a_t=bool(rng.random() < 0.5), b_t=bool(rng.random() < 0.5))
+        if c.rule in ("few-columns", "wide-few-columns"):
+            seen += 1
+            assert run_of(c.config, -(-k // c.splits), c.variant.a_t) <= 384, (m, n, k, c.name, c.splits)
+    assert seen > 500

@@ -82,6 +82,7 @@ class RuleName(str, enum.Enum):
     EMPTY = "empty"
     SHORT_K = "short-k"
     FEW_COLUMNS = "few-columns"
+    WIDE_FEW_COLUMNS = "wide-few-columns"
     SPLIT_K = "split-k"
     ALIGNED_COPY = "aligned-copy"
     RAGGED_EDGE = "ragged-edge"

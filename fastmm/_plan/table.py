@@ -21,6 +21,7 @@ from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
 from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
                     WT256_LOOP16, WT256_LOOP16_RAGGED, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP,
                     _few_tiles, _fill, _few_columns_for, _looped, _useful)
+from .runs import run_of
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -131,6 +132,11 @@ def _short_k_few(problem: Problem, device: Device) -> bool:
     return problem.k <= _SHORT_K and _few(problem, device)
 
 
+# A lane of the few-column kernel adds at most this many terms in one running sum, in single products (they take
+# slices of K, over a cluster or summed by the slice-sum kernel, to keep it): 6457x15x13544 with A m-contiguous,
+# 1693 terms a lane, had 1.9x cuBLAS's error; the 32-column kernel's lanes kept at most cuBLAS's up to 384
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns).
+_FEW_MAX_RUN = 384
 # Few-column products below this many multiply-adds take a cluster's slices (one launch) rather than more slices summed
 # by the slice-sum kernel (a second launch, which costs them more than the deeper slices; docs/kernels/heuristic.md,
 # section 'The heuristic's break-even points', few-columns).
@@ -156,11 +162,16 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
     count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
     small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
-    if not _clusters(device) or (count > 2 * _CLUSTERS[-1] and not small):
-        return count
+    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms (each at least _SPLIT_MIN_SLICE deep).
+    need = min(-(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN),
+               max(1, problem.k // _SPLIT_MIN_SLICE))
+    if not _clusters(device) or (max(count, need) > 2 * _CLUSTERS[-1] and not small):
+        return max(count, need)
     per_sm = config.min_blocks if config.nmax > 4 else 1
-    return max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
+    fits = max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
                and problem.k // c >= _SPLIT_SLICE)
+    # (past the clusters that fit one wave: the smallest that is enough, over more waves; else that many slices)
+    return fits if fits >= need else next((c for c in _CLUSTERS if c >= need), max(count, need))
 
 
 # Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
@@ -182,6 +193,36 @@ def few_columns_splits(problem: Problem, device: Device) -> int:
     """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
     count = _few_columns_count(problem, device)
     return 1 if count in _CLUSTERS and _clusters(device) else count
+
+
+# 17 to 32 columns against at least as many rows, on a K from _NARROW_FEW_MIN_K (any K past it, before the split-K
+# rules): the 32-column few-column kernel (a lane per row of C, the large operand read once), K split over a cluster of
+# as many blocks as fit one wave, each slice at least _SPLIT_MIN_SLICE deep (docs/kernels/heuristic.md, section 'The
+# heuristic's break-even points', wide-few-columns). Up to the second constant's slice: deeper ones (a lane's running sum
+# of K / 8 terms) had up to 1.5x cuBLAS's error, and go to the split-K rules.
+_WIDE_FEW = 32
+_WIDE_FEW_MAX_SLICE = 3072
+
+
+def _wide_few(problem: Problem, device: Device) -> bool:
+    if problem.batch != 1 or not _FEW < problem.n <= _WIDE_FEW or problem.m < problem.n:
+        return False
+    config = get_config(_few_columns_for(problem, device))
+    return (_NARROW_FEW_MIN_K <= problem.k <= _WIDE_FEW_MAX_SLICE * _wide_few_count(problem, device)
+            and config.nmax == _WIDE_FEW and config.smem_bytes <= device.max_smem_optin)
+
+
+def _wide_few_count(problem: Problem, device: Device) -> int:
+    """The blocks of a cluster over which K is split: the most that fit one wave with slices >= _SPLIT_MIN_SLICE."""
+    config = get_config(_few_columns_for(problem, device))
+    blocks = -(-problem.m // config.tile[0])
+    return max(c for c in (1, *_CLUSTERS) if c == 1 or _clusters(device) and problem.k // c >= _SPLIT_MIN_SLICE
+               and blocks * c <= config.min_blocks * device.sm_count)
+
+
+def _wide_few_kernel(problem: Problem, device: Device) -> str:
+    name, count = _few_columns_for(problem, device), _wide_few_count(problem, device)
+    return f"{name}_c{count}" if count > 1 else name
 
 
 # An output side from 17 to below this, on a K from the second constant up to split-k's: the few-column kernel's blocks
@@ -393,6 +434,10 @@ RULES: tuple[Rule, ...] = (
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
          f"summed in a fixed order; below 2^{_FEW_SUM_MIN_MACS.bit_length() - 1} multiply-adds at most a cluster's)",
          _few, _few_columns_kernel, few_columns_splits),
+    Rule(RuleName.WIDE_FEW_COLUMNS, f"a single product of {_FEW + 1} to {_WIDE_FEW} columns against at least as many "
+         f"rows, K >= {_NARROW_FEW_MIN_K} (at most {_WIDE_FEW_MAX_SLICE} a slice): the {_WIDE_FEW}-column few-column kernel, a lane per row of C, the large "
+         "operand read once; K split over a cluster of 2, 4 or 8 blocks where those fit one wave, each slice >= "
+         f"{_SPLIT_MIN_SLICE} deep", _wide_few, _wide_few_kernel),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),

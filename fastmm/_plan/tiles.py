@@ -23,6 +23,7 @@ WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED = configs.WT256_LOOP16_RAGGED.name, con
 _RAGGED = {WT256_LOOP16: WT256_LOOP16_RAGGED, WT256_SLICES: WT256_SLICES_RAGGED,
            WT128x64_LOOP: configs.WT128x64_LOOP_RAGGED.name, WT128x64_RUNS: configs.WT128x64_RUNS_RAGGED.name}
 FEW_COLUMNS = tuple(c.name for c in configs.FEW_COLUMNS)
+FEW_COLUMNS_32 = configs.FEW_COLUMNS_WIDE[0].name  # 17 to 32 columns, a lane per row of C
 TF32_TILES, TF32X3_TILES = tuple(c.name for c in configs.TF32_TILES), tuple(c.name for c in configs.TF32X3_TILES)
 TF32_WG, TF32X3_WG = configs.TF32_WG.name, configs.TF32X3_WG.name
 
@@ -163,7 +164,9 @@ def _smem_for(problem: Problem, device: Device) -> str:
 
 
 def _few_columns_for(problem: Problem, device: Device) -> str:
-    """The narrowest few-column configuration that holds the product's few columns (or rows) in one block."""
+    """The narrowest few-column configuration that holds the product's few columns (or rows) in one block: up to 16
+    either way, 17 to 32 columns (not rows: those run untransposed)."""
     few = problem.m if few_rows(problem) else problem.n
-    # (Forced on a wide product, the widest: its blocks then cover the columns 16 at a time.)
-    return next((name for name in FEW_COLUMNS if get_config(name).nmax >= few), FEW_COLUMNS[-1])
+    names = FEW_COLUMNS if few_rows(problem) else (*FEW_COLUMNS, FEW_COLUMNS_32)
+    # (Forced on a wider product, the 16-column one: its blocks then cover the columns 16 at a time.)
+    return next((name for name in names if get_config(name).nmax >= few), FEW_COLUMNS[-1])

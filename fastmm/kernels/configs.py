@@ -496,8 +496,8 @@ TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
 FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=16))
 # 17 to 64 columns in one pass over A, a lane per row of C (docs/kernels/few-columns.md, section 'Up to 64 columns'):
-# forced only (`use_kernel`) until measured. 32 columns: two blocks per SM (3 slots each); 64: one (3 slots), since
-# 64 sums per thread and the copies' addresses spill at two blocks' 128 registers.
+# the plan's wide-few-columns rule runs 32; 64 is forced only (`use_kernel`). 32 columns: two blocks per SM (3 slots
+# each); 64: one (3 slots), since 64 sums per thread and the copies' addresses spill at two blocks' 128 registers.
 FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3, min_blocks=1))
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.

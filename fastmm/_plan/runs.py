@@ -1,0 +1,33 @@
+"""The longest run of terms one accumulator of a kernel configuration adds over a K: the kernels' side of accuracy
+(`accuracy.serial_run` puts a plan's launches together; the plan's rules read it too)."""
+
+from __future__ import annotations
+
+from ..kernels.configs import FewColumns, WarpTile
+
+__all__ = ["run_of"]
+
+# The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where A has unit
+# stride along M: a warp takes every 8th k); a matrix-vector product restarts its sums every 8 steps (FOLD) and
+# adds those blocks in order.
+_STEP, _FOLD = 128, 8
+
+
+def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
+    """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound); `edges`: some of
+    its blocks cross C's edges and `config` leaves them to the unrolled path's one running sum (a sub-tile loop, but
+    where `WarpTile.loops_edges`)."""
+    if isinstance(config, WarpTile) and config.sub_k and (edges or k % config.bk and not config.ragged):
+        return k  # (a loop forced or tuned onto a ragged K leaves every block to the unrolled path)
+    if isinstance(config, FewColumns):
+        per_step = 16 if a_t or config.nmax > 16 else 4  # past 16 columns a warp takes every 8th k in every layout
+        steps = -(-k // (_STEP * config.cluster))
+        if config.nmax == 1:
+            return max(1, min(steps, _FOLD) * per_step, -(-steps // _FOLD))
+        return max(1, steps * per_step)
+    if isinstance(config, WarpTile) and config.flush and k > config.flush:
+        tail = k % config.bk if config.ragged else 0  # (a ragged K's last terms join the last run)
+        return max(config.flush + tail, -(-k // config.flush))  # runs of `flush`, then the runs' sums in order
+    if isinstance(config, WarpTile) and config.tile_sums:
+        return max(config.bk, -(-k // config.bk))  # sums per K-tile, then those in order
+    return k
