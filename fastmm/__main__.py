@@ -190,6 +190,8 @@ def cmd_bench(args) -> int:
             parse_stealing(args.dask_stealing)
             if args.dask_threads < 1:
                 raise ValueError(f"--dask-threads must be at least 1 (got {args.dask_threads})")
+            if args.dask_repeat < 1:
+                raise ValueError(f"--dask-repeat must be at least 1 (got {args.dask_repeat})")
         except ValueError as e:
             print(f"python -m fastmm bench: error: {e}", file=sys.stderr)
             return 2

@@ -184,6 +184,9 @@ def test_dask_bench_refuses_an_unknown_graph_kind_before_any_work():
     code = code.replace("'--dask-kinds', 'planned,foo'", "'--dask-threads', '0'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2 and "--dask-threads must be at least 1 (got 0)" in out.stderr, out.stderr
+    code = code.replace("'--dask-threads', '0'", "'--dask-repeat', '0'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2 and "--dask-repeat must be at least 1 (got 0)" in out.stderr, out.stderr
 
 
 def test_each_bench_worker_sees_every_gpu_its_own_first(monkeypatch):

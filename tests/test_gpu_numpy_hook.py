@@ -300,3 +300,50 @@ def test_the_warm_up_starts_the_device_and_a_forked_child_still_gets_right_resul
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+
+
+def test_on_a_new_machine_numpy_computes_while_nvcc_builds_the_kernel(tmp_path):
+    """With an empty kernel cache, the first product of a kind is NumPy's while nvcc builds its kernel on fastmm's
+    thread (the program never waits for a compile); once built, the same product runs on the GPU. The warm-up queues
+    the common binaries ahead, and they land in the cache. In a child process: a cache of its own."""
+    code = textwrap.dedent("""
+        import numpy as np, fastmm
+        from fastmm._hooks import numpy_hook as hook
+        from fastmm._runtime import compiling
+        from fastmm.kernels import build
+        everything = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((1000, 3000)).astype(np.float32)
+        b = rng.standard_normal((3000, 37)).astype(np.float32)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        def err(c):
+            return np.linalg.norm(c - want) / np.linalg.norm(want)
+        def counts():
+            f32 = fastmm.numpy_hook_status()["by_dtype"]["float32"]
+            return f32["on_gpu"], f32["kept_on_cpu"]["kernel_compiling"]
+        with fastmm.accelerate_numpy(everything, warm_up=False):
+            first = a @ b
+            assert counts() == (0, 1), counts()
+            assert compiling.wait(300)
+            for _ in range(4):  # each binary it needs (a kernel, then perhaps a pass) is built in turn
+                again = a @ b
+                if counts()[0]:
+                    break
+                assert compiling.wait(300)
+            assert counts()[0] == 1, counts()
+        assert err(first) < 1e-5 and err(again) < 1e-5
+        fastmm.accelerate_numpy(warm_up=True)
+        import time
+        deadline = time.time() + 60
+        while compiling.status()["compiled"] < 3 and time.time() < deadline:
+            time.sleep(0.1)
+        assert compiling.wait(300)
+        fastmm.restore_numpy()
+        print("ahead", compiling.status())
+    """)
+    env = {**__import__("os").environ, "FASTMM_CACHE_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ahead" in p.stdout, p.stdout
+    # The warm-up's binaries, and those of the product: all whole in the cache.
+    assert len(list((tmp_path / "kernels").glob("*.entry"))) >= 5

@@ -24,6 +24,7 @@ import pytest
 import fastmm
 from fastmm._hooks import fastpath as _fastpath
 from fastmm._hooks import numpy_hook as hook
+from fastmm._hooks import numpy_loop
 from fastmm._hooks import staged as _staged
 
 EVERYTHING = hook.HostModel(host=1e6, link=1e18, gpu=1e18, overhead=0.0)  # predicts the GPU faster for any product
@@ -267,7 +268,8 @@ def test_the_ctypes_loop_keeps_the_result_whole(monkeypatch, rng):
         def interrupted(a, b, c):
             c[...] = 0.0
             raise KeyboardInterrupt
-        hook._compile_c_loop = lambda: None  # as on a machine without a C compiler
+        from fastmm._hooks import numpy_loop
+        numpy_loop.compile_c_loop = lambda: None  # as on a machine without a C compiler
         hook._state.product = interrupted
         a = np.random.default_rng(1).standard_normal((70, 70)).astype(np.float32)
         want = a @ a
@@ -804,7 +806,7 @@ def test_status_says_where_the_products_time_went(gpu, loop, monkeypatch):
     """by_dtype's seconds: on fastmm's path, in NumPy's loop (the share of a program's time in products is read from
     here, with a model that offloads nothing), and in fastmm's part for products it declined."""
     if loop == "ctypes":
-        monkeypatch.setattr(hook, "_compile_c_loop", lambda: None)
+        monkeypatch.setattr(numpy_loop, "compile_c_loop", lambda: None)
         monkeypatch.setattr(hook._state, "shim", None)
     fastmm.accelerate_numpy(NOTHING)
     assert fastmm.numpy_hook_status()["loop"] == loop
@@ -910,3 +912,26 @@ def test_float64_stays_numpys_where_the_gpus_fp64_is_slow():
     assert f64.gpu_seconds(1, 4096, 4096, 4096) > model.gpu_seconds(1, 4096, 4096, 4096)  # twice the bytes
     for consumer in ((8, 6), (8, 9), (12, 0), None):
         assert hook.float64_model(model, consumer) is None
+
+
+def test_numpy_computes_while_the_kernel_compiles(gpu, monkeypatch, rng):
+    """A product whose kernel nvcc is still building is NumPy's (bit-identical, no warning), counted by the status:
+    the hook never waits for a compile (fastmm/_runtime/compiling.py)."""
+    from fastmm._runtime import compiling
+
+    def still_compiling(a, b, c):
+        raise compiling.KernelCompiling("fastmm is compiling fewcol_n1_nn_v4 for sm_90")
+
+    monkeypatch.setattr(hook._state, "product", still_compiling)
+    a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 100)).astype(np.float32)
+    want = a @ b
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fastmm.accelerate_numpy(EVERYTHING)
+        before = fastmm.numpy_hook_status()["by_dtype"]["float32"]["kept_on_cpu"]
+        got = a @ b
+        after = fastmm.numpy_hook_status()["by_dtype"]["float32"]["kept_on_cpu"]
+    assert np.array_equal(got, want)
+    assert after["kernel_compiling"] == before["kernel_compiling"] + 1
+    assert after["after_failure"] == before["after_failure"]
+

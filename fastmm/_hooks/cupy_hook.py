@@ -39,6 +39,7 @@ import numpy as np
 from .._dispatch import products as _dispatch
 from .. import _plan
 from .._errors import warn_once
+from .._runtime import compiling as _compiling
 from .._switch import Hook, Switch
 
 __all__ = ["accelerate_cupy", "restore_cupy", "cupy_hook_status"]
@@ -114,10 +115,12 @@ def _run(ours, cupys, name="product", arrays=()):
     """`ours()` on fastmm's kernels; CuPy's `cupys()` where the plan yields to cuBLAS or fastmm failed."""
     failure = why = None
     try:
-        with _plan.yield_to_cublas():
+        with _plan.yield_to_cublas(), _compiling.in_background():  # (never a wait for nvcc: cuBLAS answers)
             result = ours()
     except _plan.CublasAhead as e:
         why = f"cuBLAS is ahead: {e}"
+    except _compiling.KernelCompiling as e:
+        why = str(e)
     except (ValueError, TypeError):
         # fastmm refused the arguments: a form CuPy may accept (then CuPy's result, no failure to report) or
         # refuse (then CuPy's own error, raised by CuPy).

@@ -19,177 +19,31 @@ This module sits on top of fastmm, beside the array type: NumPy loop -> `_staged
 
 from __future__ import annotations
 
-import _thread
-import ctypes
 import dataclasses
 import functools
 import logging
 import math
 import threading
-import time
 
 import numpy as np
 
 from . import fastpath as _fastpath
+from . import numpy_loop as _loop
 from . import hostmem as _hostmem
 from . import resident as _resident
 from . import staged as _staged
 from .._errors import warn_once
+from .._runtime import compiling as _compiling
 from .._switch import Hook, Switch
 from .host_model import (FULL_RATE_FP64, HostModel, blas_name, complex_model, compute_capability,  # noqa: F401
                          dtype_models, float64_model, load_model, model_path, save_model)
 
+from .numpy_loop import (_DECLINED, _DONE, _INTERRUPTED, _NPY_CDOUBLE, _NPY_CFLOAT, _NPY_DOUBLE,
+                         _NPY_FLOAT, _replace_loop)
+
 _log = logging.getLogger("fastmm")
 
 __all__ = ["accelerate_numpy", "restore_numpy", "numpy_hook_status", "HostModel"]
-
-# NumPy's type numbers of float32, float64, complex64 and complex128 (stable since NumPy 1.0)
-_NPY_FLOAT, _NPY_DOUBLE, _NPY_CFLOAT, _NPY_CDOUBLE = 11, 12, 14, 15
-_ARGS = ctypes.POINTER(ctypes.c_void_p)
-_INTS = ctypes.POINTER(ctypes.c_ssize_t)
-_LOOP = ctypes.CFUNCTYPE(None, _ARGS, _INTS, _INTS, ctypes.c_void_p)
-_OFFLOAD = ctypes.CFUNCTYPE(ctypes.c_int, _ARGS, _INTS, _INTS)
-# PYFUNCTYPE: called with the GIL held, so no NumPy call runs its loop setup while the pointer is swapped.
-_REPLACE = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
-                             ctypes.POINTER(ctypes.c_void_p))
-_REPLACE_INDEX = 30  # PyUFunc_ReplaceLoopBySignature's slot in NumPy's ufunc C-API table (numpy/__ufunc_api.h)
-_DECLINED, _DONE, _INTERRUPTED = 0, 1, 2  # what fastmm's part of the loop did (as in hostloop.c)
-
-
-# --------------------------------------------------------------------------------------------------------
-# NumPy's loop table
-# --------------------------------------------------------------------------------------------------------
-
-def _replace_loop(new: int, type_num: int = _NPY_FLOAT) -> int:
-    """Put `new` in np.matmul's loop slot for `type_num` (one of the hook's dtypes); return what was there."""
-    try:
-        from numpy._core import _multiarray_umath as umath
-    except ImportError:  # NumPy 1.x
-        from numpy.core import _multiarray_umath as umath
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    table = ctypes.cast(get(umath._UFUNC_API, None), ctypes.POINTER(ctypes.c_void_p))
-    replace = _REPLACE(table[_REPLACE_INDEX])
-    signature = (ctypes.c_int * 3)(type_num, type_num, type_num)
-    old = ctypes.c_void_p()
-    if replace(np.matmul, new, signature, ctypes.byref(old)) != 0 or not old.value:
-        raise RuntimeError("NumPy refused to replace an np.matmul loop (PyUFunc_ReplaceLoopBySignature "
-                           f"failed on NumPy {np.__version__}); fastmm's NumPy hook cannot work with this NumPy")
-    return old.value
-
-
-# --------------------------------------------------------------------------------------------------------
-# The loop: C where a compiler exists, ctypes otherwise; both kept for the life of the process
-# --------------------------------------------------------------------------------------------------------
-
-class _Shim:
-    """The replacement loop and its settings. Never freed: a thread inside NumPy may still call it after an
-    uninstall (it read the loop's address before), and then finds NumPy's loop through it.
-
-    NumPy's own loop is learnt from the first install (the slot's previous content), and the loop waits for it in
-    the microseconds between that swap and `set_numpy_loop`, should another thread arrive then.
-    """
-
-    def __init__(self, offload=None):
-        self.numpy_loop = None
-        self._offload = offload or _offload  # fastmm's side, for this loop's dtype
-        self.offload = _OFFLOAD(self._offload)
-        self.lib = _compile_c_loop()  # a library of its own: each dtype's loop has its own statics
-        if self.lib is not None:
-            self.kind = "C"
-            self.lib.fastmm_configure.argtypes = [ctypes.c_void_p, ctypes.c_double]
-            self.lib.fastmm_set_numpy_loop.argtypes = [ctypes.c_void_p]
-            self.lib.fastmm_set_python_api.argtypes = [ctypes.c_void_p] * 5
-            api = ctypes.pythonapi
-            self.lib.fastmm_set_python_api(
-                *(ctypes.cast(f, ctypes.c_void_p) for f in (api.PyGILState_Ensure, api.PyGILState_Release,
-                                                             api.PyErr_Occurred, api.PyErr_SetNone)),
-                ctypes.c_void_p.in_dll(api, "PyExc_KeyboardInterrupt"))
-            self.address = ctypes.cast(self.lib.fastmm_matmul_loop, ctypes.c_void_p).value
-            self.lib.fastmm_below_threshold.restype = ctypes.c_longlong
-            self.lib.fastmm_loop_times.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
-            self.lib.fastmm_configure_resident.argtypes = [ctypes.c_void_p] + [ctypes.c_double] * 4
-        else:
-            self.kind = "ctypes"
-            self._numpy = None
-            self._loop = _LOOP(self._python_loop)
-            self.address = ctypes.cast(self._loop, ctypes.c_void_p).value
-        self.min_flops = math.inf
-        self.on = False
-        self._below = 0  # the ctypes loop's count of products below the threshold (the C loop keeps its own)
-        self._times = [0] * 5  # the ctypes loop's times, as the C loop's (fastmm_loop_times)
-        self._times_lock = threading.Lock()
-
-    def below_threshold(self) -> int:
-        """Products the loop left to NumPy without asking fastmm: too little work for the GPU."""
-        return self.lib.fastmm_below_threshold() if self.lib is not None else self._below
-
-    def _add(self, *deltas: int) -> None:
-        """The ctypes loop's counters (threads multiply at once): gpu ns and products, numpy ns and products,
-        declined ns, as fastmm_loop_times orders them."""
-        with self._times_lock:
-            for i, d in enumerate(deltas):
-                self._times[i] += d
-
-    def times(self) -> dict:
-        """Seconds and products, since the first install: on fastmm's path (the GPU, staging included), in NumPy's
-        own loop, and in fastmm's part for products it then declined."""
-        if self.lib is not None:
-            raw = (ctypes.c_longlong * 5)()
-            self.lib.fastmm_loop_times(raw)
-        else:
-            raw = self._times
-        return {"gpu_seconds": raw[0] * 1e-9, "gpu_products": raw[1], "numpy_seconds": raw[2] * 1e-9,
-                "numpy_products": raw[3], "declined_seconds": raw[4] * 1e-9}
-
-    def set_numpy_loop(self, address: int) -> None:
-        self.numpy_loop = address
-        if self.lib is not None:
-            self.lib.fastmm_set_numpy_loop(address)
-        else:
-            self._numpy = _LOOP(address)
-
-    def configure(self, on: bool, min_flops: float) -> None:
-        self.on, self.min_flops = on, min_flops
-        if self.lib is not None:
-            self.lib.fastmm_configure(ctypes.cast(self.offload, ctypes.c_void_p) if on else None,
-                                      min_flops if math.isfinite(min_flops) else 1e300)
-
-    def configure_resident(self, candidate: int | None, model: HostModel) -> None:
-        """Below the threshold, ask fastmm about products that read a block of its allocator (`candidate`: hostalloc.c's
-        check) and that NumPy takes at least 4 overheads for: with an operand on the GPU they may win there; the
-        question (microseconds) then costs NumPy's loop about a percent at most. None: never (the cache is off)."""
-        if self.lib is not None:
-            self.lib.fastmm_configure_resident(candidate, model.host, model.memory, float(model.itemsize),
-                                               4 * model.overhead)
-
-    def _python_loop(self, args, dims, steps, data):
-        if self._numpy is None:  # the first install's swap is still finishing (see the class docstring)
-            with _on_off.lock:
-                pass
-        outcome = _DECLINED
-        start = asked = time.perf_counter_ns()
-        if self.on and 2.0 * dims[0] * dims[1] * dims[2] * dims[3] >= self.min_flops:
-            outcome = self._offload(args, dims, steps)
-            asked = time.perf_counter_ns()
-        elif self.on:
-            self._below += 1
-        if outcome == _DONE:
-            self._add(asked - start, 1)
-        else:
-            self._numpy(args, dims, steps, data)
-            self._add(0, 0, time.perf_counter_ns() - asked, 1, asked - start)
-        if outcome == _INTERRUPTED:
-            # A ctypes callback cannot leave an exception for NumPy to raise, as the C loop does: the interrupt is
-            # simulated, and reaches the main thread at its next check for signals. The result is whole either way.
-            _thread.interrupt_main()
-
-
-def _compile_c_loop():
-    """fastmm/_hooks/hostloop.c built and loaded (once per process), or None where it cannot be."""
-    return _hostmem.compile_c("hostloop.c", "fastmm's NumPy hook runs NumPy's loop through a ctypes callback, which "
-                              "adds about a microsecond to every matmul of the dtypes it takes")
-
 
 # --------------------------------------------------------------------------------------------------------
 # fastmm's side of the loop
@@ -249,7 +103,8 @@ def _offload_in(args, dims, steps, lane) -> int:
         c = np.asarray(_HostBuffer(args[2], (batch, m, n), (steps[2], steps[7], steps[8]), False, lane.dtype))
         a, b = (x if v is None else _resident.Resident(x, v) for x, v in zip((a, b), views))
         try:
-            _state.product(a, b, c)
+            with _compiling.in_background():  # never wait for nvcc: NumPy computes while it builds the kernel
+                _state.product(a, b, c)
         finally:
             if cache is not None:
                 _hostmem.touch(args[2])  # the result may have come down by DMA, which no write fault reports
@@ -259,6 +114,9 @@ def _offload_in(args, dims, steps, lane) -> int:
         return _DONE
     except KeyboardInterrupt:
         return _INTERRUPTED
+    except _compiling.KernelCompiling:
+        lane.compiling += 1
+        return _DECLINED
     except BaseException as e:  # noqa: BLE001 - anything: NumPy's loop computes the product instead
         lane.declined += 1
         try:
@@ -291,17 +149,18 @@ class _Lane:
 
     def __init__(self, dtype: str, type_num: int):
         self.dtype, self.type_num = dtype, type_num
-        self.shim: _Shim | None = None
+        self.shim: _loop.Shim | None = None
         self.model = HostModel()
         self.enabled = dtype == "float32"  # the others as accelerate_numpy() decides (see its float64 parameter)
         self.installed = False  # its loop is in NumPy's table
         self.offloaded = 0
         self.declined = 0
         self.host_faster = 0  # products the model kept on the host (its prediction, past the loop's threshold)
+        self.compiling = 0  # products NumPy computed while nvcc built their kernel
 
-    def ensure_shim(self) -> _Shim:
+    def ensure_shim(self) -> _loop.Shim:
         if self.shim is None:
-            self.shim = _Shim(functools.partial(_offload, lane=self))
+            self.shim = _loop.Shim(functools.partial(_offload, lane=self), _on_off.lock)
         return self.shim
 
 
@@ -547,7 +406,8 @@ def _lane_status(lane: _Lane) -> dict:
     times = shim.times() if shim else {"gpu_seconds": 0.0, "numpy_seconds": 0.0, "declined_seconds": 0.0}
     return {"on_gpu": lane.offloaded,
             "kept_on_cpu": {"below_threshold": shim.below_threshold() if shim else 0,
-                            "host_predicted_faster": lane.host_faster, "after_failure": lane.declined},
+                            "host_predicted_faster": lane.host_faster, "after_failure": lane.declined,
+                            "kernel_compiling": lane.compiling},
             "seconds": {"on_gpu": times["gpu_seconds"], "kept_on_cpu": times["numpy_seconds"],
                         "deciding_then_declining": times["declined_seconds"]},
             "taken": lane.installed and lane.enabled}

@@ -32,6 +32,7 @@ import threading
 from contextlib import contextmanager
 
 from .. import _errors
+from . import compiling as _compiling
 from .._plan import Device, validated
 from ..kernels import build
 from ..kernels.configs import MAX_GRID_Y, Variant, KernelConfig
@@ -101,8 +102,9 @@ def _driver():
 
 def warm_up(device_id: int) -> None:
     """A process's first GPU work on `device_id`, done ahead of its first product: the primary context (about 0.1 s
-    on an H100), the launch bindings and CuPy's memory pool there. A failure is left for that product to meet: it
-    reports it the way every product does (the NumPy hook computes on NumPy, with a warning)."""
+    on an H100), the launch bindings and CuPy's memory pool there, and the common binaries the disk cache lacks
+    queued for compiling (`compiling.compile_ahead`). A failure is left for that product to meet: it reports it the
+    way every product does (the NumPy hook computes on NumPy, with a warning)."""
     try:
         _context(device_id)
         if _ctx_current is None:
@@ -110,6 +112,7 @@ def warm_up(device_id: int) -> None:
         cupy = _driver()
         with cupy.cuda.Device(device_id):
             cupy.empty(1, cupy.uint8)
+        _compiling.compile_ahead(device(device_id))
     except Exception as e:  # (the product that needs the GPU meets the same error and handles it)
         logging.getLogger("fastmm").debug("warm-up of CUDA device %d failed: %s", device_id, e)
 
@@ -297,7 +300,7 @@ def loaded_function(config: KernelConfig, variant: Variant, device_id: int):
         # A configuration this GPU cannot run (shared memory, architecture) is the plan's clear ValueError, before
         # nvcc or the driver could fail on it with a message about the toolkit.
         validated(config, dev)
-        compiled = build.compile_cubin(config, variant, dev.arch)
+        compiled = _compiling.binary(config, variant, dev.arch)  # (or KernelCompiling, for a caller that asked)
         try:
             fn = _load(config, dev, device_id, compiled)
         except _NotLoaded as refused:

@@ -379,6 +379,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-gpus", type=int, default=None, help="--dask: GPUs of the cluster (default: all)")
     p.add_argument("--dask-threads", type=int, default=1,
                    help="--dask: threads of each worker (default 1, as dask-cuda's LocalCUDACluster starts them)")
+    p.add_argument("--dask-repeat", type=int, default=1,
+                   help="--dask: timed runs of each cluster product after its warm-up; the median is reported "
+                        "(default 1)")
     p.add_argument("--dask-stealing", default="on",
                    help="--dask: the scheduler's work stealing, on, off or on,off (each cluster both ways; default: on, "
                         "Dask's default)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import time
 
@@ -258,7 +259,7 @@ def _timed(fn, warm_up: bool = True) -> float:
 
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
         protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1,
-        stealing: tuple[bool, ...] = (True,)) -> list[dict]:
+        stealing: tuple[bool, ...] = (True,), repeat: int = 1) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -354,19 +355,22 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                     product(0)  # warm-up
                     clear_moved(client)
                     stolen = steals(client)
-                    t0 = time.perf_counter()
-                    product(1)
-                    secs = time.perf_counter() - t0
+                    runs = []
+                    for run_ in range(1, repeat + 1):
+                        t0 = time.perf_counter()
+                        product(run_)
+                        runs.append(time.perf_counter() - t0)
                     total, rate = moved(client)
                     add({"what": f"cluster ({where}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
-                         "kind": kind, "protocol": where, "seconds": secs, "moved": total, "link": rate,
-                         "stolen": steals(client) - stolen})
+                         "kind": kind, "protocol": where, "seconds": statistics.median(runs), "runs": runs,
+                         "moved": total / repeat, "link": rate, "stolen": (steals(client) - stolen) / repeat})
                     client.cancel(x)
     return rows
 
 
 def print_table(rows) -> None:
-    print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up; TFLOP/s = 2 n^3 / seconds")
+    print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up (on a cluster, the median of --dask-repeat "
+          "runs, each listed); TFLOP/s = 2 n^3 / seconds")
     for r in rows:
         if "seconds" not in r:  # a link measurement
             print(f"  {r['what']:62s} {r['link'] / 1e9:8.1f} GB/s, one chunk from worker to worker")
@@ -374,7 +378,8 @@ def print_table(rows) -> None:
         err = f"  rel error {r['rel_error']:.1e}" if "rel_error" in r else ""
         moved_ = (f"  {r['moved'] / 2**30:6.2f} GiB between GPUs at {r.get('link', 0) / 1e9:5.1f} GB/s a transfer, "
                   f"{r.get('stolen', 0)} tasks stolen" if r.get("gpus", 1) > 1 and "moved" in r else "")
-        print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}")
+        runs = f"  runs {', '.join(f'{t:.2f}' for t in r['runs'])} s" if len(r.get("runs", ())) > 1 else ""
+        print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}{runs}")
     for r in rows:
         if r.get("gpus", 1) > 1 and "seconds" in r:
             # Against the same graph on one GPU, same protocol.
@@ -406,7 +411,7 @@ def main(args) -> int:
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
                    args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads,
-                   stealing)
+                   stealing, args.dask_repeat)
     print_table(rows)
     if args.json:
         import json

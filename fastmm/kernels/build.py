@@ -34,7 +34,7 @@ from .configs import KernelConfig, Variant
 
 _log = logging.getLogger("fastmm")
 
-__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "find_nvcc", "cache_dir",
+__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "cached_cubin", "find_nvcc", "cache_dir",
            "cache_path", "is_cubin"]
 
 # -lineinfo costs nothing at run time and lets compute-sanitizer and ncu point at source lines.
@@ -199,6 +199,20 @@ def _write_entry(path: Path, log: str, cubin: bytes) -> None:
                   "FASTMM_CACHE_DIR at a writable directory", stacklevel=5)
 
 
+def cached_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str = "sm_90") -> Compiled | None:
+    """The disk cache's binary of `config` and `variant` for `arch`, or None where it holds no sound one (never
+    compiles)."""
+    try:
+        entry = _read_entry(cache_path(config, variant, arch))
+    except NvccNotFoundError:  # (the key names the nvcc binary: without one, nothing could have been cached)
+        return None
+    if entry is None:
+        return None
+    log, cubin = entry
+    return Compiled(config.binary_name(variant), arch + config.arch_suffix, cubin, **_parse_ptxas(log), log=log,
+                    cached=True)
+
+
 def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str = "sm_90",
                   *, use_cache: bool = True, refresh: bool = False) -> Compiled:
     """Compile one binary with ``nvcc -cubin -Xptxas -v``; return the cubin and ptxas' resource figures.
@@ -215,15 +229,17 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
     nvcc = find_nvcc()
     name = config.binary_name(variant)
     path = cache_path(config, variant, arch)
-    arch += config.arch_suffix  # sm_90 -> sm_90a for kernels that need Hopper's own instructions
     if use_cache and not refresh:
-        entry = _read_entry(path)
-        if entry is not None:
-            log, cubin = entry
-            return Compiled(name, arch, cubin, **_parse_ptxas(log), log=log, cached=True)
+        compiled = cached_cubin(config, variant, arch)
+        if compiled is not None:
+            return compiled
+    arch += config.arch_suffix  # sm_90 -> sm_90a for kernels that need Hopper's own instructions
 
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fastmm-nvcc-") as tmp:
+    # mkdtemp, not TemporaryDirectory: the latter's finaliser deletes the directory at interpreter exit, under an
+    # nvcc still running on fastmm's compile thread (fastmm/_runtime/compiling.py), which the exit waits for.
+    tmp = tempfile.mkdtemp(prefix="fastmm-nvcc-")
+    try:
         src = Path(tmp) / f"{name}.cu"
         out = Path(tmp) / f"{name}.cubin"
         src.write_text(source_for(config, variant))
@@ -233,6 +249,8 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed to compile {name} for {arch} (exit {proc.returncode}):\n{log}")
         cubin = out.read_bytes()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if not is_cubin(cubin):
         raise CompileError(f"nvcc compiled {name} for {arch} but wrote no complete cubin ({len(cubin)} bytes); "
                            f"check the disk space of {tempfile.gettempdir()} and the CUDA toolkit ({nvcc}):\n{log}")

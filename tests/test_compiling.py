@@ -1,0 +1,153 @@
+"""The compile thread: the hooks never wait for nvcc (fastmm/_runtime/compiling.py). Real nvcc, no GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import pytest
+
+from fastmm import _errors
+from fastmm._runtime import compiling
+from fastmm.kernels import build
+from fastmm.kernels.configs import Naive, Smem, Variant
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_errors, "_warned", set())
+    assert compiling.wait(300)
+    monkeypatch.setattr(compiling, "_ready", {})
+    return tmp_path
+
+
+@pytest.mark.nvcc
+def test_outside_the_hooks_a_binary_is_compiled_in_the_call(cache):
+    got = compiling.binary(Naive(), Variant(), "sm_90")
+    assert build.is_cubin(got.cubin) and not got.cached
+    assert compiling.status()["pending"] == 0
+
+
+@pytest.mark.nvcc
+def test_inside_a_missing_binary_is_compiled_on_the_thread_and_found_next_time(cache):
+    before = compiling.status()["compiled"]
+    with compiling.in_background():
+        with pytest.raises(compiling.KernelCompiling, match="compiling naive"):
+            compiling.binary(Naive(), Variant(), "sm_90")
+        with pytest.raises(compiling.KernelCompiling):  # asked again meanwhile: one compile, not two
+            compiling.binary(Naive(), Variant(), "sm_90")
+        assert compiling.wait(300)
+        got = compiling.binary(Naive(), Variant(), "sm_90")
+        assert build.is_cubin(got.cubin)
+        again = compiling.binary(Naive(), Variant(), "sm_90")  # from the disk cache now
+        assert again.cached and again.cubin == build.cached_cubin(Naive(), Variant(), "sm_90").cubin
+    assert compiling.status()["compiled"] == before + 1
+
+
+@pytest.mark.nvcc
+def test_an_unwritable_cache_still_hands_the_compiled_binary_over(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("FASTMM_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(_errors, "_warned", set())
+    assert compiling.wait(300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _errors.PerformanceWarning)  # the cache's own warning, tested elsewhere
+        with compiling.in_background():
+            with pytest.raises(compiling.KernelCompiling):
+                compiling.binary(Smem(), Variant(), "sm_90")
+            assert compiling.wait(300)
+            got = compiling.binary(Smem(), Variant(), "sm_90")
+    assert build.is_cubin(got.cubin) and not got.cached
+
+
+def test_a_failed_compile_is_raised_once_then_tried_again(cache, monkeypatch):
+    calls = []
+
+    def failing(config, variant, arch, **kw):
+        calls.append(config.binary_name(variant))
+        raise build.CompileError(f"nvcc failed to compile {config.binary_name(variant)} (exit 1)")
+
+    monkeypatch.setattr(build, "compile_cubin", failing)
+    monkeypatch.setattr(build, "cached_cubin", lambda *a: None)
+    with compiling.in_background():
+        with pytest.raises(compiling.KernelCompiling):
+            compiling.binary(Naive(), Variant(), "sm_90")
+        assert compiling.wait(60)
+        with pytest.raises(build.CompileError, match="nvcc failed"):
+            compiling.binary(Naive(), Variant(), "sm_90")
+        with pytest.raises(compiling.KernelCompiling):  # a new attempt, not the old error forever
+            compiling.binary(Naive(), Variant(), "sm_90")
+        assert compiling.wait(60)
+    assert len(calls) == 2
+
+
+def test_the_switch_belongs_to_the_thread_that_set_it(cache, monkeypatch):
+    monkeypatch.setattr(build, "compile_cubin", lambda *a, **kw: "compiled in the call")
+    got = []
+    with compiling.in_background():
+        other = threading.Thread(target=lambda: got.append(compiling.binary(Naive(), Variant(), "sm_90")))
+        other.start()
+        other.join()
+    assert got == ["compiled in the call"]
+
+
+@pytest.mark.nvcc
+def test_a_process_that_ends_during_a_compile_leaves_a_whole_entry_and_no_temporary_files(tmp_path):
+    """The exit waits for the compile in progress (nvcc's temporary directory removed, the entry written whole) and
+    drops those not started. In a child process: it is the interpreter's exit that is tested."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = textwrap.dedent("""
+        import time
+        from fastmm._runtime import compiling
+        from fastmm.kernels.configs import Naive, Smem, Variant
+        with compiling.in_background():
+            for config in (Naive(), Smem()):
+                try:
+                    compiling.binary(config, Variant(), "sm_90")
+                except compiling.KernelCompiling:
+                    pass
+        while compiling._current is None:  # nvcc has started on the first
+            time.sleep(0.001)
+        print("asked")
+    """)
+    env = {**__import__("os").environ, "FASTMM_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(tmp)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "asked", proc.stderr
+    assert not list(tmp.iterdir()), "nvcc's temporary files were left behind"
+    entries = list((tmp_path / "cache" / "kernels").glob("*.entry"))
+    assert len(entries) == 1 and all(build._read_entry(e) is not None for e in entries)
+
+
+def test_binaries_compiled_ahead_wait_behind_those_products_ask_for(cache, monkeypatch):
+    from fastmm import _plan
+
+    order, gate = [], threading.Event()
+
+    def compile_cubin(config, variant, arch, **kw):
+        gate.wait(60)  # the first compile holds the thread until everything is queued
+        order.append(config.binary_name(variant))
+        return build.Compiled(config.binary_name(variant), arch, b"", 0, 0, 0, 0, 0, "")
+
+    monkeypatch.setattr(build, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(build, "cached_cubin", lambda *a: None)
+    queued = compiling.compile_ahead(_plan.Device())
+    names = {_plan.choose(_plan.Problem(m, n, k, a_t=a_t, b_t=b_t)).config.binary_name(
+        _plan.Problem(m, n, k, a_t=a_t, b_t=b_t).variant_for(_plan.choose(_plan.Problem(m, n, k, a_t=a_t, b_t=b_t)).config))
+        for m, n, k, a_t, b_t in compiling.AHEAD}
+    assert queued == len(names) >= 5 and compiling.compile_ahead(_plan.Device()) == 0  # queued once
+    with compiling.in_background():
+        for config in (Smem(), Naive()):
+            with pytest.raises(compiling.KernelCompiling):
+                compiling.binary(config, Variant(), "sm_90")
+    gate.set()
+    assert compiling.wait(60)
+    # The thread may have taken one binary ahead before the products asked; theirs came next, in their order.
+    asked = [Smem().binary_name(Variant()), Naive().binary_name(Variant())]
+    start = order.index(asked[0])
+    assert start <= 1 and order[start:start + 2] == asked, order
+    assert set(order) == names | {Smem().binary_name(Variant()), Naive().binary_name(Variant())}
