@@ -204,6 +204,28 @@ def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     assert rel_error(fresh, a2.astype(np.float64) @ b.astype(np.float64)) < 1e-5
 
 
+@pytest.mark.parametrize("m,n,k", [(804, 32, 7189), (26, 18, 3002), (792, 27, 8083), (9787, 30, 1523), (38, 22, 820)],
+                         ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_wide_few_columns_are_correct_and_deterministic(m, n, k, layout, rng):
+    """17 to 32 columns on the 32-column kernel, K summed by a cluster's blocks in slices: right, and bitwise the
+    same every run (the cluster adds its slices in a fixed order)."""
+    import fastmm
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
+
+    a = host_operand(rng, m, k, layout[0] == "t")
+    b = host_operand(rng, k, n, layout[1] == "t")
+    da, db = device(a), device(b)
+    problem = _plan.Problem(m, n, k, a_t=layout[0] == "t", b_t=layout[1] == "t")
+    assert _plan.choose(problem, _cuda.device(0)).rule == "wide-few-columns"
+    first = cp.full((m, n), cp.nan, cp.float32)
+    fastmm.matmul(da, db, out=first)
+    assert rel_error(first, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
+    for _ in range(2):
+        assert bool((fastmm.matmul(da, db) == first).all())
+
+
 @pytest.mark.parametrize("m,n,k", [(128, 128, 65536), (64, 100, 10000), (4096, 16, 4096), (8, 4096, 4096),
                                    (2048, 1, 16384)])
 @pytest.mark.parametrize("where", ["row slice", "misaligned", "column-major"])
