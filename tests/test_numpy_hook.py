@@ -654,6 +654,26 @@ def test_operands_already_on_the_gpu_are_read_where_they_are(lazy_gpu, which, ba
     assert (uploads == []) == (which == "both")
 
 
+@pytest.mark.parametrize("batch,m,k,n,budget", [(1, 97, 50, 7, 1 << 20), (1, 300, 40, 200, 120_000),
+                                                (9, 50, 40, 30, 100_000)])
+def test_transposed_operands_go_up_as_their_rows_lie(lazy_gpu, batch, m, k, n, budget, rng):
+    """``x.T`` of a C-ordered array goes up as x's rows (whole rows read, no gather of columns) and is read
+    transposed on the GPU: every upload the staging makes reads rows with unit stride, and the product is right."""
+    base = rng.standard_normal((batch, k, m)).astype(np.float32)
+    a = base.transpose(0, 2, 1)
+    b = rng.standard_normal((batch, n, k)).astype(np.float32).transpose(0, 2, 1)
+    c = np.full((batch, m, n), np.nan, np.float32)
+    uploads = []
+    up = _staged._upload
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_staged, "_upload", lambda host, jobs, pool: uploads.append(host) or up(host, jobs, pool))
+        _staged.matmul_host(a, b, c, budget=budget)
+    np.testing.assert_allclose(c, _ref(a, b), rtol=1e-6, atol=1e-5)
+    rows = [x for x in uploads if min(x.shape[-2:]) > 1]  # (a block of one row of A is one column of `base`)
+    assert rows and all(x.strides[-1] == 4 for x in rows), [(x.shape, x.strides) for x in rows if x.strides[-1] != 4]
+    assert any(np.shares_memory(x, base) for x in uploads)
+
+
 @pytest.mark.parametrize("batch,m,k,n,budget", [(1, 50, 40, 30, 1 << 20), (9, 50, 40, 30, 100_000),
                                                 (1, 300, 40, 200, 120_000), (3, 300, 400, 20, 200_000),
                                                 (1, 4000, 3000, 2000, 48 << 20), (2, 4000, 3000, 2000, 48 << 20)])
