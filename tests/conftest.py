@@ -43,6 +43,14 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _gpu_products_wait_for_nvcc(request, monkeypatch):
+    """GPU tests that count what went to the GPU must not depend on what the kernel cache holds: their hooks' products
+    wait for nvcc (child processes inherit it). The test of the compile thread itself sets its own."""
+    if request.node.get_closest_marker("gpu") is not None:
+        monkeypatch.setenv("FASTMM_HOOK_COMPILE", "wait")
+
+
 @pytest.fixture
 def rng():
     # A fresh seed per test run, printed on failure, so every run draws new inputs.

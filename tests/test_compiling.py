@@ -15,6 +15,7 @@ from fastmm._runtime import compiling
 from fastmm.kernels import build
 from fastmm.kernels.configs import Naive, Smem, Variant
 
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTMM_CACHE_DIR", str(tmp_path))
@@ -151,3 +152,11 @@ def test_binaries_compiled_ahead_wait_behind_those_products_ask_for(cache, monke
     start = order.index(asked[0])
     assert start <= 1 and order[start:start + 2] == asked, order
     assert set(order) == names | {Smem().binary_name(Variant()), Naive().binary_name(Variant())}
+
+
+def test_fastmm_hook_compile_wait_makes_the_hooks_wait(cache, monkeypatch):
+    monkeypatch.setattr(build, "compile_cubin", lambda *a, **kw: "compiled in the call")
+    monkeypatch.setenv("FASTMM_HOOK_COMPILE", "wait")
+    with compiling.in_background():
+        assert compiling.binary(Naive(), Variant(), "sm_90") == "compiled in the call"
+

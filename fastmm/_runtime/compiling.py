@@ -44,9 +44,11 @@ _compiled = _failed = 0
 @contextmanager
 def in_background():
     """Within: a binary that is not compiled yet is compiled on fastmm's thread, and the product raises
-    `KernelCompiling` instead of waiting for it (on the calling thread only)."""
+    `KernelCompiling` instead of waiting for it (on the calling thread only). ``$FASTMM_HOOK_COMPILE=wait`` turns
+    that off: the hooks' products then wait for nvcc as fastmm.matmul's do (a benchmark's or a test's first product
+    on the GPU whatever the cache holds)."""
     before = getattr(_tls, "on", False)
-    _tls.on = True
+    _tls.on = os.environ.get("FASTMM_HOOK_COMPILE", "background") != "wait"
     try:
         yield
     finally:

@@ -5,6 +5,7 @@ in the same run, on fresh random operands, against a float64 reference (see docs
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -170,6 +171,9 @@ def main_bench(args) -> int:
     """``python -m fastmm bench --numpy-hook``: the table, with this machine's model (or the defaults)."""
     if no_gpu("bench --numpy-hook"):
         return 2
+    # The table times each path in its steady state: its first products wait for their kernels to compile rather
+    # than leave them to NumPy (what the hook does in a program; the programs, --programs, show that).
+    os.environ.setdefault("FASTMM_HOOK_COMPILE", "wait")
     model = hook.load_model()
     rows = bench_rows(model, seed=args.seed)
     print_bench(rows, model)
