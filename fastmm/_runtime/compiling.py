@@ -58,12 +58,16 @@ def in_background():
 def binary(config: KernelConfig, variant: Variant, arch: str) -> build.Compiled:
     """The binary of `config` and `variant` for `arch`: compiled in the call, or (inside `in_background`) from the
     disk cache or the compile thread, raising `KernelCompiling` while nvcc is still at it. A compile that failed
-    raises its error here once (the caller reports it as it reports any failure); the next call tries again."""
-    if not getattr(_tls, "on", False):
-        return build.compile_cubin(config, variant, arch)
+    raises its error on every later call in this process (as a compile in the call would, without running nvcc
+    again); where no thread can be started, the call compiles."""
     key = (config.binary_name(variant), arch)
+    if not getattr(_tls, "on", False):
+        with _compile_lock(key):  # (threads that need the same binary: one nvcc, the others then read the cache)
+            return build.compile_cubin(config, variant, arch)
     with _lock:
-        done = _ready.pop(key, None)
+        done = _ready.get(key)
+        if done is not None and not isinstance(done, BaseException):
+            del _ready[key]  # (loaded once per device: the disk cache answers the next device)
     if isinstance(done, BaseException):
         raise done
     if done is not None:
@@ -71,8 +75,17 @@ def binary(config: KernelConfig, variant: Variant, arch: str) -> build.Compiled:
     found = build.cached_cubin(config, variant, arch)
     if found is not None:
         return found
-    _ask(key, config, variant, arch)
+    if not _ask(key, config, variant, arch) and key not in _busy:
+        return build.compile_cubin(config, variant, arch)  # no compile thread to be had: compiled here
     raise KernelCompiling(f"fastmm is compiling {key[0]} for {arch}")
+
+
+_compiling_here: dict[tuple[str, str], threading.Lock] = {}
+
+
+def _compile_lock(key) -> threading.Lock:
+    with _lock:
+        return _compiling_here.setdefault(key, threading.Lock())
 
 
 # Products most NumPy programs make (A @ v, v @ A, A.T @ v; square products in three layouts, two sizes): their
@@ -87,6 +100,8 @@ def compile_ahead(device: Device) -> int:
     cache lacks; how many were queued. The NumPy hook's warm-up calls it: a new machine's first program then finds
     the common binaries compiled instead of leaving its first products to NumPy while nvcc runs."""
     queued = 0
+    if not build.cache_writable():  # (compiled ahead for nothing in every process: the products' own suffice)
+        return queued
     for m, n, k, a_t, b_t in AHEAD:
         problem = _plan.Problem(m, n, k, a_t=a_t, b_t=b_t)
         config = _plan.choose(problem, device).config
@@ -97,6 +112,8 @@ def compile_ahead(device: Device) -> int:
 
 
 def _ask(key, config, variant, arch, ahead: bool = False) -> bool:
+    """Queue `key` for the compile thread (started on first use); whether it was queued now. False where it waits
+    already, or where no thread could be started (the caller then compiles, or leaves it)."""
     global _thread
     with _lock:
         if key in _busy:
@@ -104,11 +121,16 @@ def _ask(key, config, variant, arch, ahead: bool = False) -> bool:
                 _ahead[:] = [item for item in _ahead if item[0] != key]
                 _waiting.append((key, config, variant, arch))
             return False
+        if _thread is None:
+            thread = threading.Thread(target=_work, name="fastmm-nvcc", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as e:  # ("can't start new thread": a process at its limit) nothing is queued
+                _log.debug("fastmm's compile thread did not start: %s", e)
+                return False
+            _thread = thread
         _busy.add(key)
         (_ahead if ahead else _waiting).append((key, config, variant, arch))
-        if _thread is None:
-            _thread = threading.Thread(target=_work, name="fastmm-nvcc", daemon=True)
-            _thread.start()
         _lock.notify()
     return True
 
@@ -160,6 +182,7 @@ def _at_exit() -> None:
 def _after_fork() -> None:  # a forked child has no compile thread: it starts its own when it needs one
     global _thread, _lock, _current
     _thread, _lock, _current = None, threading.Condition(), None
+    _compiling_here.clear()
     _waiting.clear()
     _ahead.clear()
     _busy.clear()

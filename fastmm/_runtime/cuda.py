@@ -32,10 +32,10 @@ import threading
 from contextlib import contextmanager
 
 from .. import _errors
-from . import compiling as _compiling
 from .._plan import Device, validated
 from ..kernels import build
-from ..kernels.configs import MAX_GRID_Y, Variant, KernelConfig
+from ..kernels.configs import MAX_GRID_Y, KernelConfig, Variant
+from . import compiling as _compiling
 
 __all__ = ["device", "Launch", "loaded_function", "as_fastmm_error", "warm_up", "warm_up_in_background"]
 
@@ -293,14 +293,16 @@ def loaded_function(config: KernelConfig, variant: Variant, device_id: int):
     if fn is not None:
         return fn
     dev = device(device_id)
+    # A configuration this GPU cannot run (shared memory, architecture) is the plan's clear ValueError, before
+    # nvcc or the driver could fail on it with a message about the toolkit.
+    validated(config, dev)
+    # Compiled (or read from the disk cache) outside the lock: another thread's load of another kernel never waits
+    # for this nvcc. KernelCompiling, for a caller that asked not to wait.
+    compiled = _compiling.binary(config, variant, dev.arch)
     with _lock:
         fn = _functions.get(key)
         if fn is not None:
             return fn
-        # A configuration this GPU cannot run (shared memory, architecture) is the plan's clear ValueError, before
-        # nvcc or the driver could fail on it with a message about the toolkit.
-        validated(config, dev)
-        compiled = _compiling.binary(config, variant, dev.arch)  # (or KernelCompiling, for a caller that asked)
         try:
             fn = _load(config, dev, device_id, compiled)
         except _NotLoaded as refused:

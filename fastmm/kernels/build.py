@@ -34,7 +34,7 @@ from .configs import KernelConfig, Variant
 
 _log = logging.getLogger("fastmm")
 
-__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "cached_cubin", "find_nvcc", "cache_dir",
+__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "cached_cubin", "cache_writable", "find_nvcc", "cache_dir",
            "cache_path", "is_cubin"]
 
 # -lineinfo costs nothing at run time and lets compute-sanitizer and ncu point at source lines.
@@ -181,6 +181,15 @@ def _read_entry(path: Path) -> tuple[str, bytes] | None:
         return None
 
 
+_unwritable: set[Path] = set()  # cache directories this process failed to write an entry into
+
+
+def cache_writable() -> bool:
+    """False once this process failed to write an entry into the disk cache's directory (read-only, full): each
+    compile then lasts only as long as the process."""
+    return cache_dir() not in _unwritable
+
+
 def _write_entry(path: Path, log: str, cubin: bytes) -> None:
     """Write-then-rename, so that a concurrent reader sees the old entry, the new one or none, never a part."""
     try:
@@ -193,6 +202,7 @@ def _write_entry(path: Path, log: str, cubin: bytes) -> None:
             tmp.unlink(missing_ok=True)
             raise
     except OSError as e:
+        _unwritable.add(path.parent)
         warn_once("kernel-cache-write",
                   f"fastmm could not write its kernel cache in {path.parent} ({e.strerror or e}); it compiles its "
                   "kernels again in every process until it can: free space there, make it writable, or point "
@@ -243,8 +253,11 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
         src = Path(tmp) / f"{name}.cu"
         out = Path(tmp) / f"{name}.cubin"
         src.write_text(source_for(config, variant))
+        # A session of its own: Ctrl-C in a terminal or a notebook (sent to the whole process group) interrupts the
+        # program, not a compile on fastmm's thread that the program did not ask for (an interrupted call still
+        # kills its nvcc: subprocess.run does on any exception).
         proc = subprocess.run([nvcc, "-cubin", *_options(arch), "-o", str(out), str(src)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, start_new_session=True)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed to compile {name} for {arch} (exit {proc.returncode}):\n{log}")
