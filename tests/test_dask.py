@@ -234,3 +234,24 @@ def test_bench_table_prints_the_link_rate_beside_the_products(capsys):
     assert "80.0 GB/s, one chunk from worker to worker" in out
     assert "1.00 GiB between GPUs at  40.0 GB/s a transfer" in out
     assert "2 GPUs 2.00x one, 100% efficiency" in out
+
+
+def test_dask_bench_timeline_reads_each_workers_task_stream():
+    """--dask-timeline: per worker, first start and last end from the run's start, the seconds its tasks computed
+    (two threads' overlapping tasks counted once) and received data."""
+    from fastmm._tools.dask_bench import _union, timeline
+
+    assert _union([(0, 1), (0.5, 2), (3, 4)]) == 3 and _union([]) == 0
+    t0 = 100.0
+    records = [
+        {"worker": "w1", "startstops": [{"action": "transfer", "start": 100.0, "stop": 100.2},
+                                        {"action": "compute", "start": 100.2, "stop": 100.5}]},
+        {"worker": "w1", "startstops": [{"action": "compute", "start": 100.4, "stop": 100.9}]},
+        {"worker": "w0", "startstops": [{"action": "deserialize", "start": 100.0, "stop": 100.1},
+                                        {"action": "compute", "start": 100.1, "stop": 100.3}]},
+    ]
+    w0, w1 = timeline(records, t0)
+    assert (w0["worker"], w0["tasks"], round(w0["first"], 6), round(w0["last"], 6)) == ("w0", 1, 0.1, 0.3)
+    assert round(w0["compute"], 6) == 0.2 and w0["transfer"] == 0
+    assert (w1["tasks"], round(w1["first"], 6), round(w1["last"], 6), round(w1["compute"], 6)) == (2, 0.2, 0.9, 0.7)
+    assert round(w1["transfer"], 6) == 0.2

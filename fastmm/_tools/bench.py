@@ -382,6 +382,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-repeat", type=int, default=1,
                    help="--dask: timed runs of each cluster product after its warm-up; the median is reported "
                         "(default 1)")
+    p.add_argument("--dask-timeline", action="store_true",
+                   help="--dask: per worker, where the timed run nearest the median spent its time (Dask's task "
+                        "stream: first start, last end, seconds computing and receiving)")
     p.add_argument("--dask-stealing", default="on",
                    help="--dask: the scheduler's work stealing, on, off or on,off (each cluster both ways; default: on, "
                         "Dask's default)")

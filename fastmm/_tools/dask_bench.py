@@ -243,6 +243,38 @@ def _same(chunk):
     return chunk
 
 
+def _union(intervals) -> float:
+    """Seconds covered by the (start, stop) intervals, overlaps counted once."""
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total, end = total + stop - start, stop
+        elif stop > end:
+            total, end = total + stop - end, stop
+    return total
+
+
+def timeline(records, t0: float) -> list[dict]:
+    """Per worker, from Dask's task stream of one run (`t0`: the run's start by the workers' clock, time.time()):
+    seconds from the start to its first task's start and to its last task's end, the seconds its tasks computed
+    (overlapping tasks of several threads counted once) and received data, and its tasks. With the planned product,
+    whose tasks finish their kernels, the compute seconds are the GPU's busy time as Dask sees it; Dask's own graph's
+    tasks end when their kernels are queued."""
+    workers: dict = {}
+    for task in records:
+        w = workers.setdefault(task["worker"], {"compute": [], "transfer": []})
+        for ss in task.get("startstops", ()):
+            if ss["action"] in w:
+                w[ss["action"]].append((ss["start"] - t0, ss["stop"] - t0))
+    out = []
+    for worker, w in sorted(workers.items()):
+        c = w["compute"]
+        out.append({"worker": worker, "tasks": len(c), "first": min((s for s, _ in c), default=0.0),
+                    "last": max((e for _, e in c), default=0.0), "compute": _union(c),
+                    "transfer": _union(w["transfer"])})
+    return out
+
+
 def _synchronize():
     import cupy as cp
 
@@ -259,7 +291,7 @@ def _timed(fn, warm_up: bool = True) -> float:
 
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
         protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1,
-        stealing: tuple[bool, ...] = (True,), repeat: int = 1) -> list[dict]:
+        stealing: tuple[bool, ...] = (True,), repeat: int = 1, timelines: bool = False) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -317,7 +349,7 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
     # 3. A local cluster: one GPU and up to max_gpus, fastmm chunks and CuPy chunks (--dask-n "": skipped).
     if not n_cluster:
         return rows
-    from distributed import Client, wait
+    from distributed import Client, get_task_stream, wait
 
     for protocol, gpus, steal in ((p, g, s) for p in protocols for g in gpu_counts(max_gpus) for s in stealing):
         missing = protocol_missing(protocol)
@@ -355,15 +387,21 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                     product(0)  # warm-up
                     clear_moved(client)
                     stolen = steals(client)
-                    runs = []
+                    runs, lines = [], []
                     for run_ in range(1, repeat + 1):
-                        t0 = time.perf_counter()
-                        product(run_)
-                        runs.append(time.perf_counter() - t0)
+                        with get_task_stream(client) if timelines else contextlib.nullcontext() as stream:
+                            t0, t0_wall = time.perf_counter(), time.time()
+                            product(run_)
+                            runs.append(time.perf_counter() - t0)
+                        if stream is not None:
+                            lines.append(timeline(stream.data, t0_wall))
                     total, rate = moved(client)
-                    add({"what": f"cluster ({where}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
-                         "kind": kind, "protocol": where, "seconds": statistics.median(runs), "runs": runs,
-                         "moved": total / repeat, "link": rate, "stolen": (steals(client) - stolen) / repeat})
+                    row = {"what": f"cluster ({where}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
+                           "kind": kind, "protocol": where, "seconds": statistics.median(runs), "runs": runs,
+                           "moved": total / repeat, "link": rate, "stolen": (steals(client) - stolen) / repeat}
+                    if lines:  # the run nearest the median's
+                        row["timeline"] = lines[min(range(len(runs)), key=lambda i: abs(runs[i] - row["seconds"]))]
+                    add(row)
                     client.cancel(x)
     return rows
 
@@ -380,6 +418,9 @@ def print_table(rows) -> None:
                   f"{r.get('stolen', 0)} tasks stolen" if r.get("gpus", 1) > 1 and "moved" in r else "")
         runs = f"  runs {', '.join(f'{t:.2f}' for t in r['runs'])} s" if len(r.get("runs", ())) > 1 else ""
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}{runs}")
+        for w in r.get("timeline", ()):
+            print(f"    {w['worker']:>28s}: {w['tasks']:4d} tasks, first start {w['first'] * 1e3:6.0f} ms, last end "
+                  f"{w['last'] * 1e3:6.0f} ms, computing {w['compute'] * 1e3:6.0f} ms, receiving {w['transfer'] * 1e3:6.0f} ms")
     for r in rows:
         if r.get("gpus", 1) > 1 and "seconds" in r:
             # Against the same graph on one GPU, same protocol.
@@ -411,7 +452,7 @@ def main(args) -> int:
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
                    args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads,
-                   stealing, args.dask_repeat)
+                   stealing, args.dask_repeat, args.dask_timeline)
     print_table(rows)
     if args.json:
         import json
