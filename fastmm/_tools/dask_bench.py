@@ -407,8 +407,8 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
 
 
 def print_table(rows) -> None:
-    print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up (on a cluster, the median of --dask-repeat "
-          "runs, each listed); TFLOP/s = 2 n^3 / seconds")
+    print("fastmm.dask: wall-clock seconds of the whole graph after a warm-up (on a cluster, the median of "
+          "--dask-repeat runs, each listed); TFLOP/s = 2 n^3 / seconds")
     for r in rows:
         if "seconds" not in r:  # a link measurement
             print(f"  {r['what']:62s} {r['link'] / 1e9:8.1f} GB/s, one chunk from worker to worker")
@@ -420,7 +420,8 @@ def print_table(rows) -> None:
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}{runs}")
         for w in r.get("timeline", ()):
             print(f"    {w['worker']:>28s}: {w['tasks']:4d} tasks, first start {w['first'] * 1e3:6.0f} ms, last end "
-                  f"{w['last'] * 1e3:6.0f} ms, computing {w['compute'] * 1e3:6.0f} ms, receiving {w['transfer'] * 1e3:6.0f} ms")
+                  f"{w['last'] * 1e3:6.0f} ms, computing {w['compute'] * 1e3:6.0f} ms, "
+                  f"receiving {w['transfer'] * 1e3:6.0f} ms")
     for r in rows:
         if r.get("gpus", 1) > 1 and "seconds" in r:
             # Against the same graph on one GPU, same protocol.

@@ -34,8 +34,8 @@ from .configs import KernelConfig, Variant
 
 _log = logging.getLogger("fastmm")
 
-__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "cached_cubin", "cache_writable", "find_nvcc", "cache_dir",
-           "cache_path", "is_cubin"]
+__all__ = ["CompileError", "NvccNotFoundError", "Compiled", "source_for", "compile_cubin", "cached_cubin",
+           "cache_writable", "find_nvcc", "cache_dir", "cache_path", "is_cubin"]
 
 # -lineinfo costs nothing at run time and lets compute-sanitizer and ncu point at source lines.
 NVCC_OPTIONS = ("-O3", "-lineinfo", "-std=c++17")
@@ -213,9 +213,14 @@ def cached_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str =
     """The disk cache's binary of `config` and `variant` for `arch`, or None where it holds no sound one (never
     compiles)."""
     try:
-        entry = _read_entry(cache_path(config, variant, arch))
+        path = cache_path(config, variant, arch)
     except NvccNotFoundError:  # (the key names the nvcc binary: without one, nothing could have been cached)
         return None
+    return _cached_at(path, config, variant, arch)
+
+
+def _cached_at(path: Path, config: KernelConfig, variant: Variant, arch: str) -> Compiled | None:
+    entry = _read_entry(path)
     if entry is None:
         return None
     log, cubin = entry
@@ -240,7 +245,7 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
     name = config.binary_name(variant)
     path = cache_path(config, variant, arch)
     if use_cache and not refresh:
-        compiled = cached_cubin(config, variant, arch)
+        compiled = _cached_at(path, config, variant, arch)  # (the key hashed once: `path`)
         if compiled is not None:
             return compiled
     arch += config.arch_suffix  # sm_90 -> sm_90a for kernels that need Hopper's own instructions
