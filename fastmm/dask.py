@@ -511,8 +511,7 @@ def matmul(x, y, workers=None, **model):
     # most of what it needs (persisted operands), so that fewest bytes move.
     addresses = _arranged(x, y, product, placement, who, addresses)
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
-    home_a, home_b, acc = name + "-a", name + "-b", name + "-sum"
-    homes: list[dict] = [{} for _ in addresses]
+    acc = name + "-sum"
     tasks: list[dict] = [{} for _ in addresses]
     nk, rows, cols = len(product.depth), range(len(product.rows)), range(len(product.cols))
     # A chunk already held by a worker that needs it (a persisted operand) stays there: it moves to the others that
@@ -527,28 +526,27 @@ def matmul(x, y, workers=None, **model):
                for i in rows for k in range(nk)}
     b_homes = {(k, j): home((y.name, k, j), placement.b_home(k, j, product), {placement.owner(i, j) for i in rows})
                for k in range(nk) for j in cols}
-    for (i, k), w in a_homes.items():
-        homes[w][(home_a, i, k)] = (_identity, (x.name, i, k))
-    for (k, j), w in b_homes.items():
-        homes[w][(home_b, k, j)] = (_identity, (y.name, k, j))
+    # An operand's chunk is made at its home (`_made_at` below) or already held there, and its home's tasks read it as
+    # it is (an identity task per chunk there cost a scheduler round trip each, before the first products could run).
     # Each block a GPU needs from another is fetched by a task of its own on that GPU, ready as soon as the block
     # exists: its transfer starts at once and overlaps the products, where a product's own dependency would be
     # fetched only when the product before it in the K sum had finished.
     in_a, in_b = name + "-in-a", name + "-in-b"
 
-    def on(w, home_name, homes_, fetch, block):
-        """The key of operand block `block` on GPU w: its home's, or that of a task of w's fetching it."""
+    def on(w, operand, homes_, fetch, block):
+        """The key of operand block `block` on GPU w: the operand's own at its home, else that of a task of w's
+        fetching it."""
         if homes_[block] == w:
-            return (home_name, *block)
-        tasks[w].setdefault((fetch, w, *block), (_identity, (home_name, *block)))
+            return (operand, *block)
+        tasks[w].setdefault((fetch, w, *block), (_identity, (operand, *block)))
         return (fetch, w, *block)
 
     for i in rows:
         for j in cols:
             w = placement.owner(i, j)  # K summed on the block's owner, its own blocks first
             order = _k_order(nk, lambda k: (a_homes[i, k] == w) + (b_homes[k, j] == w), start=i + j)
-            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: on(w, home_a, a_homes, in_a, (i, k)),
-                        lambda k, j: on(w, home_b, b_homes, in_b, (k, j)), run=(_finished,))
+            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: on(w, x.name, a_homes, in_a, (i, k)),
+                        lambda k, j: on(w, y.name, b_homes, in_b, (k, j)), run=(_finished,))
     layers = dict(x.dask.layers) | dict(y.dask.layers)
     deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).
@@ -559,16 +557,10 @@ def matmul(x, y, workers=None, **model):
     # where it dies (or its nanny restarts it at a new address), its tasks run on the others.
     _pin_on_scheduler()
     pins = [{"workers": [address], "allow_other_workers": True, _PINNED: True} for address in addresses]
-    home_layers = []
-    for w, pin in enumerate(pins):  # one layer per GPU: Dask annotates a layer as a whole
-        if homes[w]:
-            layers[f"{name}-home-{w}"] = MaterializedLayer(homes[w], annotations=pin)
-            deps[f"{name}-home-{w}"] = {x.name, y.name}
-            home_layers.append(f"{name}-home-{w}")
     for w, pin in enumerate(pins):
         if tasks[w]:
             layers[f"{name}-{w}"] = MaterializedLayer(tasks[w], annotations=pin)
-            deps[f"{name}-{w}"] = set(home_layers)
+            deps[f"{name}-{w}"] = {x.name, y.name}
     owners = {f"{name}-{w}" for w in range(len(addresses)) if tasks[w]}
     layers[name] = MaterializedLayer({})
     deps[name] = owners

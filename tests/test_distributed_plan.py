@@ -117,12 +117,13 @@ def test_the_graph_pins_each_task_and_moves_what_the_plan_says(rng):
     for row in z.__dask_keys__():
         for key in row:  # each output block on its owner
             assert where[key] == WORKERS[plan.placement.owner(key[1], key[2])]
-    # Bytes that cross between workers, read from the graph: a pinned task whose pinned input lives elsewhere.
+    # Bytes that cross between workers, read from the graph: a pinned task whose pinned input lives elsewhere (the
+    # operands' chunks are made at their homes, and read there as they are).
     size = {}
     for key in where:
-        if key[0].endswith("-a"):
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == x.name:
             size[key] = x.chunks[0][key[1]] * x.chunks[1][key[2]] * 4
-        elif key[0].endswith("-b"):
+        elif isinstance(key, tuple) and len(key) == 3 and key[0] == y.name:
             size[key] = y.chunks[0][key[1]] * y.chunks[1][key[2]] * 4
     received = {w: set() for w in WORKERS}
     for key, worker in where.items():
@@ -146,16 +147,16 @@ def test_each_gpu_fetches_its_remote_blocks_at_once_and_sums_its_own_first(rng):
     fetches = [key for key in where if key[0].endswith(("-in-a", "-in-b"))]
     assert fetches
     for key in fetches:
-        (dep,) = deps[key]  # the home block alone
-        assert dep[0].endswith(("-a", "-b")) and where[dep] != where[key] == WORKERS[key[1]]
+        (dep,) = deps[key]  # the operand's chunk alone, made at its home
+        assert dep[0] in (x.name, y.name) and where[dep] != where[key] == WORKERS[key[1]]
     assert len(fetches) == len(set((where[k], deps[k].pop()) for k in fetches))  # once per GPU and block
     nk, local_first = len(x.chunks[1]), 0
     acc = next(key[0] for key in where if key[0].endswith("-sum"))
     for i in range(len(x.chunks[0])):
         for j in range(len(y.chunks[1])):
             steps = [deps[(acc, i, j, step)] for step in range(nk)]
-            a_used = sorted(dep[-1] for d in steps for dep in d if dep[0].endswith(("-a", "-in-a")))
-            b_used = sorted(dep[-2] for d in steps for dep in d if dep[0].endswith(("-b", "-in-b")))
+            a_used = sorted(dep[-1] for d in steps for dep in d if dep[0] == x.name or dep[0].endswith("-in-a"))
+            b_used = sorted(dep[-2] for d in steps for dep in d if dep[0] == y.name or dep[0].endswith("-in-b"))
             assert a_used == b_used == list(range(nk))  # every K block once
             # The first product fetches as few operands as any K block would need.
             p, w = plan.placement, plan.placement.owner(i, j)
