@@ -57,6 +57,23 @@ def test_an_unchanged_operand_goes_up_once(gpu, rng):
     assert stats["entries"] == 1 and stats["bytes"] == a.nbytes
 
 
+def test_a_product_left_to_numpy_while_its_kernel_compiles_serves_no_hit(gpu, rng, monkeypatch):
+    from fastmm._runtime import compiling
+
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a = rng.standard_normal((512, 1024)).astype(np.float32)
+        b = rng.standard_normal((1024, 8)).astype(np.float32)
+        _cached(gpu, a, b)
+        hits = fastmm.numpy_hook_status()["cache"]["hits"]
+
+        def still_compiling(a, b, c):
+            raise compiling.KernelCompiling("fastmm is compiling fewcol_n16_nn_v4 for sm_90")
+
+        monkeypatch.setattr(hook._state, "product", still_compiling)
+        _check(a @ b, a, b)
+        assert fastmm.numpy_hook_status()["cache"]["hits"] == hits
+
+
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
 def test_a_kept_complex_operand_is_read_back_as_its_dtype(gpu, rng, dtype):
     """The copy's views take the product's dtype, not one its itemsize suggests (complex64 is 8 bytes, as float64):

@@ -109,6 +109,9 @@ def _offload_in(args, dims, steps, lane) -> int:
             if cache is not None:
                 _hostmem.touch(args[2])  # the result may have come down by DMA, which no write fault reports
         lane.offloaded += 1
+        if cache is not None:
+            item = np.dtype(lane.dtype).itemsize
+            cache.count_served(views, (a_batch * m * k * item, b_batch * k * n * item))
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("numpy hook: %s %dx%dx%d batch %d computed on the GPU", lane.dtype, m, n, k, batch)
         return _DONE

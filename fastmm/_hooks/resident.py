@@ -289,9 +289,16 @@ class Cache:
                 for i, (ptr, shape, strides, _) in enumerate(operands):
                     if entries[i] is not None:
                         views[i] = entries[i].view(self.device, ptr, shape, strides, dtype)
-                        self.hits += 1
-                        self.saved_bytes += sizes[i]
             return offload, views
+
+    def count_served(self, views, nbytes) -> None:
+        """A product computed from the copies in `views` (decide's), each saving the upload of its operand's
+        `nbytes` (counted once the product is done: one left to NumPy served nothing)."""
+        with self._lock:
+            for view, size in zip(views, nbytes):
+                if view is not None:
+                    self.hits += 1
+                    self.saved_bytes += size
 
     def count_fast(self) -> None:
         """A product served from a copy took the fast path."""
