@@ -590,6 +590,18 @@ def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits)
     assert c.config.precision == "highest" and _plan.choose(_plan.Problem(m, n, k), precision="high").name == name
 
 
+@pytest.mark.parametrize("m,n,k,batch,a_t,b_t,name", [
+    (14, 10, 12973, 48, True, True, "fewcol_n16_c8"),  # Fortran order: one lane's run of K / 8 over 8 blocks
+    (14, 10, 12973, 48, False, False, "fewcol_n16_c2"),
+    (741, 2, 7835, 4, True, True, "fewcol_n4_c4"),
+    (1000, 8, 3000, 10, False, False, "fewcol_n16"),  # runs within 384 terms: no cluster
+])
+def test_batched_few_columns_sum_a_long_k_over_a_cluster(m, n, k, batch, a_t, b_t, name):
+    """A batch takes no slice-sum pass, so a lane's run past 384 terms is cut over a cluster per batch item."""
+    c = choose(m, n, k, batch, a_t=a_t, b_t=b_t)
+    assert (c.rule, c.name, c.splits) == ("few-columns", name, 1)
+
+
 def test_few_column_variants_need_only_the_large_operand_aligned():
     # x @ v: v's stride along k is one element, so the product is "unaligned", but A's rows are not.
     matvec = _plan.choose(_plan.Problem(8192, 1, 8192, aligned=False, a_aligned=True, b_aligned=False))

@@ -144,8 +144,7 @@ _FEW_SUM_MIN_MACS = 1 << 24
 
 
 def _few_columns_count(problem: Problem, device: Device) -> int:
-    """Slices of K for the few-column kernel (single products only, as for split-K; slices at least _SPLIT_SLICE
-    deep). Up to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit
+    """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit
     one per SM for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
     than 16 slices would fill the SMs take those, summed by the slice-sum kernel: of the counts that fill min_blocks
     blocks per SM, the one whose blocks fill their waves best (time ~ waves / slices; the fewest on a tie).
@@ -153,9 +152,15 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     Rounded up to fill the SMs, a count can leave a mostly idle last wave: 4096x16x4096 has 128 blocks of rows,
     and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
     make 256, one wave; 8192 rows (256 blocks) need no slices at all."""
-    if problem.batch != 1:
-        return 1
     config = get_config(_few_columns_for(problem, device))
+    if problem.batch != 1:
+        # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
+        # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).
+        need = -(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN)
+        if need <= 1 or not _clusters(device):
+            return 1
+        return next((c for c in _CLUSTERS if c >= need and problem.k // c >= _SPLIT_MIN_SLICE),
+                    max((c for c in _CLUSTERS if problem.k // c >= _SPLIT_MIN_SLICE), default=1))
     rows = problem.n if few_rows(problem) else problem.m
     blocks = -(-rows // config.tile[0])
     slots = config.min_blocks * device.sm_count
