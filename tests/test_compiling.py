@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -236,3 +238,37 @@ def test_ctrl_c_interrupts_the_program_not_a_compile_on_the_thread(tmp_path):
                           start_new_session=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["interrupted", "compiled", "True"], proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(os.name != "posix" or not shutil.which("nice"), reason="niceness is a POSIX scheduler's")
+def test_the_compile_thread_runs_nvcc_at_the_lowest_cpu_priority(cache, tmp_path, monkeypatch):
+    """nvcc on fastmm's thread competes with the program's own threads (a BLAS call over every core waits for
+    its slowest thread): it runs at niceness 19; a compile the caller waits for runs at the caller's priority.
+    Both in a process group of their own (Ctrl-C) within the program's session (Linux's autogroup shares the CPU
+    between sessions before niceness counts: measured in docs/runtime.md)."""
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    # (`nice` alone prints its niceness; /proc/PID/stat's fields 5 and 6: process group, session)
+    nvcc.write_text('#!/bin/sh\n{ nice; cut -d" " -f5,6 /proc/$$/stat 2>/dev/null; } > "$FASTMM_TEST_NICENESS"\n'
+                    'exit 3\n')
+    nvcc.chmod(0o755)
+    seen = tmp_path / "niceness"
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("FASTMM_TEST_NICENESS", str(seen))
+    with pytest.raises(build.CompileError, match="exit 3"):
+        build.compile_cubin(Naive(), Variant(), "sm_90")
+
+    def niceness():
+        nice, *ids = seen.read_text().split()
+        if ids:  # (Linux)
+            assert int(ids[0]) != os.getpgrp() and int(ids[1]) == os.getsid(0), (ids, os.getpgrp(), os.getsid(0))
+        return int(nice)
+
+    assert niceness() == os.nice(0)
+    with compiling.in_background():
+        with pytest.raises(compiling.KernelCompiling):
+            compiling.binary(Smem(), Variant(), "sm_90")
+        assert compiling.wait(60)
+        with pytest.raises(build.CompileError, match="exit 3"):  # (the thread's failure, handed to the caller)
+            compiling.binary(Smem(), Variant(), "sm_90")
+    assert niceness() == 19

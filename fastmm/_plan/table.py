@@ -144,8 +144,9 @@ _FEW_SUM_MIN_MACS = 1 << 24
 
 
 def _few_columns_count(problem: Problem, device: Device) -> int:
-    """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit
-    one per SM for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
+    """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up
+    to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit one per SM
+    for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
     than 16 slices would fill the SMs take those, summed by the slice-sum kernel: of the counts that fill min_blocks
     blocks per SM, the one whose blocks fill their waves best (time ~ waves / slices; the fewest on a tie).
 

@@ -144,7 +144,7 @@ def _work() -> None:
             key, config, variant, arch = (_waiting or _ahead).pop(0)
             _current = key
         try:
-            result = build.compile_cubin(config, variant, arch)
+            result = build.compile_cubin(config, variant, arch, low_priority=True)  # (the program's threads first)
             _compiled += 1
         except BaseException as e:  # noqa: BLE001 - handed to the product that asks next, which reports it
             result = e

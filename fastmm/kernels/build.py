@@ -22,6 +22,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -228,8 +229,25 @@ def _cached_at(path: Path, config: KernelConfig, variant: Variant, arch: str) ->
                     cached=True)
 
 
+def _prioritised(command: list[str], low: bool) -> tuple[list[str], dict]:
+    """`command` and `subprocess.run`'s arguments for a process group of its own (Ctrl-C in a terminal or a
+    notebook, sent to the foreground group, interrupts the program, not a compile on fastmm's thread that the
+    program did not ask for), at the lowest CPU priority where `low`.
+
+    ``nice -n 19`` passes on to nvcc's children (cicc, ptxas); ``preexec_fn`` is unsafe beside other threads. The
+    group stays in the program's session: Linux's autogroup scheduling shares the CPU between sessions first, so
+    a niced nvcc in a session of its own would still take a whole core from the program's threads.
+    """
+    if os.name == "nt":
+        flags = subprocess.CREATE_NEW_PROCESS_GROUP | (subprocess.IDLE_PRIORITY_CLASS if low else 0)
+        return command, {"creationflags": flags}
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+    nice = shutil.which("nice") if low else None
+    return ([nice, "-n", "19", *command] if nice else command), group
+
+
 def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str = "sm_90",
-                  *, use_cache: bool = True, refresh: bool = False) -> Compiled:
+                  *, use_cache: bool = True, refresh: bool = False, low_priority: bool = False) -> Compiled:
     """Compile one binary with ``nvcc -cubin -Xptxas -v``; return the cubin and ptxas' resource figures.
 
     Parameters
@@ -240,6 +258,9 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
     refresh : bool
         Compile even when the cache holds an entry, and replace it (the runtime's answer to a cached cubin
         that passed every check but that the driver would not load).
+    low_priority : bool
+        Run nvcc at the lowest CPU priority, for a compile nobody waits for (fastmm's compile thread): one busy
+        core slows a multithreaded BLAS call of the program by up to the time that core's share takes.
     """
     nvcc = find_nvcc()
     name = config.binary_name(variant)
@@ -258,11 +279,9 @@ def compile_cubin(config: KernelConfig, variant: Variant = Variant(), arch: str 
         src = Path(tmp) / f"{name}.cu"
         out = Path(tmp) / f"{name}.cubin"
         src.write_text(source_for(config, variant))
-        # A session of its own: Ctrl-C in a terminal or a notebook (sent to the whole process group) interrupts the
-        # program, not a compile on fastmm's thread that the program did not ask for (an interrupted call still
-        # kills its nvcc: subprocess.run does on any exception).
-        proc = subprocess.run([nvcc, "-cubin", *_options(arch), "-o", str(out), str(src)],
-                              capture_output=True, text=True, start_new_session=True)
+        # (an interrupted call still kills its nvcc: subprocess.run does on any exception)
+        command, group = _prioritised([nvcc, "-cubin", *_options(arch), "-o", str(out), str(src)], low_priority)
+        proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, **group)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed to compile {name} for {arch} (exit {proc.returncode}):\n{log}")
