@@ -394,3 +394,17 @@ def test_autotune_writes_the_cache_and_auto_uses_it(tmp_path, monkeypatch, rng):
         assert rel_error(fastmm.matmul(da, db), a.astype(np.float64) @ b) < TOL
     finally:
         _plan.reload_tuned()
+
+
+def test_the_sweep_measures_every_layout_on_operands_drawn_on_the_gpu():
+    from fastmm._tools import sweep
+
+    problems = [sweep.SweepProblem(37, 29, 300, 1, layout) for layout in sweep.LAYOUTS]
+    problems.append(sweep.SweepProblem(5, 70, 9, 3, "fortran"))
+    a, b = problems[0].make(np.random.default_rng(0), cp)
+    assert a.dtype == b.dtype == np.float32 and -1 <= float(a.min()) and float(a.max()) < 1
+    assert 0.3 < float(cp.abs(a).mean()) < 0.7  # uniform in [-1, 1): mean |x| near 1/2
+    rows = sweep.run(problems, seed=0, budget_s=600, show_progress=False)
+    assert [r["label"] for r in rows] == [p.label for p in problems]
+    for r in rows:
+        assert r["speed"] > 0 and r["errors"]["fastmm"] < 1e-5 and r["error_ratio"] < 10, r
