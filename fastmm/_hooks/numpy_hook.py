@@ -110,8 +110,7 @@ def _offload_in(args, dims, steps, lane) -> int:
                 _hostmem.touch(args[2])  # the result may have come down by DMA, which no write fault reports
         lane.offloaded += 1
         if cache is not None:
-            item = np.dtype(lane.dtype).itemsize
-            cache.count_served(views, (a_batch * m * k * item, b_batch * k * n * item))
+            cache.count_served(views, _resident.operand_bytes(m, k, n, a_batch, b_batch, lane.model.itemsize))
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug("numpy hook: %s %dx%dx%d batch %d computed on the GPU", lane.dtype, m, n, k, batch)
         return _DONE

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import hostmem as _hostmem
 
-__all__ = ["Resident", "Cache", "CupyDevice", "DEFAULT_SHARE", "cap_bytes"]
+__all__ = ["Resident", "Cache", "CupyDevice", "DEFAULT_SHARE", "cap_bytes", "operand_bytes"]
 
 # By default the cache holds at most a quarter of the GPU memory free when it first copies an operand: the rest is
 # left to the products' pieces and to the program's own CuPy work.
@@ -153,6 +153,11 @@ def cap_bytes(given: int | None) -> int | None:
         raise ValueError(f"$FASTMM_NUMPY_CACHE must be a number of bytes (4G, 512M, 0), not {given_text!r}") from None
 
 
+def operand_bytes(m: int, k: int, n: int, a_batch: int, b_batch: int, itemsize: int) -> tuple[int, int]:
+    """The bytes of a product's operands as they cross the link: A's (a_batch x m x k) and B's (b_batch x k x n)."""
+    return a_batch * m * k * itemsize, b_batch * k * n * itemsize
+
+
 class Cache:
     """Device copies of operand byte ranges, at most `cap` bytes (None: a DEFAULT_SHARE-th of the GPU's free memory,
     decided at the first copy), and the losses of the buffers not copied yet. Thread-safe."""
@@ -257,7 +262,7 @@ class Cache:
             entries = [self._find(*s) if s and _unit_axis(op[1], op[2], model.itemsize) else None
                        for s, op in zip(spans, operands)]
             a_batch, b_batch = operands[0][3], operands[1][3]
-            sizes = [a_batch * m * k * model.itemsize, b_batch * k * n * model.itemsize]
+            sizes = operand_bytes(m, k, n, a_batch, b_batch, model.itemsize)
 
             def offloads(resident):
                 gpu = model.gpu_seconds(batch, m, k, n, a_batch, b_batch, resident)
@@ -293,7 +298,7 @@ class Cache:
 
     def count_served(self, views, nbytes) -> None:
         """A product computed from the copies in `views` (decide's), each saving the upload of its operand's
-        `nbytes` (counted once the product is done: one left to NumPy served nothing)."""
+        `nbytes` (`operand_bytes`; counted once the product is done: one left to NumPy served nothing)."""
         with self._lock:
             for view, size in zip(views, nbytes):
                 if view is not None:

@@ -154,10 +154,11 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
     make 256, one wave; 8192 rows (256 blocks) need no slices at all."""
     config = get_config(_few_columns_for(problem, device))
+    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms.
+    need = -(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN)
     if problem.batch != 1:
         # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
         # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).
-        need = -(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN)
         if need <= 1 or not _clusters(device):
             return 1
         return next((c for c in _CLUSTERS if c >= need and problem.k // c >= _SPLIT_MIN_SLICE),
@@ -168,9 +169,7 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
     count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
     small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
-    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms (each at least _SPLIT_MIN_SLICE deep).
-    need = min(-(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN),
-               max(1, problem.k // _SPLIT_MIN_SLICE))
+    need = min(need, max(1, problem.k // _SPLIT_MIN_SLICE))  # (each slice at least _SPLIT_MIN_SLICE deep)
     if not _clusters(device) or (max(count, need) > 2 * _CLUSTERS[-1] and not small):
         return max(count, need)
     per_sm = config.min_blocks if config.nmax > 4 else 1

@@ -390,20 +390,21 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                         client.run(_synchronize)  # a task is done when its kernels are queued, not run
                         return y  # (released after the clock stops: the product is done here)
 
-                    xi = operand(0)
-                    client.cancel(product(xi))  # warm-up
-                    client.cancel(xi)  # (after its product: one call for both trips distributed's scheduler)
-                    clear_moved(client)
-                    stolen = steals(client)
                     runs, lines = [], []
-                    for run_ in range(1, repeat + 1):
+                    for run_ in range(repeat + 1):  # run 0: the warm-up
                         xi = operand(run_)
-                        with get_task_stream(client) if timelines else contextlib.nullcontext() as stream:
+                        streamed = timelines and run_ > 0
+                        with get_task_stream(client) if streamed else contextlib.nullcontext() as stream:
                             t0, t0_wall = time.perf_counter(), time.time()
                             y = product(xi)
-                            runs.append(time.perf_counter() - t0)
+                            seconds = time.perf_counter() - t0
                         client.cancel(y)
-                        client.cancel(xi)
+                        client.cancel(xi)  # (after its product: one call for both trips distributed's scheduler)
+                        if run_ == 0:
+                            clear_moved(client)
+                            stolen = steals(client)
+                            continue
+                        runs.append(seconds)
                         if stream is not None:
                             lines.append(timeline(stream.data, t0_wall))
                     total, rate = moved(client)

@@ -62,7 +62,8 @@ class SweepProblem:
 
 def _uniform(xp, rng, shape):
     """Float32 values uniform in [-1, 1) of `shape`, drawn from `rng`: on the GPU where `xp` is CuPy (with a seed
-    from `rng`): drawn on the host, the operands of a 300-problem sweep took a third of its time budget."""
+    from `rng`). Drawn on the host, the 2.5 G values of the 217 problems a 45 s seed-1 sweep measured take NumPy
+    about 75 s on a 2-core machine."""
     if xp is np:
         return rng.uniform(-1, 1, shape).astype(np.float32)
     x = xp.random.default_rng(int(rng.integers(2**63))).random(shape, dtype=np.float32)
