@@ -955,3 +955,37 @@ def test_numpy_computes_while_the_kernel_compiles(gpu, monkeypatch, rng):
     assert after["kernel_compiling"] == before["kernel_compiling"] + 1
     assert after["after_failure"] == before["after_failure"]
 
+
+
+def test_a_kind_of_product_waiting_for_its_kernel_declines_at_once(gpu, monkeypatch, rng):
+    """While nvcc builds a product's kernel, the next products of that kind (shape, strides, alignment) are NumPy's
+    without another try at the GPU (no cache decision, no copy): until the compile thread finishes a binary, or a new
+    accelerate_numpy() starts over. Other kinds still try."""
+    from fastmm._runtime import compiling
+
+    tries = []
+
+    def still_compiling(a, b, c):
+        tries.append(a.shape)
+        raise compiling.KernelCompiling("fastmm is compiling fewcol_n16_nn_v4 for sm_90")
+
+    generation = [7]
+    monkeypatch.setattr(compiling, "finished", lambda: generation[0])
+    monkeypatch.setattr(hook._state, "product", still_compiling)
+    a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 100)).astype(np.float32)
+    want = a @ b
+    with fastmm.accelerate_numpy(EVERYTHING):
+        before = fastmm.numpy_hook_status()["by_dtype"]["float32"]["kept_on_cpu"]["kernel_compiling"]
+        for _ in range(3):
+            assert np.array_equal(a @ b, want)
+        after = fastmm.numpy_hook_status()["by_dtype"]["float32"]["kept_on_cpu"]["kernel_compiling"]
+        assert len(tries) == 1 and after == before + 3
+        a[:, :150] @ b[:150]  # another kind: tries
+        assert len(tries) == 2
+        generation[0] += 1  # a binary finished: each kind tries once more
+        a @ b
+        a @ b
+        assert len(tries) == 3
+    with fastmm.accelerate_numpy(EVERYTHING):
+        a @ b
+        assert len(tries) == 4

@@ -20,7 +20,7 @@ from .._plan import Device
 from ..kernels import build
 from ..kernels.configs import KernelConfig, Variant
 
-__all__ = ["KernelCompiling", "in_background", "binary", "compile_ahead", "wait", "status"]
+__all__ = ["KernelCompiling", "in_background", "binary", "compile_ahead", "wait", "status", "finished"]
 
 _log = logging.getLogger("fastmm")
 
@@ -39,6 +39,7 @@ _ready: dict[tuple[str, str], object] = {}  # (binary, arch) -> its Compiled, or
 _current: tuple[str, str] | None = None  # the one nvcc is compiling now
 _thread: threading.Thread | None = None
 _compiled = _failed = 0
+_generation = 0  # binaries finished, and forks (a child drops what was queued): see finished()
 
 
 @contextmanager
@@ -136,7 +137,7 @@ def _ask(key, config, variant, arch, ahead: bool = False) -> bool:
 
 
 def _work() -> None:
-    global _compiled, _failed, _current
+    global _compiled, _failed, _current, _generation
     while True:
         with _lock:
             while not _waiting and not _ahead:
@@ -154,6 +155,7 @@ def _work() -> None:
             _ready[key] = result
             _busy.discard(key)
             _current = None
+            _generation += 1
             _lock.notify_all()
 
 
@@ -161,6 +163,12 @@ def wait(timeout: float | None = None) -> bool:
     """Wait until the compile thread has nothing left to do; whether it finished within `timeout` seconds."""
     with _lock:
         return _lock.wait_for(lambda: not _busy, timeout)
+
+
+def finished() -> int:
+    """A count that changes whenever a product declined for its kernel may find it ready, or must ask again: each
+    binary the compile thread finishes (compiled or failed), and a fork (the child drops what was queued)."""
+    return _generation
 
 
 def status() -> dict:
@@ -180,7 +188,8 @@ def _at_exit() -> None:
 
 
 def _after_fork() -> None:  # a forked child has no compile thread: it starts its own when it needs one
-    global _thread, _lock, _current
+    global _thread, _lock, _current, _generation
+    _generation += 1
     _thread, _lock, _current = None, threading.Condition(), None
     _compiling_here.clear()
     _waiting.clear()
