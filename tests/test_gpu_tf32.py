@@ -222,3 +222,55 @@ def test_wgmma_products_replay_on_new_operands_and_views(rng):
             want = cp.asnumpy(a[1:, 3:]).astype(np.float64) @ cp.asnumpy(b[3:, :-1]).astype(np.float64)
             assert _error(c, want) < 1e-6
             assert "tf32x3wg" in fastmm.explain(a[1:, 3:], b[3:, :-1], precision="high")
+
+
+def _mapped(monkeypatch):
+    """Count the tensor maps encoded (one per product run with A read through its map)."""
+    from fastmm._runtime import tensor_map
+
+    calls = []
+    encode = tensor_map.encode
+    monkeypatch.setattr(tensor_map, "encode", lambda *args: (calls.append(args), encode(*args))[1])
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["c", "ragged", "a_t", "offset", "replayed"])
+def test_medium_reads_a_k_major_a_through_its_tensor_map(layout, rng, monkeypatch):
+    """One TF32 pass on the wgmma kernel: a K-major A with 16-byte aligned rows is read in place through its tensor
+    map (rounded to TF32 by the copy, zeros past M and K); any other A goes through the split pass. Both as accurate
+    as cuBLAS's TF32 path, and a replay encodes the map of each new A."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    m, n, k = (1000, 900, 1000) if layout == "ragged" else (1024, 768, 1536)
+    calls = _mapped(monkeypatch)
+    for trial in range(2 if layout == "replayed" else 1):
+        a = rng.standard_normal((k, m) if layout == "a_t" else (m + 1, k + 4)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        da = cp.asarray(a)
+        da = da.T if layout == "a_t" else da[1:, 3:k + 3] if layout == "offset" else da[:m, :k]
+        ha = cp.asnumpy(da)
+        ref = ha.astype(np.float64) @ b.astype(np.float64)
+        out = cp.full((m, n), np.nan, np.float32)
+        fastmm.matmul(da, cp.asarray(b), out=out, precision="medium")
+        tf32 = _error(_cublas(cp.ascontiguousarray(da), cp.asarray(b), tf32=True), ref)
+        medium = _error(out, ref)
+        assert 1e-5 < medium <= 1.5 * tf32, (layout, medium, tf32)
+    # (k + 4 floats a row: 16-byte aligned rows for every k here but the offset view's start)
+    mapped = layout in ("c", "ragged", "replayed")
+    assert len(calls) == (2 if layout == "replayed" else 1 if mapped else 0), (layout, len(calls))
+    assert "tf32wg" in fastmm.explain(da, cp.asarray(b), precision="medium")
+
+
+def test_the_tensor_maps_copy_rounds_to_tf32_rather_than_truncating(rng, monkeypatch):
+    """On non-negative data, truncating A to TF32 would make every product smaller: a mean relative error of about
+    -2^-11 ln 2 (-3.4e-4) over the result. Rounding leaves none to speak of, as the split pass (and cuBLAS's TF32
+    path) do."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    calls = _mapped(monkeypatch)
+    a = rng.random((1024, 2048)).astype(np.float32)
+    b = rng.random((2048, 1024)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    got = cp.asnumpy(fastmm.matmul(cp.asarray(a), cp.asarray(b), precision="medium")).astype(np.float64)
+    bias = float(np.mean((got - ref) / ref))
+    assert calls and abs(bias) < 5e-5, bias

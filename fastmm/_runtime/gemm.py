@@ -7,13 +7,15 @@ steps of one call are recorded and later calls with the same signature replay th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import numpy as np
 
 from .. import _errors, _plan
-from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile
+from ..kernels.configs import (MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile,
+                               get_config)
 from .arrays import cupy as _cupy
 from .arrays import empty, may_overlap, problem_for
 
@@ -313,8 +315,9 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
 
 
 class _PresplitReplay:
-    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A and B, the product.
-    Called with the addresses of A, B and C (plus fixed offsets: a piece of a larger product)."""
+    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A (unless `split_a` is
+    None: A read through its tensor map) and B, the product. Called with the addresses of A, B and C (plus fixed
+    offsets: a piece of a larger product)."""
 
     __slots__ = ("size", "split_a", "split_b", "b_at", "product", "offsets")
 
@@ -326,8 +329,11 @@ class _PresplitReplay:
         ws = empty((self.size,))
         base = ws.data.ptr
         da, db, dc = self.offsets
-        self.split_a(pa + da, 0, base)
         self.split_b(pb + db, 0, base + 4 * self.b_at)
+        if self.split_a is None:  # A read in place through its tensor map
+            self.product(pa + da, base, pc + dc)
+            return
+        self.split_a(pa + da, 0, base)
         self.product(base, base + 4 * self.b_at, pc + dc)
 
 
@@ -338,6 +344,7 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
     Workspace: A's parts (mp x kp each, 3xTF32 two), B^T's (np x kp each), then 3xTF32's flags (one int per 32 x 32
     tile of A, then of B^T). A batched product runs item by item."""
     from . import cuda as _cuda
+    from . import tensor_map as _tensor_map
 
     if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
         if record is not None:
@@ -370,11 +377,21 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
                                            flags if parts == 2 else 0))
 
     sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
-    product = _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=0, a_sk=0, b_sk=0, b_sn=0,
-                           c_sm=c.strides[0] // 4 if m > 1 else 0, c_sn=1, batch=1, batch_inner=1,
-                           batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
-    run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a, config.bm),
-                          split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn), b_at, product)
+    c_sm = c.strides[0] // 4 if m > 1 else 0
+    split_b = split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn)
+    row_bytes = a.strides[0] if m > 1 else -(-k // 4) * 16  # (one row: any multiple of 16 that holds it)
+    if parts == 1 and (sa[1] == 1 or k == 1) and _tensor_map.mappable(a.data.ptr, m, k, row_bytes):
+        # One pass on a K-major A: its tensor map's copies round it (6_wgmma.cu, A_TMA), and B alone is split.
+        product = _tensor_map.MappedLaunch(
+            get_config(dataclasses.replace(config, a_tma=True).name), Variant(), device_id, box=(config.bm, config.BK),
+            a_cols=k, a_row_bytes=row_bytes, m=m, n=n, k=kp, a_sm=row_bytes // 4, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm,
+            c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
+        run = _PresplitReplay(np_ * kp, None, split_b, 0, product)
+    else:
+        product = _cuda.Launch(dataclasses.replace(config, a_tma=False), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
+                               a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
+                               batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
+        run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a, config.bm), split_b, b_at, product)
     run(a.data.ptr, b.data.ptr, c.data.ptr)
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))

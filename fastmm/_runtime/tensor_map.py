@@ -1,0 +1,123 @@
+"""Launches that hand a kernel a tensor map of its A operand (Hopper's TMA engine copies 2-D boxes of it).
+
+A tensor map is 128 opaque bytes that the driver encodes on the host (`cuTensorMapEncodeTiled`) from the operand's
+address, shape and row stride; the kernel takes it as a ``__grid_constant__`` parameter after FASTMM_GEMM_PARAMS.
+Its bytes depend on A's address, so a `MappedLaunch` encodes them into the parameter buffer on every call (a host
+call of about a microsecond), where a `Launch` packs three pointers.
+
+One TF32 pass (6_wgmma.cu with A_TMA) uses the map's TFLOAT32 type: the engine rounds each float32 to TF32 as it
+copies, which is what the split pass over A did (docs/kernels/wgmma.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from .. import _errors
+from . import cuda as _cuda
+
+__all__ = ["MappedLaunch", "mappable", "encode"]
+
+# cuda.h's enums (CUDA 12 and 13).
+_TFLOAT32 = 11  # CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: float32 in memory, rounded to TF32 by the copy
+_INTERLEAVE_NONE = 0
+_SWIZZLE_128B = 3
+_L2_256B = 3
+_OOB_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: what lies outside the tensor is copied as zeros
+
+_MAP_BYTES = 128
+# The map's place in the parameter buffer: after FASTMM_GEMM_PARAMS, at the 64-byte alignment the kernel declares.
+MAP_OFFSET = -(-_cuda._ARGS_SPLIT.size // 64) * 64
+_PARAM_BYTES = MAP_OFFSET + _MAP_BYTES
+
+_encode_fn = None
+_lock = threading.Lock()
+_tls = threading.local()
+
+
+def _encoder():
+    """cuTensorMapEncodeTiled from the driver library (the one CuPy loaded)."""
+    global _encode_fn
+    with _lock:
+        if _encode_fn is None:
+            lib = ctypes.WinDLL("nvcuda.dll") if os.name == "nt" else ctypes.CDLL("libcuda.so.1")
+            fn = lib.cuTensorMapEncodeTiled
+            u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            _encode_fn = fn
+    return _encode_fn
+
+
+def mappable(address: int, rows: int, cols: int, row_bytes: int) -> bool:
+    """Whether a row-major float32 operand (unit stride along its rows of `cols` values, `row_bytes` between rows)
+    can be described by a tensor map: a 16-byte aligned start, a row stride that is a multiple of 16 bytes and
+    holds a row, sizes within the map's limits."""
+    return (address % 16 == 0 and row_bytes % 16 == 0 and row_bytes >= 4 * cols and row_bytes < 1 << 40
+            and 0 < rows <= 1 << 32 and 0 < cols <= 1 << 32)
+
+
+def encode(into: int, address: int, rows: int, cols: int, row_bytes: int, box_rows: int, box_cols: int) -> None:
+    """Write the TFLOAT32 tensor map of the (rows, cols) operand at `address` into the 64-byte aligned memory at
+    `into`: boxes of box_rows x box_cols values, in the 128-byte swizzle, zeros past its edges."""
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(row_bytes)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    unit = (ctypes.c_uint32 * 2)(1, 1)
+    status = _encoder()(into, _TFLOAT32, 2, address, dims, strides, box, unit, _INTERLEAVE_NONE, _SWIZZLE_128B,
+                        _L2_256B, _OOB_ZEROS)
+    if status != 0:
+        raise _errors.LaunchError(
+            f"the CUDA driver would not describe a {rows} x {cols} float32 operand at {address:#x} (rows "
+            f"{row_bytes} bytes apart) as a tensor map (CUresult {status}); force another kernel for this product "
+            "(kernel=... or fastmm.use_kernel) and report the shapes with fastmm.explain(a, b)")
+
+
+class _MapBuffer:
+    """A thread's parameter buffer for a mapped launch: FASTMM_GEMM_PARAMS, then the map 64-byte aligned (the driver
+    encodes into aligned memory, and the kernel reads it at that offset of its parameters)."""
+
+    __slots__ = ("raw", "base", "size", "extra", "address")
+
+    def __init__(self):
+        self.raw = ctypes.create_string_buffer(_PARAM_BYTES + 64)
+        self.base = -(-ctypes.addressof(self.raw) // 64) * 64
+        self.size = ctypes.c_size_t(_PARAM_BYTES)
+        self.extra = (ctypes.c_void_p * 5)(_cuda._BUFFER_POINTER, self.base, _cuda._BUFFER_SIZE,
+                                           ctypes.addressof(self.size), _cuda._END)
+        self.address = ctypes.addressof(self.extra)
+
+
+def _map_buffer() -> _MapBuffer:
+    try:
+        return _tls.buffer
+    except AttributeError:
+        _tls.buffer = _MapBuffer()
+        return _tls.buffer
+
+
+class MappedLaunch(_cuda.Launch):
+    """A `Launch` whose kernel also takes A's tensor map (boxes of `box` = (rows, cols) values; A row-major with
+    `a_row_bytes` between rows), encoded per call from A's address. Called as a Launch is: (A, B, C) addresses."""
+
+    __slots__ = ("box", "a_cols", "a_row_bytes", "rows")
+
+    def __init__(self, config, variant, device_id: int, *, box: tuple[int, int], a_cols: int, a_row_bytes: int,
+                 **shape):
+        super().__init__(config, variant, device_id, **shape)
+        self.box, self.a_cols, self.a_row_bytes = box, a_cols, a_row_bytes
+        m, step = shape["m"], config.tile[0] * _cuda.MAX_GRID_Y
+        self.rows = [min(m - m0, step) for m0 in range(0, max(m, 1), step)
+                     for _ in range(0, shape["batch"], config.batch_per_launch)]  # (Launch's chunks, in order)
+
+    def _launch(self, a: int, b: int, c: int, stream: int) -> None:
+        args = _map_buffer()
+        bx, by, bz = self.block
+        buffer = (ctypes.c_char * _PARAM_BYTES).from_address(args.base)
+        for (gx, gy, gz, da, dc, before_a, between_ab, between_bc, after_c), rows in zip(self.chunks, self.rows):
+            _cuda._pack_into(buffer, 0, before_a, a + da, between_ab, b, between_bc, c + dc, after_c)
+            encode(args.base + MAP_OFFSET, a + da, rows, self.a_cols, self.a_row_bytes, *self.box)
+            _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)

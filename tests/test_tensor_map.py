@@ -1,0 +1,57 @@
+"""The tensor-map launch's host side: where the map sits among the kernel's parameters, and which operands a map
+can describe (the encoding itself needs the CUDA driver: tests/test_gpu_tf32.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+
+import pytest
+
+from fastmm._runtime import cuda, tensor_map
+from fastmm.kernels import build
+from fastmm.kernels.configs import TF32_WG_TMA, Variant
+
+_SIZES = {"u32": 4, "s32": 4, "u64": 8, "s64": 8}
+
+
+@pytest.mark.nvcc
+def test_the_map_sits_where_the_kernel_reads_it(tmp_path):
+    """The parameter buffer's layout (FASTMM_GEMM_PARAMS, then the map at MAP_OFFSET) against the PTX parameter list
+    nvcc gives the A_TMA kernel."""
+    src = tmp_path / "k.cu"
+    src.write_text(build.source_for(TF32_WG_TMA, Variant()))
+    ptx = tmp_path / "k.ptx"
+    subprocess.run([build.find_nvcc(), "-ptx", "-arch=sm_90a", "-o", str(ptx), str(src)], check=True,
+                   capture_output=True)
+    params = re.findall(r"\.param (?:\.align (\d+) )?\.(\w+) fastmm_wgmma_param_(\d+)(\[(\d+)\])?", ptx.read_text())
+    offset, where = 0, {}
+    for align, kind, index, _, count in params:
+        size = int(count) if count else _SIZES[kind]
+        align = int(align) if align else size
+        offset = -(-offset // align) * align
+        where[int(index)] = (offset, size, align)
+        offset += size
+    assert len(where) == 21
+    assert where[20] == (tensor_map.MAP_OFFSET, 128, 64)
+    assert where[19][0] + 8 == cuda._ARGS_SPLIT.size  # the last of FASTMM_GEMM_PARAMS ends the packed struct
+
+
+def test_a_thread_s_buffer_holds_the_map_64_byte_aligned():
+    buffer = tensor_map._MapBuffer()
+    assert buffer.base % 64 == 0 and (buffer.base + tensor_map.MAP_OFFSET) % 64 == 0
+    assert buffer.size.value == tensor_map.MAP_OFFSET + 128
+    assert buffer.base + buffer.size.value <= ctypes.addressof(buffer.raw) + ctypes.sizeof(buffer.raw)
+
+
+@pytest.mark.parametrize("address,rows,cols,row_bytes,ok", [
+    (0x1000, 1024, 1536, 1536 * 4, True),
+    (0x1000, 1000, 1000, 1004 * 4, True),       # a view of wider rows, 16-byte aligned
+    (0x100c, 1024, 1536, 1536 * 4, False),      # a start 12 bytes past alignment
+    (0x1000, 1000, 333, 333 * 4, False),        # rows 1332 bytes apart: not a multiple of 16
+    (0x1000, 10, 64, 32 * 4, False),            # rows overlapping: the stride does not hold a row
+    (0x1000, 0, 64, 64 * 4, False),
+])
+def test_which_operands_a_tensor_map_describes(address, rows, cols, row_bytes, ok):
+    assert tensor_map.mappable(address, rows, cols, row_bytes) is ok
