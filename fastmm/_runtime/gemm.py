@@ -14,8 +14,7 @@ import math
 import numpy as np
 
 from .. import _errors, _plan
-from ..kernels.configs import (MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile,
-                               get_config)
+from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile
 from .arrays import cupy as _cupy
 from .arrays import empty, may_overlap, problem_for
 
@@ -383,7 +382,7 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
     if parts == 1 and (sa[1] == 1 or k == 1) and _tensor_map.mappable(a.data.ptr, m, k, row_bytes):
         # One pass on a K-major A: its tensor map's copies round it (6_wgmma.cu, A_TMA), and B alone is split.
         product = _tensor_map.MappedLaunch(
-            get_config(dataclasses.replace(config, a_tma=True).name), Variant(), device_id, box=(config.bm, config.BK),
+            dataclasses.replace(config, a_tma=True), Variant(), device_id, box=(config.bm, config.BK),
             a_cols=k, a_row_bytes=row_bytes, m=m, n=n, k=kp, a_sm=row_bytes // 4, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm,
             c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
         run = _PresplitReplay(np_ * kp, None, split_b, 0, product)
