@@ -234,31 +234,39 @@ def _mapped(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("layout", ["c", "ragged", "a_t", "offset", "replayed"])
-def test_medium_reads_a_k_major_a_through_its_tensor_map(layout, rng, monkeypatch):
-    """One TF32 pass on the wgmma kernel: a K-major A with 16-byte aligned rows is read in place through its tensor
-    map (rounded to TF32 by the copy, zeros past M and K); any other A goes through the split pass. Both as accurate
-    as cuBLAS's TF32 path, and a replay encodes the map of each new A."""
+# layout: (A's map, B's map) encoded per product
+MAPPED = {"c": (1, 0), "ragged": (1, 0), "a_t": (0, 0), "offset": (0, 0), "replayed": (1, 0), "b_t": (1, 1),
+          "a_t-b_t": (0, 1)}
+
+
+@pytest.mark.parametrize("layout", list(MAPPED))
+def test_medium_reads_k_major_operands_through_tensor_maps(layout, rng, monkeypatch):
+    """One TF32 pass on the wgmma kernel: a K-major A (or a B given as B^T row-major) with 16-byte aligned rows is
+    read in place through its tensor map (rounded to TF32 by the copy, zeros past the edges); any other operand goes
+    through the split pass. Every mix as accurate as cuBLAS's TF32 path, and a replay encodes the maps of new
+    operands."""
     if not _hopper():
         pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
     m, n, k = (1000, 900, 1000) if layout == "ragged" else (1024, 768, 1536)
     calls = _mapped(monkeypatch)
-    for trial in range(2 if layout == "replayed" else 1):
-        a = rng.standard_normal((k, m) if layout == "a_t" else (m + 1, k + 4)).astype(np.float32)
-        b = rng.standard_normal((k, n)).astype(np.float32)
-        da = cp.asarray(a)
-        da = da.T if layout == "a_t" else da[1:, 3:k + 3] if layout == "offset" else da[:m, :k]
-        ha = cp.asnumpy(da)
-        ref = ha.astype(np.float64) @ b.astype(np.float64)
+    trials = 2 if layout == "replayed" else 1
+    for trial in range(trials):
+        # (k + 4 floats a row: 16-byte aligned rows for every k here; the offset view's start is not aligned)
+        a = rng.standard_normal((k, m) if layout.startswith("a_t") else (m + 1, k + 4)).astype(np.float32)
+        b = rng.standard_normal((n, k + 4) if layout.endswith("b_t") else (k, n)).astype(np.float32)
+        da, db = cp.asarray(a), cp.asarray(b)
+        da = da.T if layout.startswith("a_t") else da[1:, 3:k + 3] if layout == "offset" else da[:m, :k]
+        db = db[:, :k].T if layout.endswith("b_t") else db
+        ref = cp.asnumpy(da).astype(np.float64) @ cp.asnumpy(db).astype(np.float64)
         out = cp.full((m, n), np.nan, np.float32)
-        fastmm.matmul(da, cp.asarray(b), out=out, precision="medium")
-        tf32 = _error(_cublas(cp.ascontiguousarray(da), cp.asarray(b), tf32=True), ref)
+        fastmm.matmul(da, db, out=out, precision="medium")
+        tf32 = _error(_cublas(cp.ascontiguousarray(da), cp.ascontiguousarray(db), tf32=True), ref)
         medium = _error(out, ref)
         assert 1e-5 < medium <= 1.5 * tf32, (layout, medium, tf32)
-    # (k + 4 floats a row: 16-byte aligned rows for every k here but the offset view's start)
-    mapped = layout in ("c", "ragged", "replayed")
-    assert len(calls) == (2 if layout == "replayed" else 1 if mapped else 0), (layout, len(calls))
-    assert "tf32wg" in fastmm.explain(da, cp.asarray(b), precision="medium")
+    want_a, want_b = MAPPED[layout]
+    boxes = [call[-2] for call in calls]  # (box rows: 128 for A's map, 256 for B^T's)
+    assert boxes.count(128) == trials * want_a and boxes.count(256) == trials * want_b, (layout, boxes)
+    assert "tf32wg" in fastmm.explain(da, db, precision="medium")
 
 
 def test_the_tensor_maps_copy_rounds_to_tf32_rather_than_truncating(rng, monkeypatch):

@@ -11,17 +11,18 @@ import pytest
 
 from fastmm._runtime import cuda, tensor_map
 from fastmm.kernels import build
-from fastmm.kernels.configs import TF32_WG_TMA, Variant
+from fastmm.kernels.configs import TF32_WG_MAPS, Variant
 
 _SIZES = {"u32": 4, "s32": 4, "u64": 8, "s64": 8}
 
 
 @pytest.mark.nvcc
-def test_the_map_sits_where_the_kernel_reads_it(tmp_path):
-    """The parameter buffer's layout (FASTMM_GEMM_PARAMS, then the map at MAP_OFFSET) against the PTX parameter list
-    nvcc gives the A_TMA kernel."""
+@pytest.mark.parametrize("config", TF32_WG_MAPS, ids=lambda c: c.name)
+def test_the_maps_sit_where_the_kernel_reads_them(config, tmp_path):
+    """The parameter buffer's layout (FASTMM_GEMM_PARAMS, then A's map and B's, 128 bytes each from MAP_OFFSET)
+    against the PTX parameter list nvcc gives each mapped kernel."""
     src = tmp_path / "k.cu"
-    src.write_text(build.source_for(TF32_WG_TMA, Variant()))
+    src.write_text(build.source_for(config, Variant()))
     ptx = tmp_path / "k.ptx"
     subprocess.run([build.find_nvcc(), "-ptx", "-arch=sm_90a", "-o", str(ptx), str(src)], check=True,
                    capture_output=True)
@@ -33,16 +34,34 @@ def test_the_map_sits_where_the_kernel_reads_it(tmp_path):
         offset = -(-offset // align) * align
         where[int(index)] = (offset, size, align)
         offset += size
-    assert len(where) == 21
-    assert where[20] == (tensor_map.MAP_OFFSET, 128, 64)
+    maps = len(config.maps)
+    assert len(where) == 20 + maps
     assert where[19][0] + 8 == cuda._ARGS_SPLIT.size  # the last of FASTMM_GEMM_PARAMS ends the packed struct
+    for i in range(maps):
+        assert where[20 + i] == (tensor_map.MAP_OFFSET + 128 * i, 128, 64)
+    assert tensor_map._MapBuffer(maps).size.value == offset
 
 
-def test_a_thread_s_buffer_holds_the_map_64_byte_aligned():
-    buffer = tensor_map._MapBuffer()
+@pytest.mark.parametrize("maps", [1, 2])
+def test_a_thread_s_buffer_holds_the_maps_64_byte_aligned(maps):
+    buffer = tensor_map._MapBuffer(maps)
     assert buffer.base % 64 == 0 and (buffer.base + tensor_map.MAP_OFFSET) % 64 == 0
-    assert buffer.size.value == tensor_map.MAP_OFFSET + 128
+    assert buffer.size.value == tensor_map.MAP_OFFSET + 128 * maps
     assert buffer.base + buffer.size.value <= ctypes.addressof(buffer.raw) + ctypes.sizeof(buffer.raw)
+
+
+@pytest.mark.parametrize("strides,shape,mapped", [
+    ((1536, 1), (1024, 1536), True),      # rows along K
+    ((1, 1024), (1024, 1536), False),     # a transposed operand: K across its rows
+    ((1537, 1), (1024, 1536), False),     # rows 6148 bytes apart
+    ((7, 3), (1, 1536), False),           # one row, but not contiguous along it
+    ((7, 1), (1, 1536), True),            # one row: its own stride does not matter
+])
+def test_which_operands_go_through_a_map(strides, shape, mapped):
+    got = tensor_map.operand_map(0x2000, *shape, *strides, (128, 32))
+    assert (got is not None) is mapped
+    if mapped:
+        assert got[:4] == (128, 32, *shape) and got[4] % 16 == 0 and got[4] >= 4 * shape[1]
 
 
 @pytest.mark.parametrize("address,rows,cols,row_bytes,ok", [

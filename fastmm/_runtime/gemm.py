@@ -314,8 +314,8 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
 
 
 class _PresplitReplay:
-    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A (unless `split_a` is
-    None: A read through its tensor map) and B, the product. Called with the addresses of A, B and C (plus fixed
+    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A and B (either None:
+    that operand read through its tensor map), the product. Called with the addresses of A, B and C (plus fixed
     offsets: a piece of a larger product)."""
 
     __slots__ = ("size", "split_a", "split_b", "b_at", "product", "offsets")
@@ -325,15 +325,17 @@ class _PresplitReplay:
         self.offsets = offsets
 
     def __call__(self, pa: int, pb: int, pc: int):
-        ws = empty((self.size,))
-        base = ws.data.ptr
+        ws = empty((self.size,)) if self.size else None  # (none where both operands are read through maps)
+        base = ws.data.ptr if ws is not None else 0
         da, db, dc = self.offsets
-        self.split_b(pb + db, 0, base + 4 * self.b_at)
-        if self.split_a is None:  # A read in place through its tensor map
-            self.product(pa + da, base, pc + dc)
-            return
-        self.split_a(pa + da, 0, base)
-        self.product(base, base + 4 * self.b_at, pc + dc)
+        pa, pb = pa + da, pb + db  # (an operand read through its tensor map: its own address for the map)
+        if self.split_a is not None:
+            self.split_a(pa, 0, base)
+            pa = base
+        if self.split_b is not None:
+            self.split_b(pb, 0, base + 4 * self.b_at)
+            pb = base + 4 * self.b_at
+        self.product(pa, pb, pc + dc)
 
 
 def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
@@ -377,20 +379,24 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
 
     sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
     c_sm = c.strides[0] // 4 if m > 1 else 0
-    split_b = split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn)
-    row_bytes = a.strides[0] if m > 1 else -(-k // 4) * 16  # (one row: any multiple of 16 that holds it)
-    if parts == 1 and (sa[1] == 1 or k == 1) and _tensor_map.mappable(a.data.ptr, m, k, row_bytes):
-        # One pass on a K-major A: its tensor map's copies round it (6_wgmma.cu, A_TMA), and B alone is split.
+    # One pass: a K-major operand (A's rows, or B's columns, contiguous along K) goes through a tensor map, whose
+    # copies round it (6_wgmma.cu, A_TMA / B_TMA); the others are split.
+    a_map = _tensor_map.operand_map(a.data.ptr, m, k, sa[0], sa[1], (config.bm, config.BK)) if parts == 1 else None
+    b_map = _tensor_map.operand_map(b.data.ptr, n, k, sb[1], sb[0], (config.bn, config.BK)) if parts == 1 else None
+    maps = ("a" if a_map else "") + ("b" if b_map else "")
+    at_b = 0 if a_map else b_at  # B^T's tiles right after A's, or first
+    split_a = None if a_map else split(m, mp, sa[0], sa[1], flags_a, config.bm)
+    split_b = None if b_map else split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn)
+    if maps:
         product = _tensor_map.MappedLaunch(
-            dataclasses.replace(config, a_tma=True), Variant(), device_id, box=(config.bm, config.BK),
-            a_cols=k, a_row_bytes=row_bytes, m=m, n=n, k=kp, a_sm=row_bytes // 4, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm,
-            c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
-        run = _PresplitReplay(np_ * kp, None, split_b, 0, product)
+            dataclasses.replace(config, maps=maps), Variant(), device_id, maps=(a_map, b_map), m=m, n=n, k=kp,
+            a_sm=sa[0], a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
+        size = (0 if a_map else mp * kp) + (0 if b_map else np_ * kp)
     else:
-        product = _cuda.Launch(dataclasses.replace(config, a_tma=False), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
+        product = _cuda.Launch(dataclasses.replace(config, maps=""), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
                                a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
                                batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
-        run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a, config.bm), split_b, b_at, product)
+    run = _PresplitReplay(size, split_a, split_b, at_b, product)
     run(a.data.ptr, b.data.ptr, c.data.ptr)
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))

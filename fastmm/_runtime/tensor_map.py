@@ -1,12 +1,12 @@
-"""Launches that hand a kernel a tensor map of its A operand (Hopper's TMA engine copies 2-D boxes of it).
+"""Launches that hand a kernel tensor maps of its operands (Hopper's TMA engine copies 2-D boxes of them).
 
 A tensor map is 128 opaque bytes that the driver encodes on the host (`cuTensorMapEncodeTiled`) from the operand's
-address, shape and row stride; the kernel takes it as a ``__grid_constant__`` parameter after FASTMM_GEMM_PARAMS.
-Its bytes depend on A's address, so a `MappedLaunch` encodes them into the parameter buffer on every call (a host
-call of about a microsecond), where a `Launch` packs three pointers.
+address, shape and row stride; the kernel takes it as a ``__grid_constant__`` parameter after FASTMM_GEMM_PARAMS
+(A's map, then B's). Its bytes depend on the operand's address, so a `MappedLaunch` encodes them into the parameter
+buffer on every call (a host call of about a microsecond each), where a `Launch` packs three pointers.
 
-One TF32 pass (6_wgmma.cu with A_TMA) uses the map's TFLOAT32 type: the engine rounds each float32 to TF32 as it
-copies, which is what the split pass over A did (docs/kernels/wgmma.md).
+One TF32 pass (6_wgmma.cu with A_TMA, B_TMA) uses the map's TFLOAT32 type: the engine rounds each float32 to TF32 as
+it copies, which is what the split pass did (docs/kernels/wgmma.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 from .. import _errors
 from . import cuda as _cuda
 
-__all__ = ["MappedLaunch", "mappable", "encode"]
+__all__ = ["MappedLaunch", "mappable", "operand_map", "encode"]
 
 # cuda.h's enums (CUDA 12 and 13).
 _TFLOAT32 = 11  # CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: float32 in memory, rounded to TF32 by the copy
@@ -28,9 +28,10 @@ _L2_256B = 3
 _OOB_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: what lies outside the tensor is copied as zeros
 
 _MAP_BYTES = 128
-# The map's place in the parameter buffer: after FASTMM_GEMM_PARAMS, at the 64-byte alignment the kernel declares.
+# The maps' place in the parameter buffer: after FASTMM_GEMM_PARAMS, at the 64-byte alignment the kernel declares,
+# one after the other.
 MAP_OFFSET = -(-_cuda._ARGS_SPLIT.size // 64) * 64
-_PARAM_BYTES = MAP_OFFSET + _MAP_BYTES
+_PARAM_BYTES = MAP_OFFSET + 2 * _MAP_BYTES
 
 _encode_fn = None
 _lock = threading.Lock()
@@ -60,6 +61,15 @@ def mappable(address: int, rows: int, cols: int, row_bytes: int) -> bool:
             and 0 < rows <= 1 << 32 and 0 < cols <= 1 << 32)
 
 
+def operand_map(address: int, rows: int, cols: int, row_stride: int, col_stride: int, box: tuple[int, int]):
+    """The map (box rows, box columns, rows, columns, bytes between rows) of an operand of `rows` x `cols` float32
+    values (strides in elements) if a tensor map can read it row by row, K along its rows; else None."""
+    if not (col_stride == 1 or cols == 1):
+        return None
+    row_bytes = 4 * row_stride if rows > 1 else -(-cols // 4) * 16  # (one row: any multiple of 16 that holds it)
+    return (*box, rows, cols, row_bytes) if mappable(address, rows, cols, row_bytes) else None
+
+
 def encode(into: int, address: int, rows: int, cols: int, row_bytes: int, box_rows: int, box_cols: int) -> None:
     """Write the TFLOAT32 tensor map of the (rows, cols) operand at `address` into the 64-byte aligned memory at
     `into`: boxes of box_rows x box_cols values, in the 128-byte swizzle, zeros past its edges."""
@@ -77,47 +87,56 @@ def encode(into: int, address: int, rows: int, cols: int, row_bytes: int, box_ro
 
 
 class _MapBuffer:
-    """A thread's parameter buffer for a mapped launch: FASTMM_GEMM_PARAMS, then the map 64-byte aligned (the driver
-    encodes into aligned memory, and the kernel reads it at that offset of its parameters)."""
+    """A thread's parameter buffer for launches with `count` maps: FASTMM_GEMM_PARAMS, then the maps 64-byte aligned
+    (the driver encodes into aligned memory, and the kernel reads them at those offsets of its parameters)."""
 
     __slots__ = ("raw", "base", "size", "extra", "address")
 
-    def __init__(self):
+    def __init__(self, count: int):
         self.raw = ctypes.create_string_buffer(_PARAM_BYTES + 64)
         self.base = -(-ctypes.addressof(self.raw) // 64) * 64
-        self.size = ctypes.c_size_t(_PARAM_BYTES)
+        self.size = ctypes.c_size_t(MAP_OFFSET + count * _MAP_BYTES)
         self.extra = (ctypes.c_void_p * 5)(_cuda._BUFFER_POINTER, self.base, _cuda._BUFFER_SIZE,
                                            ctypes.addressof(self.size), _cuda._END)
         self.address = ctypes.addressof(self.extra)
 
 
-def _map_buffer() -> _MapBuffer:
-    try:
-        return _tls.buffer
-    except AttributeError:
-        _tls.buffer = _MapBuffer()
-        return _tls.buffer
+def _map_buffer(count: int) -> _MapBuffer:
+    buffers = getattr(_tls, "buffers", None)
+    if buffers is None:
+        buffers = _tls.buffers = {}
+    buffer = buffers.get(count)
+    if buffer is None:
+        buffer = buffers[count] = _MapBuffer(count)
+    return buffer
 
 
 class MappedLaunch(_cuda.Launch):
-    """A `Launch` whose kernel also takes A's tensor map (boxes of `box` = (rows, cols) values; A row-major with
-    `a_row_bytes` between rows), encoded per call from A's address. Called as a Launch is: (A, B, C) addresses."""
+    """A `Launch` whose kernel also takes tensor maps, encoded per call from the operands' addresses: `maps` holds,
+    for A's map and then B's (either may be None), (box rows, box columns, the operand's rows, its columns, bytes
+    between its rows), A row-major with K along its rows, B as B^T row-major. Called as a Launch is: (A, B, C)."""
 
-    __slots__ = ("box", "a_cols", "a_row_bytes", "rows")
+    __slots__ = ("maps", "rows")
 
-    def __init__(self, config, variant, device_id: int, *, box: tuple[int, int], a_cols: int, a_row_bytes: int,
-                 **shape):
+    def __init__(self, config, variant, device_id: int, *, maps, **shape):
         super().__init__(config, variant, device_id, **shape)
-        self.box, self.a_cols, self.a_row_bytes = box, a_cols, a_row_bytes
+        self.maps = tuple(maps)
         m, step = shape["m"], config.tile[0] * _cuda.MAX_GRID_Y
         self.rows = [min(m - m0, step) for m0 in range(0, max(m, 1), step)
                      for _ in range(0, shape["batch"], config.batch_per_launch)]  # (Launch's chunks, in order)
 
     def _launch(self, a: int, b: int, c: int, stream: int) -> None:
-        args = _map_buffer()
+        a_map, b_map = self.maps
+        args = _map_buffer((a_map is not None) + (b_map is not None))
         bx, by, bz = self.block
         buffer = (ctypes.c_char * _PARAM_BYTES).from_address(args.base)
         for (gx, gy, gz, da, dc, before_a, between_ab, between_bc, after_c), rows in zip(self.chunks, self.rows):
             _cuda._pack_into(buffer, 0, before_a, a + da, between_ab, b, between_bc, c + dc, after_c)
-            encode(args.base + MAP_OFFSET, a + da, rows, self.a_cols, self.a_row_bytes, *self.box)
+            at = args.base + MAP_OFFSET
+            if a_map is not None:  # (a chunk of rows: A's map starts at its first row)
+                box_rows, box_cols, _, cols, row_bytes = a_map
+                encode(at, a + da, rows, cols, row_bytes, box_rows, box_cols)
+                at += _MAP_BYTES
+            if b_map is not None:
+                encode(at, b, *b_map[2:], *b_map[:2])
             _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)

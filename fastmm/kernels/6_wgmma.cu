@@ -31,14 +31,15 @@
 // instead: 3xTF32's cross terms would turn inf * (a value exact in TF32) into inf * 0 = NaN. Slow, and exact in its
 // non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity).
 //
-// One TF32 pass with A_TMA: A is not split beforehand. A row-major A is K-major already, and a tensor map of type
-// TFLOAT32 has the TMA engine round each value to TF32 (to nearest, ties to even) as it copies a 32-deep K-tile of BM
-// rows into the stage, in the same 128-byte swizzle, zeros past M and K: the split pass over A and its workspace go.
-// (Copied by cp.async, 128 bytes from each of 128 rows and rounded in shared memory, A cost more than its split pass:
-// docs/history.md.) The map is the parameter after FASTMM_GEMM_PARAMS; A itself is not read.
+// One TF32 pass with A_TMA or B_TMA: that operand is not split beforehand. A row-major A (or a B given as B^T
+// row-major, as in x @ x.T) is K-major already, and a tensor map of type TFLOAT32 has the TMA engine round each value
+// to TF32 (to nearest, ties to even) as it copies a 32-deep K-tile of the block's rows into the stage, in the same
+// 128-byte swizzle, zeros past the edges: the split pass and its workspace go. (Copied by cp.async, 128 bytes from
+// each of 128 rows and rounded in shared memory, A cost more than its split pass: docs/history.md.) The maps are the
+// parameters after FASTMM_GEMM_PARAMS, A's first; the operand's pointer is not read.
 //
 // Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, PASSES (1 or 3), GROUP (rows of
-// block tiles per group of the launch order), THREADS = BM * 2 + 128, A_TMA (0 or 1). Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
+// block tiles per group of the launch order), THREADS = BM * 2 + 128, A_TMA and B_TMA (0 or 1). Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
 // M, N the product's; K the padded K (a multiple of 32); A, B pass_tf32_split.cu's tiles of A and of B^T; C and c_sm as for
 // every product; pass_tf32_split.cu's flags of A at A + a_sb0, of B^T at B + b_sb0.
 
@@ -59,11 +60,19 @@ static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgr
 #ifndef A_TMA
 #define A_TMA 0
 #endif
-static_assert(!A_TMA || PASSES == 1, "A by its tensor map: one TF32 pass (the engine rounds; no small part)");
+#ifndef B_TMA
+#define B_TMA 0
+#endif
+static_assert(!(A_TMA || B_TMA) || PASSES == 1, "tensor maps: one TF32 pass (the engine rounds; no small part)");
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-#if A_TMA
+#if A_TMA && B_TMA
+fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map a_map,
+             const __grid_constant__ fastmm_tensor_map b_map)
+#elif A_TMA
 fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map a_map)
+#elif B_TMA
+fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map b_map)
 #else
 fastmm_wgmma(FASTMM_GEMM_PARAMS)
 #endif
@@ -125,7 +134,11 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
 #else
             const char* a_tiles = reinterpret_cast<const char*>(A) + (long long)by * k_tiles * STAGE_A_BYTES;
 #endif
+#if B_TMA
+            tensor_map_prefetch(&b_map);
+#else
             const char* b_tiles = reinterpret_cast<const char*>(B) + (long long)bx * k_tiles * (PARTS * TILE_B_BYTES);
+#endif
             for (int kt = 0; kt < k_tiles; ++kt) {
                 const int s = kt % STAGES;
                 if (kt >= STAGES) mbar_wait(empty0 + 8 * s, (kt / STAGES - 1) & 1);
@@ -136,8 +149,12 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
 #else
                 bulk_copy(stage, a_tiles + (long long)kt * STAGE_A_BYTES, STAGE_A_BYTES, full0 + 8 * s);
 #endif
+#if B_TMA
+                tensor_copy_2d(stage + STAGE_A_BYTES, &b_map, kt * BK, bn, full0 + 8 * s);  // BN rows of B^T x 32
+#else
                 bulk_copy(stage + STAGE_A_BYTES, b_tiles + (long long)kt * (PARTS * TILE_B_BYTES),
                           PARTS * TILE_B_BYTES, full0 + 8 * s);
+#endif
             }
         }
         return;  // the multiplying warpgroups wait for every copy before they read it, and so before they exit
