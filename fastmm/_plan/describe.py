@@ -9,7 +9,6 @@ from .forced import _forced, kernels_on
 from .precision import OZAKI_INT8, PRECISIONS, current_precision
 from .problem import Choice, Device, Problem
 from .table import aligned_copies, choose, interior
-from ..kernels.configs import WgTile
 
 __all__ = ["describe", "settings"]
 
@@ -49,12 +48,6 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
         mode = "Ozaki scheme II on the INT8 tensor cores (int8 residues of A and B, exact products; FP32 accuracy)"
         sums = "\n  sums    exact in int32 (one product per modulus); one rounding per element of C"
     off = "" if kernels_on() else "\n  note    $FASTMM_KERNELS=off: CuPy (cuBLAS) computes it instead of this kernel"
-    if isinstance(choice.config, WgTile):  # (the runtime's pick: fastmm/_runtime/gemm.py, _presplit)
-        mapped = ("A", choice.config.passes == 1 and not problem.a_t and problem.a_aligned), \
-                 ("B", choice.config.passes == 1 and problem.b_t and problem.b_aligned)
-        sums += "\n  copies  " + "; ".join(
-            f"{x} through a tensor map (rounded to TF32 by the copy)" if on else f"{x} by the split pass"
-            for x, on in mapped)
     return (f"{shape} float32 ({layout}) on {device.name}:\n"
             f"  kernel  {choice.config.binary_name(choice.variant)}{split}\n"
             f"  mode    {choice.config.precision}: {mode}\n"

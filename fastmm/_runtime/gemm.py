@@ -338,7 +338,7 @@ class _PresplitReplay:
         self.product(pa, pb, pc + dc)
 
 
-def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
+def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, mapped: bool = True) -> None:
     """c = a @ b on a wgmma kernel: A and B^T written by the split pass (pass_tf32_split.cu) as TF32 parts in swizzled
     block tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
 
@@ -381,8 +381,9 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
     c_sm = c.strides[0] // 4 if m > 1 else 0
     # One pass: a K-major operand (A's rows, or B's columns, contiguous along K) goes through a tensor map, whose
     # copies round it (6_wgmma.cu, A_TMA / B_TMA); the others are split.
-    a_map = _tensor_map.operand_map(a.data.ptr, m, k, sa[0], sa[1], (config.bm, config.BK)) if parts == 1 else None
-    b_map = _tensor_map.operand_map(b.data.ptr, n, k, sb[1], sb[0], (config.bn, config.BK)) if parts == 1 else None
+    mapped = mapped and parts == 1
+    a_map = _tensor_map.operand_map(a.data.ptr, m, k, sa[0], sa[1], (config.bm, config.BK)) if mapped else None
+    b_map = _tensor_map.operand_map(b.data.ptr, n, k, sb[1], sb[0], (config.bn, config.BK)) if mapped else None
     maps = ("a" if a_map else "") + ("b" if b_map else "")
     at_b = 0 if a_map else b_at  # B^T's tiles right after A's, or first
     split_a = None if a_map else split(m, mp, sa[0], sa[1], flags_a, config.bm)
@@ -390,14 +391,23 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
     if maps:
         product = _tensor_map.MappedLaunch(
             dataclasses.replace(config, maps=maps), Variant(), device_id, maps=(a_map, b_map), m=m, n=n, k=kp,
-            a_sm=sa[0], a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
+            a_sm=sa[0] if a_map else 0, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
+            batch_strides=(0,) * 6)  # (a_sm: a chunk of rows starts A's map that many rows on; split A: no offset)
         size = (0 if a_map else mp * kp) + (0 if b_map else np_ * kp)
     else:
         product = _cuda.Launch(dataclasses.replace(config, maps=""), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
                                a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
                                batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
     run = _PresplitReplay(size, split_a, split_b, at_b, product)
-    run(a.data.ptr, b.data.ptr, c.data.ptr)
+    try:
+        run(a.data.ptr, b.data.ptr, c.data.ptr)
+    except _errors.LaunchError:
+        if not maps:
+            raise
+        # The driver would not encode a map for these operands (a limit mappable() does not know): split them.
+        message = f"the CUDA driver would not encode a tensor map for {config.name}'s operands: they are split instead"
+        _errors.warn_once(message, message)
+        return _presplit(a, b, c, config, device_id, record, mapped=False)
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
         record.append(run)

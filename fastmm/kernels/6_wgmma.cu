@@ -29,7 +29,9 @@
 //
 // Tiles whose rows of A or columns of B hold an infinity (flags set by pass_tf32_split.cu) run FP32 FMAs on big + small
 // instead: 3xTF32's cross terms would turn inf * (a value exact in TF32) into inf * 0 = NaN. Slow, and exact in its
-// non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity).
+// non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity) where the split
+// pass rounds: through a tensor map the engine rounds, whose handling of the edge cases (inf times a value below TF32's
+// smallest step, a NaN with a low payload, values next to FLT_MAX) tests/test_gpu_tf32.py checks.
 //
 // One TF32 pass with A_TMA or B_TMA: that operand is not split beforehand. A row-major A (or a B given as B^T
 // row-major, as in x @ x.T) is K-major already, and a tensor map of type TFLOAT32 has the TMA engine round each value
