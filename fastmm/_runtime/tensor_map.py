@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 
 from .. import _errors
 from . import cuda as _cuda
 
-__all__ = ["MappedLaunch", "mappable", "operand_map", "encode"]
+__all__ = ["MappedLaunch", "GuardLaunch", "mappable", "operand_map", "encode"]
 
 # cuda.h's enums (CUDA 12 and 13).
 _TFLOAT32 = 11  # CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: float32 in memory, rounded to TF32 by the copy
@@ -28,6 +29,11 @@ _L2_256B = 3
 _OOB_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: what lies outside the tensor is copied as zeros
 
 _MAP_BYTES = 128
+# Parameters a call sets besides the three pointers: the guard's flags (pass_nonfinite_fix.cu), at c_sb1 in the
+# product's parameters and at a_sb0 in the guard's.
+_ADDRESS = struct.Struct("<q")
+_C_SB1 = struct.calcsize(_cuda._ARG_FORMAT) - 8
+_A_SB0 = struct.calcsize(_cuda._ARG_FORMAT[:15]) - 8
 # The maps' place in the parameter buffer: after FASTMM_GEMM_PARAMS, at the 64-byte alignment the kernel declares,
 # one after the other.
 MAP_OFFSET = -(-_cuda._ARGS_SPLIT.size // 64) * 64
@@ -88,14 +94,15 @@ def encode(into: int, address: int, rows: int, cols: int, row_bytes: int, box_ro
 
 class _MapBuffer:
     """A thread's parameter buffer for launches with `count` maps: FASTMM_GEMM_PARAMS, then the maps 64-byte aligned
-    (the driver encodes into aligned memory, and the kernel reads them at those offsets of its parameters)."""
+    (the driver encodes into aligned memory, and the kernel reads them at those offsets of its parameters); its size
+    that of the kernel's parameters."""
 
     __slots__ = ("raw", "base", "size", "extra", "address")
 
     def __init__(self, count: int):
         self.raw = ctypes.create_string_buffer(_PARAM_BYTES + 64)
         self.base = -(-ctypes.addressof(self.raw) // 64) * 64
-        self.size = ctypes.c_size_t(MAP_OFFSET + count * _MAP_BYTES)
+        self.size = ctypes.c_size_t(MAP_OFFSET + count * _MAP_BYTES if count else _cuda._ARGS_SPLIT.size)
         self.extra = (ctypes.c_void_p * 5)(_cuda._BUFFER_POINTER, self.base, _cuda._BUFFER_SIZE,
                                            ctypes.addressof(self.size), _cuda._END)
         self.address = ctypes.addressof(self.extra)
@@ -114,7 +121,8 @@ def _map_buffer(count: int) -> _MapBuffer:
 class MappedLaunch(_cuda.Launch):
     """A `Launch` whose kernel also takes tensor maps, encoded per call from the operands' addresses: `maps` holds,
     for A's map and then B's (either may be None), (box rows, box columns, the operand's rows, its columns, bytes
-    between its rows), A row-major with K along its rows, B as B^T row-major. Called as a Launch is: (A, B, C)."""
+    between its rows), A row-major with K along its rows, B as B^T row-major. Called with (A, B, C, flags): flags
+    the address of an int per block tile, zeroed, that the kernel sets where it stores a non-finite value."""
 
     __slots__ = ("maps", "rows")
 
@@ -125,6 +133,10 @@ class MappedLaunch(_cuda.Launch):
         self.rows = [min(m - m0, step) for m0 in range(0, max(m, 1), step)
                      for _ in range(0, shape["batch"], config.batch_per_launch)]  # (Launch's chunks, in order)
 
+    def __call__(self, a: int, b: int, c: int, flags: int = 0) -> None:  # noqa: D102
+        _tls.flags = flags  # (this thread's call: read by _launch below)
+        super().__call__(a, b, c)
+
     def _launch(self, a: int, b: int, c: int, stream: int) -> None:
         a_map, b_map = self.maps
         args = _map_buffer((a_map is not None) + (b_map is not None))
@@ -132,6 +144,7 @@ class MappedLaunch(_cuda.Launch):
         buffer = (ctypes.c_char * _PARAM_BYTES).from_address(args.base)
         for (gx, gy, gz, da, dc, before_a, between_ab, between_bc, after_c), rows in zip(self.chunks, self.rows):
             _cuda._pack_into(buffer, 0, before_a, a + da, between_ab, b, between_bc, c + dc, after_c)
+            _ADDRESS.pack_into(buffer, _C_SB1, _tls.flags)
             at = args.base + MAP_OFFSET
             if a_map is not None:  # (a chunk of rows: A's map starts at its first row)
                 box_rows, box_cols, _, cols, row_bytes = a_map
@@ -139,4 +152,24 @@ class MappedLaunch(_cuda.Launch):
                 at += _MAP_BYTES
             if b_map is not None:
                 encode(at, b, *b_map[2:], *b_map[:2])
+            _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)
+
+
+class GuardLaunch(_cuda.Launch):
+    """The guard after a mapped product (pass_nonfinite_fix.cu): a `Launch` called with (A, B, C, flags), the flags'
+    address packed where the kernel reads it (a_sb0)."""
+
+    __slots__ = ()
+
+    def __call__(self, a: int, b: int, c: int, flags: int = 0) -> None:  # noqa: D102
+        _tls.flags = flags
+        super().__call__(a, b, c)
+
+    def _launch(self, a: int, b: int, c: int, stream: int) -> None:
+        args = _map_buffer(0)
+        bx, by, bz = self.block
+        buffer = (ctypes.c_char * _PARAM_BYTES).from_address(args.base)
+        for gx, gy, gz, da, dc, before_a, between_ab, between_bc, after_c in self.chunks:
+            _cuda._pack_into(buffer, 0, before_a, a + da, between_ab, b, between_bc, c + dc, after_c)
+            _ADDRESS.pack_into(buffer, _A_SB0, _tls.flags)
             _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)

@@ -30,8 +30,9 @@
 // Tiles whose rows of A or columns of B hold an infinity (flags set by pass_tf32_split.cu) run FP32 FMAs on big + small
 // instead: 3xTF32's cross terms would turn inf * (a value exact in TF32) into inf * 0 = NaN. Slow, and exact in its
 // non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity) where the split
-// pass rounds: through a tensor map the engine rounds, whose handling of the edge cases (inf times a value below TF32's
-// smallest step, a NaN with a low payload, values next to FLT_MAX) tests/test_gpu_tf32.py checks.
+// pass rounds. Through a tensor map the engine rounds, without the split pass's care for inf times a value below
+// TF32's smallest step, a NaN with a low payload and values next to FLT_MAX: a block tile that stores a non-finite
+// value flags itself, and pass_nonfinite_fix.cu computes those elements again in FP32.
 //
 // One TF32 pass with A_TMA or B_TMA: that operand is not split beforehand. A row-major A (or a B given as B^T
 // row-major, as in x @ x.T) is K-major already, and a tensor map of type TFLOAT32 has the TMA engine round each value
@@ -236,6 +237,15 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     }
 #endif
 
+#if A_TMA || B_TMA
+    // The guard of the maps' rounding (pass_nonfinite_fix.cu): a block tile that stores a non-finite value flags
+    // itself (c_sb1: the flags' address, c_sb0: the tiles in a row); finite data costs the test alone.
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) bad |= !isfinite(acc[i]);
+    if (__any_sync(0xffffffffu, bad) && lane == 0)
+        atomicOr(reinterpret_cast<int*>(c_sb1) + (long long)by * c_sb0 + bx, 1);
+#endif
     const bool vec = fastmm_c_vec4(C, c_sm);
     const int m = bm + wg * 64 + warp * 16 + g;
 #pragma unroll
