@@ -37,6 +37,8 @@ def test_the_maps_sit_where_the_kernel_reads_them(config, tmp_path):
     maps = len(config.maps)
     assert len(where) == 20 + maps
     assert where[19][0] + 8 == cuda._ARGS_SPLIT.size  # the last of FASTMM_GEMM_PARAMS ends the packed struct
+    # The guard's flags: c_sb1 of the product's parameters, a_sb0 of the guard's (the same FASTMM_GEMM_PARAMS)
+    assert (where[19][0], where[14][0]) == (tensor_map._C_SB1, tensor_map._A_SB0)
     for i in range(maps):
         assert where[20 + i] == (tensor_map.MAP_OFFSET + 128 * i, 128, 64)
     assert tensor_map._MapBuffer(maps).size.value == offset
