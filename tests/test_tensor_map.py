@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 import subprocess
 
 import pytest
@@ -76,3 +77,63 @@ def test_which_operands_go_through_a_map(strides, shape, mapped):
 ])
 def test_which_operands_a_tensor_map_describes(address, rows, cols, row_bytes, ok):
     assert tensor_map.mappable(address, rows, cols, row_bytes) is ok
+
+
+def test_a_mapped_launch_packs_its_pointers_flags_and_maps(monkeypatch):
+    """MappedLaunch's parameter buffer, with the driver replaced: FASTMM_GEMM_PARAMS with this call's pointers and
+    flags (c_sb1), then A's map encoded from A's address at the chunk's first row and B's from B's, each chunk of
+    rows its own launch."""
+    seen, encoded = [], []
+
+    def encode(into, address, rows, cols, row_bytes, box_rows, box_cols):
+        encoded.append((address, rows, cols, row_bytes, box_rows, box_cols))
+        ctypes.memmove(into, struct.pack("<4q", address, rows, cols, row_bytes), 32)
+
+    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = (ctypes.c_void_p * 5).from_address(extra)
+        size = ctypes.c_size_t.from_address(pointers[3]).value
+        seen.append(((gx, gy, gz), ctypes.string_at(pointers[1], size)))
+
+    monkeypatch.setattr(tensor_map, "encode", encode)
+    monkeypatch.setattr(cuda, "_launch_kernel", launch)
+    fixed = cuda._ARGS.pack(300, 200, 64, 0, 64, 1, 0, 0, 0, 0, 200, 1, 0, 1, 0, 0, 0, 0, 2, 0)
+    before_a, _, between_ab, _, between_bc, _, after_c = cuda._ARGS_SPLIT.unpack(fixed)
+    run = object.__new__(tensor_map.MappedLaunch)
+    run.fn, run.block, run.shared = 0, (384, 1, 1), 0
+    # Two chunks of rows (as a grid past 65535 blocks of rows would give): 256 rows, then 44 rows 256 rows on.
+    run.chunks = [(2, 2, 1, 0, 0, before_a, between_ab, between_bc, after_c),
+                  (2, 1, 1, 4 * 256 * 64, 4 * 256 * 200, before_a, between_ab, between_bc, after_c)]
+    run.rows = [256, 44]
+    run.maps = ((128, 32, 300, 64, 256), (256, 32, 200, 64, 256))
+    tensor_map._tls.flags = 0xF1A6
+    run._launch(0xA000, 0xB000, 0xC000, 0)
+    assert encoded == [(0xA000, 256, 64, 256, 128, 32), (0xB000, 200, 64, 256, 256, 32),
+                       (0xA000 + 4 * 256 * 64, 44, 64, 256, 128, 32), (0xB000, 200, 64, 256, 256, 32)]
+    for (grid, params), da, dc in zip(seen, (0, 4 * 256 * 64), (0, 4 * 256 * 200)):
+        assert len(params) == tensor_map.MAP_OFFSET + 2 * 128
+        values = cuda._ARGS.unpack(params[:cuda._ARGS.size])
+        assert (values[3], values[6], values[9]) == (0xA000 + da, 0xB000, 0xC000 + dc)
+        assert values[-1] == 0xF1A6 and values[-2] == 2  # the flags, and the tiles in a row
+        assert struct.unpack_from("<q", params, tensor_map.MAP_OFFSET)[0] == 0xA000 + da
+        assert struct.unpack_from("<q", params, tensor_map.MAP_OFFSET + 128)[0] == 0xB000
+
+
+def test_the_guard_launch_packs_its_flags_where_the_guard_reads_them(monkeypatch):
+    seen = []
+
+    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = (ctypes.c_void_p * 5).from_address(extra)
+        seen.append(ctypes.string_at(pointers[1], ctypes.c_size_t.from_address(pointers[3]).value))
+
+    monkeypatch.setattr(cuda, "_launch_kernel", launch)
+    fixed = cuda._ARGS.pack(300, 200, 64, 0, 64, 1, 0, 200, 1, 0, 200, 1, 0, 1, 0, 2, 0, 0, 0, 0)
+    before_a, _, between_ab, _, between_bc, _, after_c = cuda._ARGS_SPLIT.unpack(fixed)
+    run = object.__new__(tensor_map.GuardLaunch)
+    run.fn, run.block, run.shared = 0, (256, 1, 1), 0
+    run.chunks = [(1, 3, 1, 0, 0, before_a, between_ab, between_bc, after_c)]
+    tensor_map._tls.flags = 0xF1A6
+    run._launch(0xA000, 0xB000, 0xC000, 0)
+    (params,) = seen
+    assert len(params) == cuda._ARGS.size
+    values = cuda._ARGS.unpack(params)
+    assert (values[3], values[6], values[9], values[14], values[15]) == (0xA000, 0xB000, 0xC000, 0xF1A6, 2)
