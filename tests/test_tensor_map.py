@@ -42,6 +42,8 @@ def test_the_maps_sit_where_the_kernel_reads_them(config, tmp_path):
     assert (where[19][0], where[14][0]) == (tensor_map._C_SB1, tensor_map._A_SB0)
     for i in range(maps):
         assert where[20 + i] == (tensor_map.MAP_OFFSET + 128 * i, 128, 64)
+    # (a mapped launch points at each parameter: the offsets it uses are the PTX's)
+    assert [where[i][0] for i in range(20 + maps)] == list(tensor_map.PARAM_OFFSETS[:20 + maps])
     assert tensor_map._MapBuffer(maps).size.value == offset
 
 
@@ -90,9 +92,11 @@ def test_a_mapped_launch_packs_its_pointers_flags_and_maps(monkeypatch):
         ctypes.memmove(into, struct.pack("<4q", address, rows, cols, row_bytes), 32)
 
     def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        pointers = (ctypes.c_void_p * 5).from_address(extra)
-        size = ctypes.c_size_t.from_address(pointers[3]).value
-        seen.append(((gx, gy, gz), ctypes.string_at(pointers[1], size)))
+        assert extra == 0  # (a pointer to each parameter, kernelParams: no packed `extra` buffer)
+        pointers = (ctypes.c_void_p * 22).from_address(params)
+        base = pointers[0]
+        assert [p - base for p in pointers] == list(tensor_map.PARAM_OFFSETS)
+        seen.append(((gx, gy, gz), ctypes.string_at(base, tensor_map.MAP_OFFSET + 2 * 128)))
 
     monkeypatch.setattr(tensor_map, "encode", encode)
     monkeypatch.setattr(cuda, "_launch_kernel", launch)

@@ -421,12 +421,13 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
     run = _PresplitReplay(size, split_a, split_b, at_b, product, guard=guard)
     try:
         run(a.data.ptr, b.data.ptr, c.data.ptr)
-    except _errors.LaunchError:
+    except _errors.LaunchError as e:
         if not maps:
             raise
-        # The driver would not encode a map for these operands (a limit mappable() does not know): split them.
-        message = f"the CUDA driver would not encode a tensor map for {config.name}'s operands: they are split instead"
-        _errors.warn_once(message, message)
+        # The driver would not encode a map for these operands (a limit mappable() does not know) or launch the mapped
+        # kernel: split them.
+        key = f"the CUDA driver would not take {config.name}'s operands through tensor maps: they are split instead"
+        _errors.warn_once(key, f"{key} ({e})")
         return _presplit(a, b, c, config, device_id, record, mapped=False)
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))

@@ -38,6 +38,11 @@ _A_SB0 = struct.calcsize(_cuda._ARG_FORMAT[:15]) - 8
 # one after the other.
 MAP_OFFSET = -(-_cuda._ARGS_SPLIT.size // 64) * 64
 _PARAM_BYTES = MAP_OFFSET + 2 * _MAP_BYTES
+# Each parameter's offset in the buffer: FASTMM_GEMM_PARAMS (natively aligned, as the kernel's C list), then the maps.
+# A mapped kernel is launched with a pointer to each (cuLaunchKernel's kernelParams): handed the same bytes as one
+# buffer (its `extra`), the driver refused it with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on an H100.
+PARAM_OFFSETS = tuple(struct.calcsize(_cuda._ARG_FORMAT[:i + 1]) - struct.calcsize(_cuda._ARG_FORMAT[i])
+                      for i in range(len(_cuda._ARG_FORMAT))) + (MAP_OFFSET, MAP_OFFSET + _MAP_BYTES)
 
 _encode_fn = None
 _lock = threading.Lock()
@@ -94,18 +99,24 @@ def encode(into: int, address: int, rows: int, cols: int, row_bytes: int, box_ro
 
 class _MapBuffer:
     """A thread's parameter buffer for launches with `count` maps: FASTMM_GEMM_PARAMS, then the maps 64-byte aligned
-    (the driver encodes into aligned memory, and the kernel reads them at those offsets of its parameters); its size
-    that of the kernel's parameters."""
+    (the driver encodes into aligned memory, and the kernel reads them at those offsets of its parameters). With
+    maps, `params` is the address of a pointer to each parameter (cuLaunchKernel's kernelParams) and `extra` is 0;
+    without, `params` is 0 and `extra` the address of the packed buffer's description, as a `Launch` passes."""
 
-    __slots__ = ("raw", "base", "size", "extra", "address")
+    __slots__ = ("raw", "base", "size", "words", "params", "extra")
 
     def __init__(self, count: int):
         self.raw = ctypes.create_string_buffer(_PARAM_BYTES + 64)
         self.base = -(-ctypes.addressof(self.raw) // 64) * 64
         self.size = ctypes.c_size_t(MAP_OFFSET + count * _MAP_BYTES if count else _cuda._ARGS_SPLIT.size)
-        self.extra = (ctypes.c_void_p * 5)(_cuda._BUFFER_POINTER, self.base, _cuda._BUFFER_SIZE,
-                                           ctypes.addressof(self.size), _cuda._END)
-        self.address = ctypes.addressof(self.extra)
+        if count:
+            offsets = PARAM_OFFSETS[:len(_cuda._ARG_FORMAT) + count]
+            self.words = (ctypes.c_void_p * len(offsets))(*(self.base + at for at in offsets))
+            self.params, self.extra = ctypes.addressof(self.words), 0
+        else:
+            self.words = (ctypes.c_void_p * 5)(_cuda._BUFFER_POINTER, self.base, _cuda._BUFFER_SIZE,
+                                               ctypes.addressof(self.size), _cuda._END)
+            self.params, self.extra = 0, ctypes.addressof(self.words)
 
 
 def _map_buffer(count: int) -> _MapBuffer:
@@ -152,7 +163,7 @@ class MappedLaunch(_cuda.Launch):
                 at += _MAP_BYTES
             if b_map is not None:
                 encode(at, b, *b_map[2:], *b_map[:2])
-            _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)
+            _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, args.params, args.extra)
 
 
 class GuardLaunch(_cuda.Launch):
@@ -172,4 +183,4 @@ class GuardLaunch(_cuda.Launch):
         for gx, gy, gz, da, dc, before_a, between_ab, between_bc, after_c in self.chunks:
             _cuda._pack_into(buffer, 0, before_a, a + da, between_ab, b, between_bc, c + dc, after_c)
             _ADDRESS.pack_into(buffer, _A_SB0, _tls.flags)
-            _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, 0, args.address)
+            _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, args.params, args.extra)
