@@ -449,8 +449,16 @@ def launched(fake_cupy, monkeypatch):
     launched_args = names.args = []
     names.ptrs = []
 
+    class MappedLaunch(Launch):  # (fastmm/_runtime/tensor_map.py: the same, with operands' tensor maps)
+        def __init__(self, config, variant, device_id, *, maps, **args):
+            super().__init__(config, variant, device_id, **args)
+
+    from fastmm._runtime import tensor_map as _tensor_map
+
     monkeypatch.setattr(_cuda, "device", lambda device_id: _plan.Device())
     monkeypatch.setattr(_cuda, "Launch", Launch)
+    monkeypatch.setattr(_tensor_map, "MappedLaunch", MappedLaunch)
+    monkeypatch.setattr(_tensor_map, "GuardLaunch", Launch)
     monkeypatch.setattr(_gemm, "replays", {})
     return names
 
@@ -480,9 +488,15 @@ def test_precision_modes_choose_kernels_and_never_share_replays(launched):
     for mode in ("highest", "high", "medium", "high", "highest"):  # the second time of each: a replay
         with _plan.matmul_precision(mode):
             _dispatch.matmul(a, a)
-    products = [n for n in launched if n != "split"]  # the wgmma kernels' split passes, two per product
+    # The wgmma kernels' split passes: two per 3xTF32 product, one for "medium" (whose A goes through a tensor map,
+    # between the guard's flags zeroed and the guard)
+    passes = ("split", "repitch", "nonfinitefix")
+    products = [n for n in launched if n not in passes]
     assert [_plan.tiles.get_config(n).precision for n in products] == ["highest", "high", "medium", "high", "highest"]
-    assert len(launched) - len(products) == 6 and products[1].startswith("tf32x3wg_")
+    assert launched.count("split") == 5 and products[1].startswith("tf32x3wg_")
+    medium = launched.index(products[2])
+    assert products[2].endswith("_mapa") and launched[medium - 2: medium + 2] == [
+        "split", "repitch", products[2], "nonfinitefix"]
 
 
 def test_the_precision_keyword_sets_the_mode_for_one_call(monkeypatch):

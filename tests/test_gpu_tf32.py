@@ -5,10 +5,13 @@ every tensor-core configuration are in test_gpu_kernels.py, which runs every ker
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 import fastmm
+from fastmm.kernels.passes import AUXILIARY
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
@@ -141,7 +144,8 @@ def test_every_way_of_setting_the_mode_reaches_the_kernels(rng, launches):
     finally:
         fastmm.set_float32_matmul_precision("highest")
     a @ a
-    modes = [fastmm._plan.tiles.get_config(name).precision for name in launches if name != "split"]
+    passes = {config.name for config in AUXILIARY}  # (the split pass; around a mapped product, its guard's)
+    modes = [fastmm._plan.tiles.get_config(name).precision for name in launches if name not in passes]
     assert modes == ["highest", "high", "medium", "high", "highest"], launches
 
 
@@ -222,3 +226,96 @@ def test_wgmma_products_replay_on_new_operands_and_views(rng):
             want = cp.asnumpy(a[1:, 3:]).astype(np.float64) @ cp.asnumpy(b[3:, :-1]).astype(np.float64)
             assert _error(c, want) < 1e-6
             assert "tf32x3wg" in fastmm.explain(a[1:, 3:], b[3:, :-1], precision="high")
+
+
+def _mapped(monkeypatch):
+    """Count the tensor maps encoded (one per product run with A read through its map)."""
+    from fastmm._runtime import tensor_map
+
+    calls = []
+    encode = tensor_map.encode
+    monkeypatch.setattr(tensor_map, "encode", lambda *args: (calls.append(args), encode(*args))[1])
+    return calls
+
+
+# layout: (A's map, B's map) encoded per product
+MAPPED = {"c": (1, 0), "ragged": (1, 0), "a_t": (0, 0), "offset": (0, 0), "replayed": (1, 0), "b_t": (1, 1),
+          "a_t-b_t": (0, 1)}
+
+
+@pytest.mark.parametrize("layout", list(MAPPED))
+def test_medium_reads_k_major_operands_through_tensor_maps(layout, rng, monkeypatch):
+    """One TF32 pass on the wgmma kernel: a K-major A (or a B given as B^T row-major) with 16-byte aligned rows is
+    read in place through its tensor map (rounded to TF32 by the copy, zeros past the edges); any other operand goes
+    through the split pass. Every mix as accurate as cuBLAS's TF32 path, and a replay encodes the maps of new
+    operands."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    m, n, k = (1000, 900, 1000) if layout == "ragged" else (1024, 768, 1536)
+    calls = _mapped(monkeypatch)
+    trials = 2 if layout == "replayed" else 1
+    for trial in range(trials):
+        # (k + 4 floats a row: 16-byte aligned rows for every k here; the offset view's start is not aligned)
+        a = rng.standard_normal((k, m) if layout.startswith("a_t") else (m + 1, k + 4)).astype(np.float32)
+        b = rng.standard_normal((n, k + 4) if layout.endswith("b_t") else (k, n)).astype(np.float32)
+        da, db = cp.asarray(a), cp.asarray(b)
+        da = da.T if layout.startswith("a_t") else da[1:, 3:k + 3] if layout == "offset" else da[:m, :k]
+        db = db[:, :k].T if layout.endswith("b_t") else db
+        ref = cp.asnumpy(da).astype(np.float64) @ cp.asnumpy(db).astype(np.float64)
+        out = cp.full((m, n), np.nan, np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", fastmm.PerformanceWarning)  # (maps the driver refused: split instead)
+            fastmm.matmul(da, db, out=out, precision="medium")
+        tf32 = _error(_cublas(cp.ascontiguousarray(da), cp.ascontiguousarray(db), tf32=True), ref)
+        medium = _error(out, ref)
+        assert 1e-5 < medium <= 1.5 * tf32, (layout, medium, tf32)
+    want_a, want_b = MAPPED[layout]
+    boxes = [call[-2] for call in calls]  # (box rows: 128 for A's map, 256 for B^T's)
+    assert boxes.count(128) == trials * want_a and boxes.count(256) == trials * want_b, (layout, boxes)
+    assert "tf32wg" in fastmm.explain(da, db, precision="medium")
+
+
+def test_the_tensor_maps_copy_rounds_to_tf32_rather_than_truncating(rng, monkeypatch):
+    """On non-negative data, truncating A to TF32 would make every product smaller: a mean relative error about
+    -2^-11 ln 2 (-3.4e-4) beyond the split pass's (which rounds; the tensor cores' own accumulation adds a bias of
+    its own to both). The same data through the split pass (a view whose rows no map can read) and the map."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    calls = _mapped(monkeypatch)
+    a = rng.random((1024, 2049)).astype(np.float32)
+    b = rng.random((2048, 1024)).astype(np.float32)
+    ref = a[:, :2048].astype(np.float64) @ b.astype(np.float64)
+    bias = {}
+    for path, da in (("split", cp.asarray(a)[:, :2048]), ("map", cp.ascontiguousarray(cp.asarray(a)[:, :2048]))):
+        got = cp.asnumpy(fastmm.matmul(da, cp.asarray(b), precision="medium")).astype(np.float64)
+        bias[path] = float(np.mean((got - ref) / ref))
+    assert len(calls) == 1 and abs(bias["map"] - bias["split"]) < 1e-4, bias
+
+
+@pytest.mark.parametrize("mapped", ["a", "b"])
+def test_tensor_maps_keep_numpys_non_finite_pattern(mapped):
+    """The cases where rounding to TF32 could change what a product does, in the operand a tensor map reads: inf
+    times a value below TF32's smallest step (the split pass keeps it nonzero), a NaN whose payload lies only in
+    the low 13 bits, and a value within half a TF32 step of FLT_MAX (finite in float32, infinite once rounded)."""
+    if not _hopper():
+        pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
+    m = n = k = 1024
+    nan_low = np.array([0x7F800001], np.uint32).view(np.float32)[0]
+    near_max = np.array([0x7F7FF800], np.uint32).view(np.float32)[0]
+    x = np.zeros((m, k), np.float32)  # the operand the map reads: A, or B^T
+    y = np.zeros((k, n), np.float32)  # the other one, as B (k x n) or A^T
+    x[0, 0], y[0, 0] = 1e-42, np.inf     # inf * (a value that would round to 0)
+    x[2, 2], y[2, 2] = nan_low, 2.0
+    x[3, 3], y[3, 3] = near_max, 0.5     # finite: 1.7e38
+    if mapped == "a":  # A = x (C-ordered: its map), B = y (split)
+        a, b, da, db = x, y, cp.asarray(x), cp.asarray(y)
+    else:  # A = y^T (a transposed view: split), B = x^T (given as B^T: its map)
+        a, b, da, db = y.T, x.T, cp.asarray(y).T, cp.asarray(x).T
+    with np.errstate(all="ignore"):
+        want = a.astype(np.float64) @ b.astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastmm.PerformanceWarning)  # (maps the driver refused: split instead)
+        got = cp.asnumpy(fastmm.matmul(da, db, precision="medium"))
+    assert "_map" + mapped + "\n" in fastmm.explain(da, db, precision="medium")
+    for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
+        assert np.array_equal(w, g), f"{mapped}: {what} differs at {np.argwhere(w != g)[:8].tolist()}"

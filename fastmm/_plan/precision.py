@@ -227,14 +227,28 @@ class matmul_precision(contextlib.ContextDecorator):
         return type(self)(self.precision)
 
 
+def _maps(problem: Problem) -> str:
+    """The operands of a one-pass wgmma product that its tensor maps read ("a", "b", "ab" or ""): those K-major
+    with 16-byte aligned rows (A not transposed; B given as B^T). The runtime checks the operands themselves
+    (fastmm/_runtime/gemm.py, _presplit) and splits any that a map cannot read."""
+    return ("a" if not problem.a_t and problem.a_aligned else "") + ("b" if problem.b_t and problem.b_aligned else "")
+
+
 def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
     """(kernel, rule, reason) of a product in a tensor-core precision."""
     if _wgmma(problem, device, precision):
-        return (_WG_TILES[precision], RuleName.TENSOR_WGMMA,
+        name, how = _WG_TILES[precision], (" on A and B split into TF32 parts by a pass over each, as swizzled block "
+                                           "tiles that one warpgroup copies in while two multiply")
+        maps = _maps(problem) if precision == "medium" else ""
+        if maps:
+            name += f"_map{maps}"
+            how = (", one warpgroup copying in " + " and ".join(
+                f"{x} through a TFLOAT32 tensor map (rounded to TF32 by the copy)" if x.lower() in maps else
+                f"{x} split into TF32 by a pass" for x in ("A", "B")) + " while two multiply")
+        return (name, RuleName.TENSOR_WGMMA,
                 f"precision {precision!r}, a single product of >= {_macs(_WG_MIN_MACS[precision])} "
-                f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma) "
-                "on A and B split into TF32 parts by a pass over each, as swizzled block tiles that one warpgroup "
-                "copies in while two multiply")
+                f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma)"
+                + how)
     names = _TENSOR_TILES[precision]
     return (_fill_from(names)(problem, device), RuleName.TENSOR,
             f"precision {precision!r}: tensor-core tiles, the largest that gives half the SMs a block with little "

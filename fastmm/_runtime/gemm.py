@@ -7,6 +7,7 @@ steps of one call are recorded and later calls with the same signature replay th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from .. import _errors, _plan
 from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile
+from ..kernels.passes import NONFINITE_FIX
 from .arrays import cupy as _cupy
 from .arrays import empty, may_overlap, problem_for
 
@@ -313,31 +315,47 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
 
 
 class _PresplitReplay:
-    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A and B, the product.
-    Called with the addresses of A, B and C (plus fixed offsets: a piece of a larger product)."""
+    """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A and B (either None:
+    that operand read through its tensor map), the product, and around a mapped one its guard (`guard`: the launch
+    that zeroes the flags, the one that fixes the flagged tiles, the flags' offset in the workspace). Called with the
+    addresses of A, B and C (plus fixed offsets: a piece of a larger product)."""
 
-    __slots__ = ("size", "split_a", "split_b", "b_at", "product", "offsets")
+    __slots__ = ("size", "split_a", "split_b", "b_at", "product", "guard", "offsets")
 
-    def __init__(self, size, split_a, split_b, b_at, product, offsets=(0, 0, 0)):
+    def __init__(self, size, split_a, split_b, b_at, product, offsets=(0, 0, 0), guard=None):
         self.size, self.split_a, self.split_b, self.b_at, self.product = size, split_a, split_b, b_at, product
-        self.offsets = offsets
+        self.offsets, self.guard = offsets, guard
 
     def __call__(self, pa: int, pb: int, pc: int):
         ws = empty((self.size,))
         base = ws.data.ptr
         da, db, dc = self.offsets
-        self.split_a(pa + da, 0, base)
-        self.split_b(pb + db, 0, base + 4 * self.b_at)
-        self.product(base, base + 4 * self.b_at, pc + dc)
+        pa, pb, pc = pa + da, pb + db, pc + dc
+        a, b = pa, pb  # (an operand read through its tensor map: its own address for the map)
+        if self.split_a is not None:
+            self.split_a(pa, 0, base)
+            a = base
+        if self.split_b is not None:
+            self.split_b(pb, 0, base + 4 * self.b_at)
+            b = base + 4 * self.b_at
+        if self.guard is None:
+            self.product(a, b, pc)
+            return
+        zero, fix, at = self.guard
+        flags = base + 4 * at
+        zero(0, 0, flags)
+        self.product(a, b, pc, flags)
+        fix(pa, pb, pc, flags)
 
 
-def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) -> None:
+def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, mapped: bool = True) -> None:
     """c = a @ b on a wgmma kernel: A and B^T written by the split pass (pass_tf32_split.cu) as TF32 parts in swizzled
     block tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
 
     Workspace: A's parts (mp x kp each, 3xTF32 two), B^T's (np x kp each), then 3xTF32's flags (one int per 32 x 32
     tile of A, then of B^T). A batched product runs item by item."""
     from . import cuda as _cuda
+    from . import tensor_map as _tensor_map
 
     if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:
         if record is not None:
@@ -370,12 +388,47 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None) 
                                            flags if parts == 2 else 0))
 
     sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
-    product = _cuda.Launch(config, Variant(), device_id, m=m, n=n, k=kp, a_sm=0, a_sk=0, b_sk=0, b_sn=0,
-                           c_sm=c.strides[0] // 4 if m > 1 else 0, c_sn=1, batch=1, batch_inner=1,
-                           batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
-    run = _PresplitReplay(size, split(m, mp, sa[0], sa[1], flags_a, config.bm),
-                          split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn), b_at, product)
-    run(a.data.ptr, b.data.ptr, c.data.ptr)
+    c_sm = c.strides[0] // 4 if m > 1 else 0
+    # One pass: a K-major operand (A's rows, or B's columns, contiguous along K) goes through a tensor map, whose
+    # copies round it (6_wgmma.cu, A_TMA / B_TMA); the others are split.
+    mapped = mapped and parts == 1 and (config.bm, config.bn) == NONFINITE_FIX.tile  # (the guard's tiles: the same)
+    a_map = _tensor_map.operand_map(a.data.ptr, m, k, sa[0], sa[1], (config.bm, config.BK)) if mapped else None
+    b_map = _tensor_map.operand_map(b.data.ptr, n, k, sb[1], sb[0], (config.bn, config.BK)) if mapped else None
+    maps = ("a" if a_map else "") + ("b" if b_map else "")
+    at_b = 0 if a_map else b_at  # B^T's tiles right after A's, or first
+    split_a = None if a_map else split(m, mp, sa[0], sa[1], flags_a, config.bm)
+    split_b = None if b_map else split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn)
+    guard = None
+    if maps:
+        tiles_x, tiles_y = np_ // config.bn, mp // config.bm
+        product = _tensor_map.MappedLaunch(
+            dataclasses.replace(config, maps=maps), Variant(), device_id, maps=(a_map, b_map), m=m, n=n, k=kp,
+            a_sm=sa[0] if a_map else 0, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
+            batch_strides=(0, 0, 0, 0, tiles_x, 0))  # (a_sm: a chunk of rows starts A's map that many rows on)
+        size = (0 if a_map else mp * kp) + (0 if b_map else np_ * kp)
+        # The guard of the maps' rounding: an int per block tile after the tiles, set where C holds a non-finite value
+        count = -(-tiles_x * tiles_y // 4) * 4  # (zeroed 16 bytes at a time by the repitch pass, reading nothing)
+        zero = _cuda.Launch(REPITCH, Variant(), device_id, m=1, n=count, k=0, a_sm=0, a_sk=1, b_sk=0, b_sn=0,
+                            c_sm=count, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
+        fix = _tensor_map.GuardLaunch(
+            NONFINITE_FIX, Variant(), device_id, m=m, n=n, k=k, a_sm=sa[0], a_sk=sa[1], b_sk=sb[0], b_sn=sb[1],
+            c_sm=c_sm, c_sn=1, batch=1, batch_inner=1, batch_strides=(0, tiles_x, 0, 0, 0, 0))
+        guard, size = (zero, fix, size), size + count
+    else:
+        product = _cuda.Launch(dataclasses.replace(config, maps=""), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
+                               a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
+                               batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
+    run = _PresplitReplay(size, split_a, split_b, at_b, product, guard=guard)
+    try:
+        run(a.data.ptr, b.data.ptr, c.data.ptr)
+    except _errors.LaunchError as e:
+        if not maps:
+            raise
+        # The driver would not encode a map for these operands (a limit mappable() does not know) or launch the mapped
+        # kernel: split them.
+        key = f"the CUDA driver would not take {config.name}'s operands through tensor maps: they are split instead"
+        _errors.warn_once(key, f"{key} ({e})")
+        return _presplit(a, b, c, config, device_id, record, mapped=False)
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
         record.append(run)

@@ -29,10 +29,20 @@
 //
 // Tiles whose rows of A or columns of B hold an infinity (flags set by pass_tf32_split.cu) run FP32 FMAs on big + small
 // instead: 3xTF32's cross terms would turn inf * (a value exact in TF32) into inf * 0 = NaN. Slow, and exact in its
-// non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity).
+// non-finite pattern; one TF32 pass needs no such care (big * big is what FP32 does with an infinity) where the split
+// pass rounds. Through a tensor map the engine rounds, without the split pass's care for inf times a value below
+// TF32's smallest step, a NaN with a low payload and values next to FLT_MAX: a block tile that stores a non-finite
+// value flags itself, and pass_nonfinite_fix.cu computes those elements again in FP32.
+//
+// One TF32 pass with A_TMA or B_TMA: that operand is not split beforehand. A row-major A (or a B given as B^T
+// row-major, as in x @ x.T) is K-major already, and a tensor map of type TFLOAT32 has the TMA engine round each value
+// to TF32 (to nearest, ties to even) as it copies a 32-deep K-tile of the block's rows into the stage, in the same
+// 128-byte swizzle, zeros past the edges: the split pass and its workspace go. (Copied by cp.async, 128 bytes from
+// each of 128 rows and rounded in shared memory, A cost more than its split pass: docs/history.md.) The maps are the
+// parameters after FASTMM_GEMM_PARAMS, A's first; the operand's pointer is not read.
 //
 // Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, PASSES (1 or 3), GROUP (rows of
-// block tiles per group of the launch order), THREADS = BM * 2 + 128. Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
+// block tiles per group of the launch order), THREADS = BM * 2 + 128, A_TMA and B_TMA (0 or 1). Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
 // M, N the product's; K the padded K (a multiple of 32); A, B pass_tf32_split.cu's tiles of A and of B^T; C and c_sm as for
 // every product; pass_tf32_split.cu's flags of A at A + a_sb0, of B^T at B + b_sb0.
 
@@ -50,9 +60,25 @@ static_assert(BN == 128 || BN == 256, "wgmma's n: 128 or 256");
 static_assert(PASSES == 1 || PASSES == 3, "one TF32 pass or three");
 static_assert(STAGES >= 2, "a stage filling while another is read");
 static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgroup copying");
+#ifndef A_TMA
+#define A_TMA 0
+#endif
+#ifndef B_TMA
+#define B_TMA 0
+#endif
+static_assert(!(A_TMA || B_TMA) || PASSES == 1, "tensor maps: one TF32 pass (the engine rounds; no small part)");
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
+#if A_TMA && B_TMA
+fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map a_map,
+             const __grid_constant__ fastmm_tensor_map b_map)
+#elif A_TMA
+fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map a_map)
+#elif B_TMA
+fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map b_map)
+#else
 fastmm_wgmma(FASTMM_GEMM_PARAMS)
+#endif
 {
     // The stages, then the barriers (full[s], then empty[s]); swizzled tiles start on 1024-byte boundaries, so the
     // launch asks for 1024 bytes more than stages and barriers need.
@@ -106,16 +132,32 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     if (wg == WGS) {
         // The copier: K-tile kt into stage kt % STAGES once both warpgroups are done with what it held.
         if (tid % 128 == 0) {
+#if A_TMA
+            tensor_map_prefetch(&a_map);
+#else
             const char* a_tiles = reinterpret_cast<const char*>(A) + (long long)by * k_tiles * STAGE_A_BYTES;
+#endif
+#if B_TMA
+            tensor_map_prefetch(&b_map);
+#else
             const char* b_tiles = reinterpret_cast<const char*>(B) + (long long)bx * k_tiles * (PARTS * TILE_B_BYTES);
+#endif
             for (int kt = 0; kt < k_tiles; ++kt) {
                 const int s = kt % STAGES;
                 if (kt >= STAGES) mbar_wait(empty0 + 8 * s, (kt / STAGES - 1) & 1);
                 const unsigned stage = base + s * STAGE_BYTES;
                 mbar_expect(full0 + 8 * s, STAGE_BYTES);
+#if A_TMA
+                tensor_copy_2d(stage, &a_map, kt * BK, bm, full0 + 8 * s);  // BM rows x 32, the full box counted
+#else
                 bulk_copy(stage, a_tiles + (long long)kt * STAGE_A_BYTES, STAGE_A_BYTES, full0 + 8 * s);
+#endif
+#if B_TMA
+                tensor_copy_2d(stage + STAGE_A_BYTES, &b_map, kt * BK, bn, full0 + 8 * s);  // BN rows of B^T x 32
+#else
                 bulk_copy(stage + STAGE_A_BYTES, b_tiles + (long long)kt * (PARTS * TILE_B_BYTES),
                           PARTS * TILE_B_BYTES, full0 + 8 * s);
+#endif
             }
         }
         return;  // the multiplying warpgroups wait for every copy before they read it, and so before they exit
@@ -195,6 +237,15 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     }
 #endif
 
+#if A_TMA || B_TMA
+    // The guard of the maps' rounding (pass_nonfinite_fix.cu): a block tile that stores a non-finite value flags
+    // itself (c_sb1: the flags' address, c_sb0: the tiles in a row); finite data costs the test alone.
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) bad |= !isfinite(acc[i]);
+    if (__any_sync(0xffffffffu, bad) && lane == 0)
+        atomicOr(reinterpret_cast<int*>(c_sb1) + (long long)by * c_sb0 + bx, 1);
+#endif
     const bool vec = fastmm_c_vec4(C, c_sm);
     const int m = bm + wg * 64 + warp * 16 + g;
 #pragma unroll

@@ -331,6 +331,7 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
     stages: int = 3
     passes: int = 3
     group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
+    maps: str = ""  # one pass: "a", "b", "ab": the K-major operands copied by tensor maps (rounded there), not split
     source: ClassVar[str] = "6_wgmma.cu"
 
     BK: ClassVar[int] = 32  # 6_wgmma.cu's K-tile: one 128-byte swizzled row
@@ -349,7 +350,7 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
     @property
     def name(self) -> str:
         return (f"{self.family}_{self.bm}x{self.bn}x{self.BK}_s{self.stages}"
-                + (f"_g{self.group}" if self.group != 8 else ""))
+                + (f"_g{self.group}" if self.group != 8 else "") + (f"_map{self.maps}" if self.maps else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -358,12 +359,15 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
 
     def _tile_macros(self) -> dict[str, int]:
         return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "PASSES": self.passes, "THREADS": self.threads,
-                "GROUP": self.group}
+                "GROUP": self.group, "A_TMA": int("a" in self.maps), "B_TMA": int("b" in self.maps)}
 
     def _check(self) -> list[str]:
         errors = self._warpgroup_errors()
         if self.passes not in (1, 3):
             errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
+        if self.maps and (self.passes != 1 or self.maps not in ("a", "b", "ab")):
+            errors.append(f"maps must be 'a', 'b' or 'ab' on one pass (a map's copy rounds, it has no small part), "
+                          f"not {self.maps!r} on {self.passes}")
         return errors
 
 
@@ -493,6 +497,8 @@ TF32_TILES = (TensorTile(bm=128, bn=256, bk=16, wm=64, wn=64, stages=3, passes=1
 # ... through Hopper's warpgroup MMA on operands split beforehand (sm_90a): large single products.
 TF32X3_WG = WgTile(bm=128, bn=128, stages=3, passes=3)
 TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
+# (the runtime's, where A's rows, B's columns or both are K-contiguous)
+TF32_WG_MAPS = tuple(dataclasses.replace(TF32_WG, maps=m) for m in ("a", "b", "ab"))
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
 FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=16))
 # 17 to 64 columns in one pass over A, a lane per row of C (docs/kernels/few-columns.md, section 'Up to 64 columns'):
@@ -506,7 +512,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
     WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
-    *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *FEW_COLUMNS,
+    *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
     *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),

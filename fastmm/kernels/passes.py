@@ -10,7 +10,8 @@ from typing import ClassVar
 from .base import MAX_GRID_Y, KernelConfig
 
 __all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE", "OzakiScale",
-           "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT", "AUXILIARY"]
+           "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT", "NonfiniteFix", "NONFINITE_FIX",
+           "AUXILIARY"]
 
 
 class _Auxiliary(KernelConfig):
@@ -206,11 +207,36 @@ class OzakiCrt(_Ozaki):
         return {**super()._tile_macros(), "COLUMNS": self.COLUMNS}
 
 
+@dataclasses.dataclass(frozen=True)
+class NonfiniteFix(_Auxiliary):
+    """Not a product's kernel: after a one-pass wgmma product whose operands went through tensor maps
+    (fastmm/kernels/pass_nonfinite_fix.cu), each element of C that is not finite, in the block tiles the product
+    flagged, computed again in FP32 from A and B as they are (M x N x K the product's; a_sb0 the flags' address,
+    a_sb1 the block tiles in a row). Where nothing is flagged, its blocks return at once."""
+
+    family: ClassVar[str] = "nonfinitefix"
+    source: ClassVar[str] = "pass_nonfinite_fix.cu"
+    bm: int = 128  # the product's block tile (6_wgmma.cu's BM x BN)
+    bn: int = 256
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.bm, self.bn)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+    def _tile_macros(self) -> dict[str, int | str]:
+        return {"BM": self.bm, "BN": self.bn}
+
+
 SLICE_SUM = SliceSum()
 REPITCH = Repitch()
+NONFINITE_FIX = NonfiniteFix()
 SPLIT = Split()
 # Kernels that are not products (never planned, forced or benchmarked as one), compiled and checked like the rest.
 OZAKI_SCALE = OzakiScale()
 OZAKI_RESIDUES = OzakiResidues()
 OZAKI_CRT = OzakiCrt()
-AUXILIARY: tuple[KernelConfig, ...] = (SLICE_SUM, REPITCH, SPLIT, OZAKI_SCALE, OZAKI_RESIDUES, OZAKI_CRT)
+AUXILIARY: tuple[KernelConfig, ...] = (SLICE_SUM, REPITCH, SPLIT, OZAKI_SCALE, OZAKI_RESIDUES, OZAKI_CRT, NONFINITE_FIX)

@@ -133,6 +133,24 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// A tensor map (CUtensorMap: 128 opaque bytes, encoded on the host by cuTensorMapEncodeTiled) passed as a
+// __grid_constant__ parameter, and the copy of one 2-D box of it into shared memory, completing on `bar` as
+// bulk_copy does: (c0, c1) are the box's first element along the map's inner and outer dimensions. The engine writes
+// the box in the map's swizzle and fills what lies outside the tensor with zeros.
+struct __align__(64) fastmm_tensor_map { unsigned long long bits[16]; };
+
+__device__ __forceinline__ void tensor_copy_2d(unsigned dst, const fastmm_tensor_map* map, int c0, int c1, unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void tensor_map_prefetch(const fastmm_tensor_map* map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
 // Thread-block clusters (8_int8_wgmma.cu's CLUSTER > 1): this block's rank in its cluster, a barrier of every thread of
 // every block of the cluster, and an arrival on the barrier at the same place in block `rank`'s shared memory.
 __device__ __forceinline__ unsigned cluster_rank()
