@@ -133,9 +133,10 @@ def _program(name, setup, run):
     print(f"\n{name}: NumPy {sum(numpy_s) * 1e3:.0f} ms, hook {sum(hook_s) * 1e3:.0f} ms, x{whole:.2f} (median step "
           f"x{step:.2f}; the hook's own time in products it declined {declining * 1e3:.1f} ms); cache {cache}")
     # What the hook spends on products it then leaves to NumPy (a kernel still compiling, the model's no): a small
-    # share of the program (about 1.4% in the softmax regression on an empty cache; 8% before a kind of product that
-    # waits for its kernel declined at once)
-    assert declining <= 0.04 * sum(hook_s), (name, declining, sum(hook_s))
+    # share of the program. In the softmax regression on an empty cache, 3.9% on an H100 host: the kept X's upload
+    # on the first product (256 MiB) and one more try per kind each time nvcc finishes a binary; 9% before a kind of
+    # product that waits for its kernel declined at once.
+    assert declining <= 0.06 * sum(hook_s), (name, declining, sum(hook_s))
     return step, whole, got, want
 
 
