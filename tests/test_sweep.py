@@ -59,6 +59,7 @@ def test_the_summary_reads_the_distribution_and_the_worst():
     assert list(summary["rules"]) == ["split-k", "tiled"]  # the rule with the most problems below 0.9x first
     assert summary["rules"]["tiled"] == {"problems": 3, "geomean": pytest.approx(2 ** (1 / 3)), "slowest": 1.0,
                                          "below_0.9": 0, "worst_error_ratio": 2.0}
+    assert summary["error_ratio"]["above_1.1"] == 1 and math.isnan(summary["error_ratio"]["p99_past_rounding"])
     text = sweep.format_summary(summary, seed=7)
     assert "sweep of 4 problems (seed 7)" in text and "geomean 1.000" in text and "p0" in text
     assert "the 1 least accurate against cuBLAS" in text and "by rule:" in text
@@ -68,3 +69,19 @@ def test_the_plan_of_a_problem_names_its_rule_and_kernel():
     a, b = sweep.SweepProblem(4096, 16, 4096).make(np.random.default_rng(0), np)
     rule, kernel = sweep._plan_of(a, b)
     assert rule == "few-columns" and kernel.startswith("fewcol_n16")
+
+
+def test_errors_within_two_roundings_of_the_exact_product_count_as_equal():
+    """Both errors at the correctly rounded product's level: a ratio of 1 past rounding, whatever their own ratio;
+    an error past that floor keeps its ratio to cuBLAS's (or to the floor, where cuBLAS's is under it)."""
+    floor = sweep.ROUNDINGS * 3e-8
+    cases = [(5.5e-8, 3.0e-8, 1.0), (1.2e-6, 8e-7, 1.5), (1.8e-7, 2.9e-8, 1.8e-7 / floor)]
+    rows = []
+    for i, (ours, theirs, want) in enumerate(cases):
+        past = sweep._ratio(*(max(x, floor) for x in (ours, theirs)))
+        assert past == pytest.approx(want)
+        rows.append({"label": f"p{i}", "speed": 1.0, "error_ratio": ours / theirs, "error_ratio_past_rounding": past,
+                     "rule": "tiled", "kernel": "k"})
+    summary = sweep.summarize(rows)["error_ratio"]
+    assert summary["above_1.1"] == 3 and summary["above_1.1_past_rounding"] == 2
+    assert "past rounding" in sweep.format_summary(sweep.summarize(rows), seed=1)
