@@ -36,7 +36,7 @@ def test_outside_the_hooks_a_binary_is_compiled_in_the_call(cache):
 
 @pytest.mark.nvcc
 def test_inside_a_missing_binary_is_compiled_on_the_thread_and_found_next_time(cache):
-    before = compiling.status()["compiled"]
+    before, generation = compiling.status()["compiled"], compiling.finished()
     with compiling.in_background():
         with pytest.raises(compiling.KernelCompiling, match="compiling naive"):
             compiling.binary(Naive(), Variant(), "sm_90")
@@ -48,6 +48,7 @@ def test_inside_a_missing_binary_is_compiled_on_the_thread_and_found_next_time(c
         again = compiling.binary(Naive(), Variant(), "sm_90")  # from the disk cache now
         assert again.cached and again.cubin == build.cached_cubin(Naive(), Variant(), "sm_90").cubin
     assert compiling.status()["compiled"] == before + 1
+    assert compiling.finished() != generation  # (the NumPy hook's cue to try the products that waited for it)
 
 
 @pytest.mark.nvcc
@@ -272,3 +273,17 @@ def test_the_compile_thread_runs_nvcc_at_the_lowest_cpu_priority(cache, tmp_path
         with pytest.raises(build.CompileError, match="exit 3"):  # (the thread's failure, handed to the caller)
             compiling.binary(Smem(), Variant(), "sm_90")
     assert niceness() == 19
+
+
+def test_a_fork_moves_the_count_that_waiting_products_watch():
+    """A forked child drops what was queued: products that waited for those binaries must ask again."""
+    read, write = os.pipe()
+    before = compiling.finished()
+    pid = os.fork()
+    if pid == 0:  # (the child: report its count, then leave without running the parent's exit handlers)
+        os.write(write, str(compiling.finished()).encode())
+        os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 64))
+    os.waitpid(pid, 0)
+    assert child != before and compiling.finished() == before

@@ -307,6 +307,9 @@ def test_tensor_maps_keep_numpys_non_finite_pattern(mapped):
     x[0, 0], y[0, 0] = 1e-42, np.inf     # inf * (a value that would round to 0)
     x[2, 2], y[2, 2] = nan_low, 2.0
     x[3, 3], y[3, 3] = near_max, 0.5     # finite: 1.7e38
+    # NaNs whose payload fills the high bits: a rounding that carries into the exponent and sign would make them 0
+    x[4, 4], y[4, 4] = np.array([0x7FFFFFFF], np.uint32).view(np.float32)[0], 1.0
+    x[5, 5], y[5, 5] = np.array([0xFFFFF000], np.uint32).view(np.float32)[0], 1.0
     if mapped == "a":  # A = x (C-ordered: its map), B = y (split)
         a, b, da, db = x, y, cp.asarray(x), cp.asarray(y)
     else:  # A = y^T (a transposed view: split), B = x^T (given as B^T: its map)

@@ -427,8 +427,9 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         # The driver would not encode a map for these operands (a limit mappable() does not know) or launch the mapped
         # kernel: split them.
         key = f"the CUDA driver would not take {config.name}'s operands through tensor maps: they are split instead"
+        _presplit(a, b, c, config, device_id, record, mapped=False)  # (C whole before a warning that may raise)
         _errors.warn_once(key, f"{key} ({e})")
-        return _presplit(a, b, c, config, device_id, record, mapped=False)
+        return
     if record is not None:
         run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
         record.append(run)

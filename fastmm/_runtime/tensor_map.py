@@ -54,8 +54,11 @@ def _encoder():
     global _encode_fn
     with _lock:
         if _encode_fn is None:
-            lib = ctypes.WinDLL("nvcuda.dll") if os.name == "nt" else ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuTensorMapEncodeTiled
+            try:
+                lib = ctypes.WinDLL("nvcuda.dll") if os.name == "nt" else ctypes.CDLL("libcuda.so.1")
+                fn = lib.cuTensorMapEncodeTiled
+            except (OSError, AttributeError) as e:  # a driver before CUDA 12: the split path instead
+                raise _errors.LaunchError(f"the CUDA driver has no cuTensorMapEncodeTiled ({e})") from None
             u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -144,8 +147,9 @@ class MappedLaunch(_cuda.Launch):
         self.rows = [min(m - m0, step) for m0 in range(0, max(m, 1), step)
                      for _ in range(0, shape["batch"], config.batch_per_launch)]  # (Launch's chunks, in order)
 
-    def __call__(self, a: int, b: int, c: int, flags: int = 0) -> None:  # noqa: D102
-        _tls.flags = flags  # (this thread's call: read by _launch below)
+    def __call__(self, a: int, b: int, c: int, flags: int | None = None) -> None:  # noqa: D102
+        if flags is not None:  # (None: Launch's own call again, on a thread given the context: the same flags)
+            _tls.flags = flags  # (this thread's call: read by _launch below)
         super().__call__(a, b, c)
 
     def _launch(self, a: int, b: int, c: int, stream: int) -> None:
@@ -172,8 +176,9 @@ class GuardLaunch(_cuda.Launch):
 
     __slots__ = ()
 
-    def __call__(self, a: int, b: int, c: int, flags: int = 0) -> None:  # noqa: D102
-        _tls.flags = flags
+    def __call__(self, a: int, b: int, c: int, flags: int | None = None) -> None:  # noqa: D102
+        if flags is not None:  # (None: Launch's own call again, on a thread given the context: the same flags)
+            _tls.flags = flags  # (this thread's call: read by _launch below)
         super().__call__(a, b, c)
 
     def _launch(self, a: int, b: int, c: int, stream: int) -> None:
