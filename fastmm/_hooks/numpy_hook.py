@@ -81,6 +81,11 @@ _inside = threading.local()
 _BUILDING_KINDS = 256  # kinds of product remembered as waiting for a kernel (then forgotten all at once)
 
 
+def _kind(args, dims, steps) -> tuple:
+    """What picks a product's kernel: its sizes, strides and the alignment of its three buffers."""
+    return (*dims[:4], *steps[:9], args[0] % 16, args[1] % 16, args[2] % 16)
+
+
 def _offload_in(args, dims, steps, lane) -> int:
     try:
         batch, m, k, n = dims[0], dims[1], dims[2], dims[3]
@@ -88,9 +93,8 @@ def _offload_in(args, dims, steps, lane) -> int:
         # A product of a kind whose kernel nvcc is building declines at once, before the cache's decision or any
         # copy, until the compile thread finishes a binary (then it tries again): deciding, then declining, cost
         # about 1.3 ms a product, 9% of a softmax regression's steps on an empty cache (docs/numpy-hook.md).
-        kind = (batch, m, k, n, *steps[:9], args[0] % 16, args[1] % 16, args[2] % 16)
         finished = _compiling.finished()
-        if lane.building.get(kind) == finished:
+        if lane.building and lane.building.get(_kind(args, dims, steps)) == finished:
             lane.compiling += 1
             return _DECLINED
         a_batch, b_batch = 1 if sa == 0 else batch, 1 if sb == 0 else batch
@@ -129,7 +133,7 @@ def _offload_in(args, dims, steps, lane) -> int:
         lane.compiling += 1
         if len(lane.building) >= _BUILDING_KINDS:
             lane.building.clear()
-        lane.building[kind] = finished
+        lane.building[_kind(args, dims, steps)] = finished
         return _DECLINED
     except BaseException as e:  # noqa: BLE001 - anything: NumPy's loop computes the product instead
         lane.declined += 1

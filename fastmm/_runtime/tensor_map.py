@@ -132,7 +132,18 @@ def _map_buffer(count: int) -> _MapBuffer:
     return buffer
 
 
-class MappedLaunch(_cuda.Launch):
+class _Flagged(_cuda.Launch):
+    """A `Launch` also called with the address of the guard's flags, which its `_launch` packs (this thread's call)."""
+
+    __slots__ = ()
+
+    def __call__(self, a: int, b: int, c: int, flags: int | None = None) -> None:  # noqa: D102
+        if flags is not None:  # (None: Launch's own call again, on a thread given the context: the same flags)
+            _tls.flags = flags  # (this thread's call: read by _launch below)
+        super().__call__(a, b, c)
+
+
+class MappedLaunch(_Flagged):
     """A `Launch` whose kernel also takes tensor maps, encoded per call from the operands' addresses: `maps` holds,
     for A's map and then B's (either may be None), (box rows, box columns, the operand's rows, its columns, bytes
     between its rows), A row-major with K along its rows, B as B^T row-major. Called with (A, B, C, flags): flags
@@ -146,11 +157,6 @@ class MappedLaunch(_cuda.Launch):
         m, step = shape["m"], config.tile[0] * _cuda.MAX_GRID_Y
         self.rows = [min(m - m0, step) for m0 in range(0, max(m, 1), step)
                      for _ in range(0, shape["batch"], config.batch_per_launch)]  # (Launch's chunks, in order)
-
-    def __call__(self, a: int, b: int, c: int, flags: int | None = None) -> None:  # noqa: D102
-        if flags is not None:  # (None: Launch's own call again, on a thread given the context: the same flags)
-            _tls.flags = flags  # (this thread's call: read by _launch below)
-        super().__call__(a, b, c)
 
     def _launch(self, a: int, b: int, c: int, stream: int) -> None:
         a_map, b_map = self.maps
@@ -170,16 +176,11 @@ class MappedLaunch(_cuda.Launch):
             _cuda._launch_kernel(self.fn, gx, gy, gz, bx, by, bz, self.shared, stream, args.params, args.extra)
 
 
-class GuardLaunch(_cuda.Launch):
+class GuardLaunch(_Flagged):
     """The guard after a mapped product (pass_nonfinite_fix.cu): a `Launch` called with (A, B, C, flags), the flags'
     address packed where the kernel reads it (a_sb0)."""
 
     __slots__ = ()
-
-    def __call__(self, a: int, b: int, c: int, flags: int | None = None) -> None:  # noqa: D102
-        if flags is not None:  # (None: Launch's own call again, on a thread given the context: the same flags)
-            _tls.flags = flags  # (this thread's call: read by _launch below)
-        super().__call__(a, b, c)
 
     def _launch(self, a: int, b: int, c: int, stream: int) -> None:
         args = _map_buffer(0)
