@@ -724,6 +724,24 @@ def test_staging_threads_copy_any_layout_exactly(lazy_gpu, shape, view, rng):
     assert np.array_equal(dst, src)
 
 
+def test_a_download_takes_the_staging_threads_only_once_its_kernels_are_done(lazy_gpu, monkeypatch, rng):
+    """A download (fastmm.dask's to_host) waits for the kernels queued before it in the calling thread: on the staging
+    threads its pieces held them all while the GPU drained its queue, and uploads waited behind them."""
+    src = rng.standard_normal((40, 30)).astype(np.float32)
+    dev = _staged.to_device(src)
+    lazy_gpu.matmul(dev, _staged.to_device(np.eye(30, dtype=np.float32)), out=dev)  # a kernel queued before it
+    at_handover, real = [], _staged._download
+
+    def download(host, dev_, after, jobs, pool):
+        at_handover.append(after.stream.done >= after.index)
+        return real(host, dev_, after, jobs, pool)
+
+    monkeypatch.setattr(_staged, "_download", download)
+    dst = np.full(src.shape, np.nan, np.float32)
+    _staged._get(dev, dst)
+    assert at_handover == [True] and np.array_equal(dst, src)
+
+
 def test_a_failed_piece_leaves_no_staging_copy_running(lazy_gpu, rng, monkeypatch):
     """A failure (or an interrupt) mid-product: when matmul_host raises, no staging thread still writes C."""
     calls = []

@@ -314,6 +314,10 @@ def _get(dev, host: np.ndarray) -> None:
     cp = _arrays.cupy()
     after = _event()
     after.record(cp.cuda.get_current_stream())
+    # Waited for here, not on the staging threads: there each piece held its thread until the GPU had drained
+    # everything queued before it, and the uploads that the next products needed waited behind them (an out-of-core
+    # product's GPU then idled; docs/dask.md, section 'One GPU, out of core').
+    after.synchronize()
     jobs: list = []
     try:
         for f in _download(host, dev, after, jobs, _stagers(dev.nbytes)):
