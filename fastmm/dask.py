@@ -439,11 +439,12 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
     (a and b give the operands' keys), the last sum named (name, i, j). `run` = (_finished,) runs each product on
     a stream of the task's own, finished when the task returns (a cluster's workers); () as called (one process,
     where the threaded scheduler's tasks share CuPy's stream and its memory pool)."""
-    first = order[0]
-    tasks[(acc, i, j, 0)] = (*run, _first_sum, a(i, first), b(first, j))
+    # The last sum is the output block's own key: an identity task after it cost each block one more scheduler
+    # round trip before its result was there.
+    keys = [(acc, i, j, step) for step in range(len(order) - 1)] + [(name, i, j)]
+    tasks[keys[0]] = (*run, _first_sum, a(i, order[0]), b(order[0], j))
     for step, k in enumerate(order[1:], 1):
-        tasks[(acc, i, j, step)] = (*run, _multiply_add, (acc, i, j, step - 1), a(i, k), b(k, j))
-    tasks[(name, i, j)] = (_identity, (acc, i, j, len(order) - 1))
+        tasks[keys[step]] = (*run, _multiply_add, keys[step - 1], a(i, k), b(k, j))
 
 
 def _chained(x, y) -> _da.Array:

@@ -154,7 +154,8 @@ def test_each_gpu_fetches_its_remote_blocks_at_once_and_sums_its_own_first(rng):
     acc = next(key[0] for key in where if key[0].endswith("-sum"))
     for i in range(len(x.chunks[0])):
         for j in range(len(y.chunks[1])):
-            steps = [deps[(acc, i, j, step)] for step in range(nk)]
+            # (the last sum is the output block's own key)
+            steps = [deps[(acc, i, j, step)] for step in range(nk - 1)] + [deps[(z.name, i, j)]]
             a_used = sorted(dep[-1] for d in steps for dep in d if dep[0] == x.name or dep[0].endswith("-in-a"))
             b_used = sorted(dep[-2] for d in steps for dep in d if dep[0] == y.name or dep[0].endswith("-in-b"))
             assert a_used == b_used == list(range(nk))  # every K block once
