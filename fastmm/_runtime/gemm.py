@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -20,6 +21,9 @@ from .arrays import cupy as _cupy
 from .arrays import empty, may_overlap, problem_for
 
 __all__ = ["gemm", "Recorder", "replay", "signature", "replays", "remember"]
+
+# Marks of mapped products' guard flags (1 .. 2^31 - 1), one per product built.
+_MARKS = itertools.count()
 
 class Recorder(list):
     """The steps of one product, kept so that later products of the same signature can replay them.
@@ -317,7 +321,7 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
 class _PresplitReplay:
     """A product on the wgmma kernels (see _presplit): a fresh workspace, the split passes over A and B (either None:
     that operand read through its tensor map), the product, and around a mapped one its guard (`guard`: the launch
-    that zeroes the flags, the one that fixes the flagged tiles, the flags' offset in the workspace). Called with the
+    that fixes the tiles the product flagged, and the flags' offset in the workspace). Called with the
     addresses of A, B and C (plus fixed offsets: a piece of a larger product)."""
 
     __slots__ = ("size", "split_a", "split_b", "b_at", "product", "guard", "offsets")
@@ -341,9 +345,8 @@ class _PresplitReplay:
         if self.guard is None:
             self.product(a, b, pc)
             return
-        zero, fix, at = self.guard
+        fix, at = self.guard
         flags = base + 4 * at
-        zero(0, 0, flags)
         self.product(a, b, pc, flags)
         fix(pa, pb, pc, flags)
 
@@ -401,19 +404,18 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
     guard = None
     if maps:
         tiles_x, tiles_y = np_ // config.bn, mp // config.bm
+        # The guard of the maps' rounding: an int per block tile after the tiles, set to this product's mark where C
+        # holds a non-finite value; not zeroed first (pass_nonfinite_fix.cu: a stale mark costs a second look only).
+        mark = next(_MARKS) % 0x7FFFFFFF + 1
         product = _tensor_map.MappedLaunch(
             dataclasses.replace(config, maps=maps), Variant(), device_id, maps=(a_map, b_map), m=m, n=n, k=kp,
             a_sm=sa[0] if a_map else 0, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
-            batch_strides=(0, 0, 0, 0, tiles_x, 0))  # (a_sm: a chunk of rows starts A's map that many rows on)
+            batch_strides=(0, mark, 0, 0, tiles_x, 0))  # (a_sm: a chunk of rows starts A's map that many rows on)
         size = (0 if a_map else mp * kp) + (0 if b_map else np_ * kp)
-        # The guard of the maps' rounding: an int per block tile after the tiles, set where C holds a non-finite value
-        count = -(-tiles_x * tiles_y // 4) * 4  # (zeroed 16 bytes at a time by the repitch pass, reading nothing)
-        zero = _cuda.Launch(REPITCH, Variant(), device_id, m=1, n=count, k=0, a_sm=0, a_sk=1, b_sk=0, b_sn=0,
-                            c_sm=count, c_sn=1, batch=1, batch_inner=1, batch_strides=(0,) * 6)
         fix = _tensor_map.GuardLaunch(
             NONFINITE_FIX, Variant(), device_id, m=m, n=n, k=k, a_sm=sa[0], a_sk=sa[1], b_sk=sb[0], b_sn=sb[1],
-            c_sm=c_sm, c_sn=1, batch=1, batch_inner=1, batch_strides=(0, tiles_x, 0, 0, 0, 0))
-        guard, size = (zero, fix, size), size + count
+            c_sm=c_sm, c_sn=1, batch=1, batch_inner=1, batch_strides=(0, tiles_x, mark, 0, 0, 0))
+        guard, size = (fix, size), size + tiles_x * tiles_y
     else:
         product = _cuda.Launch(dataclasses.replace(config, maps=""), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
                                a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,

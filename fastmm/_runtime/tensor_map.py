@@ -147,7 +147,8 @@ class MappedLaunch(_Flagged):
     """A `Launch` whose kernel also takes tensor maps, encoded per call from the operands' addresses: `maps` holds,
     for A's map and then B's (either may be None), (box rows, box columns, the operand's rows, its columns, bytes
     between its rows), A row-major with K along its rows, B as B^T row-major. Called with (A, B, C, flags): flags
-    the address of an int per block tile, zeroed, that the kernel sets where it stores a non-finite value."""
+    the address of an int per block tile that the kernel sets to the product's mark (a_sb1) where it stores a
+    non-finite value."""
 
     __slots__ = ("maps", "rows")
 

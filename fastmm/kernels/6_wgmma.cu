@@ -239,12 +239,14 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
 
 #if A_TMA || B_TMA
     // The guard of the maps' rounding (pass_nonfinite_fix.cu): a block tile that stores a non-finite value flags
-    // itself (c_sb1: the flags' address, c_sb0: the tiles in a row); finite data costs the test alone.
+    // itself with this call's mark (c_sb1: the flags' address, c_sb0: the tiles in a row, a_sb1: the mark), so the
+    // flags need no zeroing first (a stale mark only has the guard look at a tile's values again); finite data costs
+    // the test alone.
     bool bad = false;
 #pragma unroll
     for (int i = 0; i < NREG; ++i) bad |= !isfinite(acc[i]);
     if (__any_sync(0xffffffffu, bad) && lane == 0)
-        atomicOr(reinterpret_cast<int*>(c_sb1) + (long long)by * c_sb0 + bx, 1);
+        reinterpret_cast<int*>(c_sb1)[(long long)by * c_sb0 + bx] = (int)a_sb1;
 #endif
     const bool vec = fastmm_c_vec4(C, c_sm);
     const int m = bm + wg * 64 + warp * 16 + g;
