@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -41,6 +42,14 @@ def pytest_collection_modifyitems(config, items):
             skip = pytest.mark.skip(reason=f"GPU test: {why}" if mark == "gpu" else why)
             for item in marked:
                 item.add_marker(skip)
+    # Tests that time a program against NumPy measure the host's CPUs: beside other test processes (pytest-xdist's
+    # -n) they measure those processes (NumPy's subspace iteration took 5 times as long beside three of them).
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        alone = pytest.mark.skip(reason="times programs against NumPy on the host's CPUs: run it in a session of its "
+                                        "own, without -n (python -m pytest -m timing)")
+        for item in items:
+            if "timing" in item.keywords:
+                item.add_marker(alone)
 
 
 @pytest.fixture(autouse=True)

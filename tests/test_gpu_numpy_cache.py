@@ -140,6 +140,7 @@ def _program(name, setup, run):
     return step, whole, got, want
 
 
+@pytest.mark.timing
 def test_programs_on_an_unchanged_matrix_against_numpy(rng, monkeypatch):
     # The hook's defaults, as a user runs it: on an empty kernel cache, NumPy computes while nvcc builds a kernel
     # (waiting for it inside the timed run broke the bound below on an empty cache).
