@@ -36,7 +36,7 @@ def nvcc_unavailable_reason() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     for mark, reason in (("gpu", gpu_unavailable_reason), ("nvcc", nvcc_unavailable_reason)):
-        marked = [item for item in items if mark in item.keywords]
+        marked = [item for item in items if item.get_closest_marker(mark) is not None]
         why = reason() if marked else None
         if why is not None:
             skip = pytest.mark.skip(reason=f"GPU test: {why}" if mark == "gpu" else why)
@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config, items):
         alone = pytest.mark.skip(reason="times programs against NumPy on the host's CPUs: run it in a session of its "
                                         "own, without -n (python -m pytest -m timing)")
         for item in items:
-            if "timing" in item.keywords:
+            if item.get_closest_marker("timing") is not None:
                 item.add_marker(alone)
 
 

@@ -211,8 +211,9 @@ class OzakiCrt(_Ozaki):
 class NonfiniteFix(_Auxiliary):
     """Not a product's kernel: after a one-pass wgmma product whose operands went through tensor maps
     (fastmm/kernels/pass_nonfinite_fix.cu), each element of C that is not finite, in the block tiles the product
-    flagged, computed again in FP32 from A and B as they are (M x N x K the product's; a_sb0 the flags' address,
-    a_sb1 the block tiles in a row). Where nothing is flagged, its blocks return at once."""
+    flagged with its mark, computed again in FP32 from A and B as they are (M x N x K the product's; a_sb0 the
+    flags' address, a_sb1 the block tiles in a row, b_sb0 the product's mark). Where nothing is flagged, its blocks
+    return at once."""
 
     family: ClassVar[str] = "nonfinitefix"
     source: ClassVar[str] = "pass_nonfinite_fix.cu"
