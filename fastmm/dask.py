@@ -215,15 +215,19 @@ def _who_has(arrays) -> dict:
     return who
 
 
+def _operand_key(x, y, block: tuple) -> tuple:
+    """The Dask key of the plan's operand block ("a", i, k) (x's chunk) or ("b", k, j) (y's)."""
+    operand, r, c = block
+    return ((x if operand == "a" else y).name, r, c)
+
+
 def _needers(x, y, product, placement):
-    """(key, bytes, plan places that need it) for every operand chunk of ``x @ y`` under `placement`."""
-    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
-    for i in rows:
-        for k in depth:
-            yield (x.name, i, k), product.a_bytes(i, k), {placement.owner(i, j) for j in cols}
-    for k in depth:
-        for j in cols:
-            yield (y.name, k, j), product.b_bytes(k, j), {placement.owner(i, j) for i in rows}
+    """(key, bytes, plan places that need it) for every operand chunk of ``x @ y`` under `placement` (for
+    ``x @ x.T``, x's chunks alone: each is read as it is and transposed)."""
+    from ._plan.distributed import block_bytes, blocks_needed
+
+    for block, places in blocks_needed(product, placement).items():
+        yield _operand_key(x, y, block), block_bytes(product, block), places
 
 
 def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list[str]:
@@ -266,8 +270,9 @@ def _operands(x, y):
 def _block_product(x, y):
     from ._plan.distributed import BlockProduct
 
+    # gram: y is x.T, the very graph (x @ x.T): x's chunks alone are made and moved, and read transposed as y's
     return BlockProduct(tuple(x.chunks[0]), tuple(y.chunks[1]), tuple(x.chunks[1]),
-                        np.result_type(x.dtype, y.dtype).itemsize)
+                        np.result_type(x.dtype, y.dtype).itemsize, gram=y.name == x.T.name)
 
 
 def _link_rate(addresses: list[str]) -> float:
@@ -386,6 +391,17 @@ def _first_sum(a, b, out=None):
     return np.matmul(a, b, out=out)
 
 
+def _first_sum_t(a, bt, out=None):  # (x @ x.T: B's block is x's, read transposed)
+    return _first_sum(a, bt.T, out)
+
+
+def _multiply_add_t(c, a, bt):
+    return _multiply_add(c, a, bt.T)
+
+
+_TRANSPOSED = {_first_sum_t: _first_sum, _multiply_add_t: _multiply_add}
+
+
 def _finished(fn, *args):
     """fn(*args), its GPU work done when the task returns, on a stream of the task's own.
 
@@ -404,6 +420,8 @@ def _finished(fn, *args):
     used them."""
     if not any(hasattr(a, "__cuda_array_interface__") for a in args):  # host chunks: NumPy's product, as called
         return fn(*args)
+    if fn in _TRANSPOSED:  # its last operand read transposed
+        fn, args = _TRANSPOSED[fn], (*args[:-1], args[-1].T)
     cp = _dispatch._cupy()
     if fn is _first_sum:
         a, b = args
@@ -434,17 +452,20 @@ def _k_order(nk: int, local=lambda k: 0, start: int = 0) -> list[int]:
     return sorted(range(nk), key=lambda k: (-local(k), (k - start) % nk))
 
 
-def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[int], a, b, run=()) -> None:
+def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[int], a, b, run=(),
+                transposed: bool = False) -> None:
     """Output block (i, j)'s tasks: its K summed into the block in `order`, ``a(i, k) @ b(k, j)`` for k in `order`
-    (a and b give the operands' keys), the last sum named (name, i, j). `run` = (_finished,) runs each product on
-    a stream of the task's own, finished when the task returns (a cluster's workers); () as called (one process,
-    where the threaded scheduler's tasks share CuPy's stream and its memory pool)."""
+    (a and b give the operands' keys; `transposed`: b's keys are of blocks to read transposed), the last sum named
+    (name, i, j). `run` = (_finished,) runs each product on a stream of the task's own, finished when the task
+    returns (a cluster's workers); () as called (one process, where the threaded scheduler's tasks share CuPy's
+    stream and its memory pool)."""
+    first, add = (_first_sum_t, _multiply_add_t) if transposed else (_first_sum, _multiply_add)
     # The last sum is the output block's own key: an identity task after it cost each block one more scheduler
     # round trip before its result was there.
     keys = [(acc, i, j, step) for step in range(len(order) - 1)] + [(name, i, j)]
-    tasks[keys[0]] = (*run, _first_sum, a(i, order[0]), b(order[0], j))
+    tasks[keys[0]] = (*run, first, a(i, order[0]), b(order[0], j))
     for step, k in enumerate(order[1:], 1):
-        tasks[keys[step]] = (*run, _multiply_add, keys[step - 1], a(i, k), b(k, j))
+        tasks[keys[step]] = (*run, add, keys[step - 1], a(i, k), b(k, j))
 
 
 def _chained(x, y) -> _da.Array:
@@ -501,6 +522,8 @@ def matmul(x, y, workers=None, **model):
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
+    from ._plan.distributed import b_block, blocks_needed
+
     x, y = _operands(x, y)
     addresses = _workers(workers)
     if len(addresses) < 2:
@@ -519,41 +542,43 @@ def matmul(x, y, workers=None, **model):
     # need it as it would from the plan's home, and not first to that home.
     index = {address: w for w, address in enumerate(addresses)}
     held = {key: [index[a] for a in holders if a in index] for key, holders in who.items()}
-
-    def home(key, planned: int, needers: set[int]) -> int:
-        return next((w for w in held.get(key, ()) if w in needers), planned)
-
-    a_homes = {(i, k): home((x.name, i, k), placement.a_home(i, k, product), {placement.owner(i, j) for j in cols})
-               for i in rows for k in range(nk)}
-    b_homes = {(k, j): home((y.name, k, j), placement.b_home(k, j, product), {placement.owner(i, j) for i in rows})
-               for k in range(nk) for j in cols}
+    homes = {}
+    for block, needers in blocks_needed(product, placement).items():
+        homes[block] = next((w for w in held.get(_operand_key(x, y, block), ()) if w in needers),
+                            placement.home(block, product))
     # An operand's chunk is made at its home (`_made_at` below) or already held there, and its home's tasks read it as
     # it is (an identity task per chunk there cost a scheduler round trip each, before the first products could run).
     # Each block a GPU needs from another is fetched by a task of its own on that GPU, ready as soon as the block
     # exists: its transfer starts at once and overlaps the products, where a product's own dependency would be
-    # fetched only when the product before it in the K sum had finished.
-    in_a, in_b = name + "-in-a", name + "-in-b"
+    # fetched only when the product before it in the K sum had finished. (For x @ x.T, one fetch of x's block
+    # serves both its reads, as A's block and transposed as B's.)
 
-    def on(w, operand, homes_, fetch, block):
+    def on(w, block):
         """The key of operand block `block` on GPU w: the operand's own at its home, else that of a task of w's
         fetching it."""
-        if homes_[block] == w:
-            return (operand, *block)
-        tasks[w].setdefault((fetch, w, *block), (_identity, (operand, *block)))
-        return (fetch, w, *block)
+        key = _operand_key(x, y, block)
+        if homes[block] == w:
+            return key
+        fetch = (f"{name}-in-{block[0]}", w, *block[1:])
+        tasks[w].setdefault(fetch, (_identity, key))
+        return fetch
 
     for i in rows:
         for j in cols:
-            w = placement.owner(i, j)  # K summed on the block's owner, its own blocks first
-            order = _k_order(nk, lambda k: (a_homes[i, k] == w) + (b_homes[k, j] == w), start=i + j)
-            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: on(w, x.name, a_homes, in_a, (i, k)),
-                        lambda k, j: on(w, y.name, b_homes, in_b, (k, j)), run=(_finished,))
-    layers = dict(x.dask.layers) | dict(y.dask.layers)
-    deps = dict(x.dask.dependencies) | dict(y.dask.dependencies)
+            w = placement.owner(i, j, product)  # K summed on the block's owner, its own blocks first
+            order = _k_order(nk, lambda k: (homes["a", i, k] == w) + (homes[b_block(product, k, j)] == w),
+                             start=i + j)
+            _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: on(w, ("a", i, k)),
+                        lambda k, j: on(w, b_block(product, k, j)), run=(_finished,), transposed=product.gram)
+    operands = (x,) if product.gram else (x, y)
+    layers, deps = {}, {}
+    for operand in operands:
+        layers |= dict(operand.dask.layers)
+        deps |= dict(operand.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).
-    layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: a_homes[i, k])
-    if y.name != x.name:
-        layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: b_homes[k, j])
+    layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: homes["a", i, k])
+    if not product.gram and y.name != x.name:
+        layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: homes["b", k, j])
     # The plan's worker, as a restriction that holds while that worker runs (never stolen from it: `_dask_pins`):
     # where it dies (or its nanny restarts it at a new address), its tasks run on the others.
     _pin_on_scheduler()
@@ -561,7 +586,7 @@ def matmul(x, y, workers=None, **model):
     for w, pin in enumerate(pins):
         if tasks[w]:
             layers[f"{name}-{w}"] = MaterializedLayer(tasks[w], annotations=pin)
-            deps[f"{name}-{w}"] = {x.name, y.name}
+            deps[f"{name}-{w}"] = {operand.name for operand in operands}
     owners = {f"{name}-{w}" for w in range(len(addresses)) if tasks[w]}
     layers[name] = MaterializedLayer({})
     deps[name] = owners

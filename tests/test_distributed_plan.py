@@ -9,8 +9,8 @@ import contextlib
 import numpy as np
 import pytest
 
-from fastmm._plan.distributed import (BlockProduct, Placement, best_assignment, candidates, describe_distributed,
-                                      plan_distributed, received_bytes, resident_bytes)
+from fastmm._plan.distributed import (BlockProduct, Placement, best_assignment, blocks_needed, candidates,
+                                      describe_distributed, plan_distributed, received_bytes, resident_bytes)
 
 SQUARE = BlockProduct((8192,) * 4, (8192,) * 4, (8192,) * 4)  # 32768^3 in 8192^2 blocks of 256 MiB
 BLOCK = 8192 * 8192 * 4
@@ -53,6 +53,63 @@ def test_the_plan_says_how_much_crosses_between_gpus():
     # Each GPU of the grid: 4 blocks of A and 4 of B of its own, 8 received, 4 of C; one GPU holds all 48.
     assert "memory  at most 5.0 GiB on one GPU (its blocks, those it receives, its output)" in text
     assert resident_bytes(SQUARE, Placement("one", 4)) == [48 * BLOCK, 0, 0, 0]
+
+
+GRAM = BlockProduct((8192,) * 4, (8192,) * 4, (8192,) * 4, gram=True)  # x @ x.T, x 32768^2 in 8192^2 blocks
+
+
+def test_x_times_its_transpose_is_one_set_of_blocks_balanced_across_four_gpus():
+    """x @ x.T reads x's blocks alone (B's block (k, j) is x's (j, k), transposed), each received once by a GPU that
+    reads it either way. On a 2 x 2 grid the GPUs off its diagonal read all of x; the cross layout gives each GPU a
+    quarter of C and at most three quarters of x to read."""
+    from collections import Counter
+
+    grid, cross = Placement("grid", 4, (2, 2)), Placement("cross", 4)
+    assert set(blocks_needed(GRAM, grid)) == {("a", i, k) for i in range(4) for k in range(4)}
+    assert received_bytes(GRAM, grid) == [4 * BLOCK, 12 * BLOCK, 12 * BLOCK, 4 * BLOCK]
+    assert received_bytes(GRAM, cross) == [4 * BLOCK, 4 * BLOCK, 8 * BLOCK, 8 * BLOCK]
+    for n in (4, 8, 12):
+        product = BlockProduct((1024,) * n, (1024,) * n, (512,) * 6, gram=True)
+        owners = Counter(cross.owner(i, j, product) for i in range(n) for j in range(n))
+        assert owners == {w: n * n // 4 for w in range(4)}
+        needs = blocks_needed(product, cross)
+        assert all(cross.home(block, product) in needers for block, needers in needs.items())
+        assert Counter(cross.home(block, product) for block in needs) == {w: n * 6 // 4 for w in range(4)}
+        read = [sum(w in needers for needers in needs.values()) for w in range(4)]
+        assert read == [n * 6 // 2, n * 6 // 2, n * 6 * 3 // 4, n * 6 * 3 // 4]
+    plan = plan_distributed(GRAM, 4)
+    assert plan.placement == cross and max(plan.received) == 8 * BLOCK
+    text = describe_distributed(plan)
+    assert "quarters" in text and "read transposed" in text and "at most 2.0 GiB into one GPU" in text, text
+    # Not a multiple of four row blocks, not four GPUs, or not x @ x.T: no cross layout.
+    odd = BlockProduct((8192,) * 5, (8192,) * 5, (8192,) * 4, gram=True)
+    assert "cross" not in [c.kind for c in candidates(4, odd) + candidates(8, GRAM) + candidates(4, SQUARE)]
+    with pytest.raises(ValueError, match="as many column blocks as row blocks"):
+        BlockProduct((8192,) * 4, (8192,) * 2, (8192,) * 4, gram=True)
+
+
+def test_the_graph_of_x_times_its_transpose_reads_x_alone(rng):
+    """fastmm.dask.matmul(x, x.T): no chunk of x.T is made or moved; each GPU fetches each of x's blocks it reads
+    once (as A's block and as B's), and the bytes read from the graph are the plan's."""
+    x = da.from_array(rng.standard_normal((400, 300)).astype(np.float32), chunks=(100, 75))
+    model = {"flops_per_s": 1e3}
+    z = fd.matmul(x, x.T, workers=WORKERS, **model)
+    plan = fd._plan(x, x.T, len(WORKERS), model)
+    assert plan.product.gram and plan.placement.kind == "cross"
+    where, deps = _pinned(z.dask)
+    assert not any(key[0] == x.T.name for key in where if isinstance(key, tuple))
+    fetches = [key for key in where if isinstance(key, tuple) and "-in-" in str(key[0])]
+    assert fetches and all(key[0].endswith("-in-a") for key in fetches)
+    assert len(fetches) == len({(where[k], *deps[k]) for k in fetches})  # once per GPU and block
+    received = {w: set() for w in WORKERS}
+    for key, worker in where.items():
+        for dep in deps[key]:
+            if worker is not None and isinstance(dep, tuple) and dep[0] == x.name and where[dep] != worker:
+                received[worker].add(dep)
+    assert [len(received[w]) * 100 * 75 * 4 for w in WORKERS] == list(plan.received)
+    for row in z.__dask_keys__():
+        for key in row:
+            assert where[key] == WORKERS[plan.placement.owner(key[1], key[2], plan.product)]
 
 
 def test_the_arrangement_is_the_best_assignment_at_any_size():
@@ -172,7 +229,7 @@ def test_over_tcp_the_plan_keeps_a_product_on_one_gpu_that_ucx_would_split():
     x = da.zeros((32768, 32768), chunks=8192, dtype=np.float32)
     ucx = fd.explain(x, x.T, [f"ucx://gpu{i}:1" for i in range(4)])
     tcp = fd.explain(x, x.T, WORKERS)
-    assert "2 x 2 grid" in ucx and "15 GB/s into each GPU" in ucx, ucx
+    assert "quarters" in ucx and "15 GB/s into each GPU" in ucx, ucx
     assert "all on one GPU" in tcp and "1 GB/s into each GPU" in tcp, tcp
     assert fd.explain(x, x.T, 4) == ucx  # a cluster not started yet: UCX, the set-up to use
 
@@ -340,6 +397,22 @@ def test_on_a_cluster_the_bytes_that_move_are_the_plans():
         got = client.run(dask_bench._incoming)
         assert [got[a][0] for a in addresses] == list(plan.received)
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
+
+
+def test_on_a_cluster_x_times_its_transpose_moves_the_plans_bytes():
+    """x @ x.T computed on four workers: each worker receives exactly the bytes `explain` states for the cross
+    layout, and the product is x @ x.T's."""
+    with _four_workers() as (distributed, client, addresses, x, _, model):
+        x = da.random.RandomState(3).random_sample((400, 150), chunks=(100, 75))  # 4 x 2 chunks
+        plan = fd._plan(x, x.T, len(addresses), model)
+        assert plan.placement.kind == "cross"
+        dask_bench.clear_moved(client)
+        z = client.persist(fd.matmul(x, x.T, workers=addresses, **model))
+        distributed.wait(z)
+        got = client.run(dask_bench._incoming)
+        assert [got[a][0] for a in addresses] == list(plan.received)
+        host = x.compute()
+        assert np.allclose(z.compute(), host @ host.T, rtol=1e-12, atol=1e-10)
 
 
 def test_persisted_operands_move_only_to_the_workers_that_need_them():

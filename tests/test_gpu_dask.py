@@ -242,7 +242,11 @@ def test_products_on_a_local_cluster_of_gpus(gpus, rng):
         # The planned product: operand chunks come from other workers, and arrive as fastmm arrays
         # (fastmm/_serialize.py), so its output chunks are fastmm's products, fastmm arrays again.
         blocks = client.compute(fd.matmul(x, y.T).to_delayed().tolist(), sync=True)
+        # x @ x.T: x's chunks alone travel, read transposed as B's (on 4 GPUs: the cross layout, 4 row blocks)
+        assert fd._plan(x, x.T, gpus, {}).product.gram
+        gram = client.compute(fd.to_host(fd.matmul(x, x.T))).result()
     want = a.astype(np.float64) @ b.astype(np.float64).T
+    _close(gram, a.astype(np.float64) @ a.astype(np.float64).T)
     _close(got, want)
     assert {type(blk) for row in blocks for blk in row} == {fastmm.ndarray}
     _close(np.block([[cp.asnumpy(blk) for blk in row] for row in blocks]), want)

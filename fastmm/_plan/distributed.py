@@ -5,7 +5,9 @@ The candidates are the ones distributed GEMMs use: everything on one GPU; a 1-D 
 with B's blocks sent to every GPU (or the mirror: columns of B, A sent to all), best when one operand is small; and
 a 2-D grid of pr x pc GPUs (SUMMA's layout), where A's block (i, k) lives on grid row i mod pr and is sent along
 that row, B's block (k, j) on grid column j mod pc and is sent down that column, so each block crosses to at most
-pc - 1 (or pr - 1) other GPUs. Each output block's K sum runs on its owner, in a fixed order. The plan is the
+pc - 1 (or pr - 1) other GPUs. For ``x @ x.T`` (B is A's transpose) the operands are one set of blocks, each sent once
+to each GPU that reads it, as A's block or, transposed, as B's; on four GPUs a "cross" layout then balances what
+each GPU reads (below). Each output block's K sum runs on its owner, in a fixed order. The plan is the
 candidate with the least predicted time (compute on the busiest GPU plus its incoming bytes over the link), so a
 product that does not pay for the traffic stays on one GPU.
 """
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "received_bytes", "resident_bytes",
-           "plan_distributed", "describe_distributed", "best_assignment"]
+__all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "blocks_needed", "received_bytes",
+           "resident_bytes", "plan_distributed", "describe_distributed", "best_assignment"]
 
 # Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which one transfer brought a
 # GPU an operand's block in planned products on four GPUs joined by NVLink, by the cluster's protocol: UCX (12-16 GB/s
@@ -27,12 +29,19 @@ LINK_BYTES_PER_S = {"ucx": 15e9, "tcp": 1e9}
 @dataclasses.dataclass(frozen=True)
 class BlockProduct:
     """C (M x N) = A (M x K) @ B (K x N), cut into blocks: the sizes of the row blocks of A and C (`rows`), the
-    column blocks of B and C (`cols`) and the blocks along K (`depth`)."""
+    column blocks of B and C (`cols`) and the blocks along K (`depth`). `gram`: B is A's transpose (``x @ x.T``), so
+    B's block (k, j) is A's block (j, k), read transposed."""
 
     rows: tuple[int, ...]
     cols: tuple[int, ...]
     depth: tuple[int, ...]
     itemsize: int = 4
+    gram: bool = False
+
+    def __post_init__(self):
+        if self.gram and self.cols != self.rows:
+            raise ValueError(f"a product of x and x.T has as many column blocks as row blocks, of the same sizes "
+                             f"(got rows {self.rows} and columns {self.cols})")
 
     @property
     def flops(self) -> int:
@@ -47,54 +56,99 @@ class BlockProduct:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where each block lives: `kind` is "one", "rows", "columns" or "grid" (pr x pc GPUs, numbered row by row)."""
+    """Where each block lives: `kind` is "one", "rows", "columns", "grid" (pr x pc GPUs, numbered row by row) or
+    "cross" (``x @ x.T`` on four GPUs).
+
+    "cross" cuts x's block rows into quarters Q0..Q3 (H0 = Q0 + Q1, H1 = Q2 + Q3): GPU 0 computes C's blocks of
+    H0 x H0, GPU 1 those of H1 x H1, GPU 2 those of H0 x Q2 and Q2 x H0, GPU 3 those of H0 x Q3 and Q3 x H0. Each
+    computes a quarter of C and reads half of x (GPUs 0 and 1) or three quarters (2 and 3), where on a 2 x 2 grid
+    two GPUs read all of x."""
 
     kind: str
     workers: int
     grid: tuple[int, int] = (1, 1)
 
-    def owner(self, i: int, j: int) -> int:
+    def owner(self, i: int, j: int, product: BlockProduct | None = None) -> int:
         """The GPU that computes C's block (i, j), K summed there."""
+        if self.kind == "cross":
+            return _cross_owner(i, j, len(product.rows))
         pr, pc = self.grid
         return {"one": 0, "rows": i % self.workers, "columns": j % self.workers,
                 "grid": (i % pr) * pc + j % pc}[self.kind]
 
     def a_home(self, i: int, k: int, product: BlockProduct) -> int:
+        if self.kind == "cross":
+            # Each GPU keeps a quarter of x, of blocks it reads: Q0 on GPU 0; Q1 halved between GPUs 2 and 3;
+            # Q2 between 1 and 2; Q3 between 1 and 3.
+            quarter = 4 * i // len(product.rows)
+            return ((0, 0), (2, 3), (1, 2), (3, 1))[quarter][(i + k) % 2]
         pr, pc = self.grid
         return {"one": 0, "rows": i % self.workers, "columns": (i * len(product.depth) + k) % self.workers,
                 "grid": (i % pr) * pc + k % pc}[self.kind]
 
     def b_home(self, k: int, j: int, product: BlockProduct) -> int:
+        if product.gram:  # B's block (k, j) is A's block (j, k)
+            return self.a_home(j, k, product)
         pr, pc = self.grid
         return {"one": 0, "rows": (k * len(product.cols) + j) % self.workers, "columns": j % self.workers,
                 "grid": (k % pr) * pc + j % pc}[self.kind]
 
+    def home(self, block: tuple, product: BlockProduct) -> int:
+        """The GPU that keeps operand block ("a", i, k) or ("b", k, j) (see `blocks_needed`)."""
+        operand, r, c = block
+        return self.a_home(r, c, product) if operand == "a" else self.b_home(r, c, product)
 
-def candidates(workers: int) -> list[Placement]:
-    """One GPU, the two 1-D splits, and every 2-D grid pr x pc = workers (pr, pc >= 2)."""
+
+def _cross_owner(i: int, j: int, n: int) -> int:
+    half, three_quarters = n // 2, 3 * n // 4
+    if (i < half) == (j < half):
+        return 0 if i < half else 1
+    return 2 if max(i, j) < three_quarters else 3
+
+
+def candidates(workers: int, product: BlockProduct | None = None) -> list[Placement]:
+    """One GPU, the two 1-D splits, every 2-D grid pr x pc = workers (pr, pc >= 2), and for ``x @ x.T`` on four
+    GPUs with x's block rows a multiple of four, the cross layout."""
     if workers <= 1:
         return [Placement("one", 1)]
     grids = [Placement("grid", workers, (pr, workers // pr)) for pr in range(2, workers // 2 + 1)
              if workers % pr == 0]
-    return [Placement("one", workers), Placement("rows", workers), Placement("columns", workers), *grids]
+    cross = ([Placement("cross", 4)] if workers == 4 and product is not None and product.gram
+             and len(product.rows) % 4 == 0 else [])
+    return [Placement("one", workers), Placement("rows", workers), Placement("columns", workers), *grids, *cross]
+
+
+def b_block(product: BlockProduct, k: int, j: int) -> tuple:
+    """B's block (k, j) as an operand block: ("b", k, j), or A's ("a", j, k) where B is A's transpose."""
+    return ("a", j, k) if product.gram else ("b", k, j)
+
+
+def blocks_needed(product: BlockProduct, placement: Placement) -> dict[tuple, set[int]]:
+    """{operand block: the GPUs that read it}, for every block of A ("a", i, k) and of B ("b", k, j); for
+    ``x @ x.T``, A's blocks alone (a GPU that reads one as A's and as B's block receives it once)."""
+    needs: dict[tuple, set[int]] = {}
+    depth = range(len(product.depth))
+    for i in range(len(product.rows)):
+        for j in range(len(product.cols)):
+            w = placement.owner(i, j, product)
+            for k in depth:
+                needs.setdefault(("a", i, k), set()).add(w)
+                needs.setdefault(b_block(product, k, j), set()).add(w)
+    return needs
+
+
+def block_bytes(product: BlockProduct, block: tuple) -> int:
+    operand, r, c = block
+    return product.a_bytes(r, c) if operand == "a" else product.b_bytes(r, c)
 
 
 def received_bytes(product: BlockProduct, placement: Placement) -> list[int]:
     """Bytes of input blocks each GPU receives: each block it needs once, unless the block lives there."""
-    needs_a: set[tuple[int, int, int]] = set()
-    needs_b: set[tuple[int, int, int]] = set()
-    for i in range(len(product.rows)):
-        for j in range(len(product.cols)):
-            w = placement.owner(i, j)
-            needs_a.update((w, i, k) for k in range(len(product.depth)))
-            needs_b.update((w, k, j) for k in range(len(product.depth)))
     received = [0] * placement.workers
-    for w, i, k in needs_a:
-        if placement.a_home(i, k, product) != w:
-            received[w] += product.a_bytes(i, k)
-    for w, k, j in needs_b:
-        if placement.b_home(k, j, product) != w:
-            received[w] += product.b_bytes(k, j)
+    for block, needers in blocks_needed(product, placement).items():
+        home = placement.home(block, product)
+        for w in needers - {home}:
+            received[w] += block_bytes(product, block)
     return received
 
 
@@ -102,16 +156,11 @@ def resident_bytes(product: BlockProduct, placement: Placement) -> list[int]:
     """Bytes each GPU holds at most during the product: the input blocks that live there, those it receives (each
     fetched as soon as it exists, kept until its last product there) and its output blocks."""
     held = list(received_bytes(product, placement))
-    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
-    for i in rows:
-        for k in depth:
-            held[placement.a_home(i, k, product)] += product.a_bytes(i, k)
-    for k in depth:
-        for j in cols:
-            held[placement.b_home(k, j, product)] += product.b_bytes(k, j)
-    for i in rows:
-        for j in cols:
-            held[placement.owner(i, j)] += product.rows[i] * product.cols[j] * product.itemsize
+    for block in blocks_needed(product, placement):
+        held[placement.home(block, product)] += block_bytes(product, block)
+    for i, m in enumerate(product.rows):
+        for j, n in enumerate(product.cols):
+            held[placement.owner(i, j, product)] += m * n * product.itemsize
     return held
 
 
@@ -135,7 +184,7 @@ def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: f
     depth = sum(product.depth)
     for i, m in enumerate(product.rows):
         for j, n in enumerate(product.cols):
-            work[placement.owner(i, j)] += 2 * m * n * depth
+            work[placement.owner(i, j, product)] += 2 * m * n * depth
     return max(work) / flops_per_s
 
 
@@ -146,7 +195,7 @@ def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float 
         raise ValueError(f"a distributed product needs at least one GPU (got workers={workers})")
     one = product.flops / flops_per_s
     plans = []
-    for placement in candidates(workers):
+    for placement in candidates(workers, product):
         received = received_bytes(product, placement)
         compute = _compute_seconds(product, placement, flops_per_s)
         plans.append(DistributedPlan(placement, product, tuple(received), compute,
@@ -211,7 +260,11 @@ def describe_distributed(plan: DistributedPlan) -> str:
         "columns": "B's columns (and C's) split across the GPUs, A's blocks sent to every GPU once",
         "grid": (f"a {pl.grid[0]} x {pl.grid[1]} grid of GPUs (SUMMA's layout): A's blocks sent along grid rows, "
                  "B's down grid columns"),
+        "cross": ("x's block rows in quarters Q0-Q3: GPU 0 computes H0 x H0 (H0 = Q0 + Q1), GPU 1 H1 x H1, "
+                  "GPU 2 H0 x Q2 and Q2 x H0, GPU 3 H0 x Q3 and Q3 x H0, so no GPU reads all of x"),
     }[pl.kind]
+    if p.gram:
+        layout += "; B is A's transpose: each of A's blocks sent once to each GPU that reads it, and read transposed"
     per = max(plan.received)
     gain = plan.one_gpu_seconds / plan.seconds if plan.seconds else 1.0
     held = max(resident_bytes(p, pl))
