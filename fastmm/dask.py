@@ -444,6 +444,19 @@ def _finished(fn, *args):
     return result
 
 
+def _fetch_first(tasks: dict, name: str, nk: int):
+    """The priority of a GPU's tasks: its fetches in the order its sums first read them (a worker takes one block
+    at a time from each other worker, highest priority first), its other tasks below them."""
+    first, fetch = {}, f"{name}-in-"
+    for key, task in tasks.items():
+        step = nk - 1 if key[0] == name else key[3] if key[0] == f"{name}-sum" else None  # (last sum: block key)
+        for arg in task if step is not None else ():
+            if isinstance(arg, tuple) and str(arg[0]).startswith(fetch) and arg in tasks:
+                first[arg] = min(first.get(arg, step), step)
+    last = max(first.values(), default=0) + 1
+    return lambda key: last - first[key] if key in first else 0
+
+
 def _k_order(nk: int, local=lambda k: 0, start: int = 0) -> list[int]:
     """The order in which an output block sums its K blocks: those whose operands its GPU holds first (`local(k)`:
     how many of the two), so that its first products need no transfer while the others arrive, then from `start`
@@ -542,20 +555,13 @@ def matmul(x, y, workers=None, **model):
     # need it as it would from the plan's home, and not first to that home.
     index = {address: w for w, address in enumerate(addresses)}
     held = {key: [index[a] for a in holders if a in index] for key, holders in who.items()}
-    homes = {}
-    for block, needers in blocks_needed(product, placement).items():
-        homes[block] = next((w for w in held.get(_operand_key(x, y, block), ()) if w in needers),
-                            placement.home(block, product))
-    # An operand's chunk is made at its home (`_made_at` below) or already held there, and its home's tasks read it as
-    # it is (an identity task per chunk there cost a scheduler round trip each, before the first products could run).
-    # Each block a GPU needs from another is fetched by a task of its own on that GPU, ready as soon as the block
-    # exists: its transfer starts at once and overlaps the products, where a product's own dependency would be
-    # fetched only when the product before it in the K sum had finished. (For x @ x.T, one fetch of x's block
-    # serves both its reads, as A's block and transposed as B's.)
+    homes = {b: next((w for w in held.get(_operand_key(x, y, b), ()) if w in needers), placement.home(b, product))
+             for b, needers in blocks_needed(product, placement).items()}
+    # An operand's chunk is made at its home (`_made_at`) or already held there, and read there as it is. Each block
+    # a GPU needs from another is fetched by a task of its own there, ready as soon as the block exists, so that its
+    # transfer overlaps the products (docs/dask.md); for x @ x.T one fetch serves both reads, as A's and as B's.
 
-    def on(w, block):
-        """The key of operand block `block` on GPU w: the operand's own at its home, else that of a task of w's
-        fetching it."""
+    def on(w, block):  # operand block `block`'s key on GPU w: its own at its home, else that of w's fetch of it
         key = _operand_key(x, y, block)
         if homes[block] == w:
             return key
@@ -582,14 +588,13 @@ def matmul(x, y, workers=None, **model):
     # The plan's worker, as a restriction that holds while that worker runs (never stolen from it: `_dask_pins`):
     # where it dies (or its nanny restarts it at a new address), its tasks run on the others.
     _pin_on_scheduler()
-    pins = [{"workers": [address], "allow_other_workers": True, _PINNED: True} for address in addresses]
-    for w, pin in enumerate(pins):
+    for w, address in enumerate(addresses):
         if tasks[w]:
+            pin = {"workers": [address], "allow_other_workers": True, _PINNED: True,
+                   "priority": _fetch_first(tasks[w], name, nk)}
             layers[f"{name}-{w}"] = MaterializedLayer(tasks[w], annotations=pin)
             deps[f"{name}-{w}"] = {operand.name for operand in operands}
     owners = {f"{name}-{w}" for w in range(len(addresses)) if tasks[w]}
-    layers[name] = MaterializedLayer({})
-    deps[name] = owners
-    graph = HighLevelGraph(layers, deps)
-    meta_ = x._meta if hasattr(x, "_meta") else None
-    return _Placed(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype), meta=meta_)
+    layers[name], deps[name] = MaterializedLayer({}), owners
+    return _Placed(HighLevelGraph(layers, deps), name, chunks=(x.chunks[0], y.chunks[1]),
+                   dtype=np.result_type(x.dtype, y.dtype), meta=getattr(x, "_meta", None))

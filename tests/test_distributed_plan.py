@@ -223,6 +223,34 @@ def test_each_gpu_fetches_its_remote_blocks_at_once_and_sums_its_own_first(rng):
     assert plan.placement.kind == "grid" and local_first == 16
 
 
+def test_each_gpu_fetches_first_the_blocks_its_sums_read_first(rng):
+    """A worker takes one block at a time from each other worker, highest priority first: a GPU's fetch tasks are
+    ranked by the first step of its K sums that reads the block, its other tasks below them."""
+    x = da.from_array(rng.standard_normal((400, 300)), chunks=(100, 50))
+    y = da.from_array(rng.standard_normal((300, 500)), chunks=(50, 125))
+    z = fd.matmul(x, y, workers=WORKERS, flops_per_s=1e3)
+    ranked = 0
+    for layer in z.dask.layers.values():
+        priority = (layer.annotations or {}).get("priority")
+        if priority is None:
+            continue
+        first = {}
+        for key, task in layer.items():
+            step = key[3] if key[0].endswith("-sum") else len(x.chunks[1]) - 1 if key[0] == z.name else None
+            for dep in (d for d in task if step is not None and isinstance(d, tuple) and d in layer):
+                if dep[0].endswith(("-in-a", "-in-b")):  # (not the running sum it adds to)
+                    first[dep] = min(first.get(dep, step), step)
+        assert first
+        for key in layer:
+            if key in first:
+                assert priority(key) > 0
+                assert all(priority(key) > priority(other) for other in first if first[other] > first[key])
+            else:
+                assert priority(key) == 0
+        ranked += len({first[k] for k in first}) > 1
+    assert ranked == 4  # on every GPU, blocks first read at different steps
+
+
 def test_over_tcp_the_plan_keeps_a_product_on_one_gpu_that_ucx_would_split():
     """The link's default rate follows the workers' protocol: blocks between GPUs cost 15 times more through host
     memory (TCP) than device to device (UCX), so 32768^3 in 8192^2 blocks splits over UCX and stays whole over TCP."""
