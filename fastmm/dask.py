@@ -31,10 +31,11 @@ except ImportError as e:  # pragma: no cover - depends on the machine
                       "cluster)") from e
 
 from . import _array, _serialize, linalg
+from ._dask_sends import send_after_default_stream
 from ._dispatch import products as _dispatch
 from ._errors import warn_once
 
-__all__ = ["from_array", "meta", "to_host", "matmul", "explain"]
+__all__ = ["from_array", "meta", "to_host", "matmul", "explain", "send_after_default_stream"]
 
 
 def meta(dtype=np.float32, ndim: int = 2):
@@ -406,11 +407,10 @@ def _finished(fn, *args):
     """fn(*args), its GPU work done when the task returns, on a stream of the task's own.
 
     A planned product's tasks end with their result computed, not queued: distributed sends a finished task's
-    device result to other workers at once, and UCX's sender and receiver wait for the legacy default stream
-    first, in the worker's event loop. Queued on that stream, a worker's products (tasks run ahead of their
-    kernels) held every transfer from or to it until the queue drained; on a non-blocking stream they hold none,
-    and a task waits for its own kernels only (docs/dask.md). The stream first waits, on the GPU, for what the
-    legacy stream has queued, so operands made there by other tasks are complete before they are read.
+    device result to other workers at once. Queued on the legacy stream, a worker's products held every transfer
+    from or to it until the queue drained (UCX waits for that stream first); on a non-blocking stream they hold
+    none where the workers' wait is for the default stream (`send_after_default_stream`; docs/dask.md). The stream
+    first waits, on the GPU, for what the legacy stream has queued (operands made there by other tasks).
 
     Memory that outlives the task (a block's running sum: `_first_sum`'s result, given to it as `out`) is taken on
     the legacy stream before that wait. CuPy's pool (and RMM's) hands a freed block out again in the order of the

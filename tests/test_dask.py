@@ -154,6 +154,44 @@ def test_dask_bench_turns_work_stealing_off_and_counts_the_tasks_stolen():
     assert _confirmed_steals(Log()) == 2
 
 
+def test_ucx_workers_wait_for_the_default_stream_once_asked(monkeypatch):
+    """fastmm.dask.send_after_default_stream: every worker's distributed-ucxx wait before a device transfer becomes
+    fastmm's (the default stream's), once, and a worker without distributed-ucxx is left as it is; the bench's
+    --dask-ucx-wait names both ways."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    import types
+
+    from fastmm import _dask_sends
+    from fastmm._tools.dask_bench import parse_waits
+
+    assert parse_waits("stream") == ("stream",) and parse_waits("stream, device,stream") == ("stream", "device")
+    with pytest.raises(ValueError, match=r"--dask-ucx-wait takes stream, device or stream,device \(got 'host'\)"):
+        parse_waits("host")
+    plugin = _dask_sends.SendAfterDefaultStream()
+    monkeypatch.setitem(sys.modules, "distributed_ucxx", None)  # not installed
+    plugin.setup()
+    assert plugin.replaced is None
+
+    def device_wide(stream=None):  # distributed-ucxx's own: cudaDeviceSynchronize
+        raise AssertionError("the whole device was waited for")
+
+    comm = types.ModuleType("distributed_ucxx.ucxx")
+    comm.synchronize_stream = device_wide
+    package = types.ModuleType("distributed_ucxx")
+    package.ucxx = comm
+    monkeypatch.setitem(sys.modules, "distributed_ucxx", package)
+    monkeypatch.setitem(sys.modules, "distributed_ucxx.ucxx", comm)
+    with distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        assert fastmm.dask.send_after_default_stream(client)
+        replaced = comm.synchronize_stream  # (fastmm's, shipped by value: a copy)
+        assert replaced.__name__ == "wait_for_default_stream" and replaced.fastmm
+        plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert all(_dask_sends.SendAfterDefaultStream.name in names for names in plugins.values())
+        assert fastmm.dask.send_after_default_stream()  # again (the current client): idempotent
+        assert comm.synchronize_stream is replaced
+
+
 def test_fastmm_arrays_have_serializers_of_their_own():
     """Chunks sent between workers must arrive as fastmm arrays (CuPy's deserializer, found through the base class,
     makes plain CuPy arrays, whose products are cuBLAS's); registered by fastmm.dask, and by fastmm itself in a

@@ -161,6 +161,30 @@ def test_a_planned_task_that_fails_leaves_nothing_queued_and_the_next_one_runs(r
     _close(got, a.astype(cp.float64) @ a.astype(cp.float64))
 
 
+def test_the_wait_before_a_ucx_transfer_covers_the_default_and_blocking_streams_only():
+    """fastmm.dask.send_after_default_stream's wait (fastmm/_dask_sends.py): the work queued on the legacy default
+    stream and on blocking streams is done when it returns; work on a non-blocking stream (a planned task's
+    products, finished by their own task) is not waited for."""
+    from fastmm import _dask_sends
+
+    big = cp.ones((4096, 4096), cp.float32)
+    own = cp.cuda.Stream(non_blocking=True)
+    with own:
+        for _ in range(64):  # ~180 ms
+            cp.matmul(big, big)
+    _dask_sends.wait_for_default_stream()
+    assert not own.done
+    own.synchronize()
+    blocking = cp.cuda.Stream()
+    with blocking:
+        for _ in range(16):
+            cp.matmul(big, big)
+    for _ in range(16):
+        cp.matmul(big, big)  # the legacy stream
+    _dask_sends.wait_for_default_stream()
+    assert cp.cuda.Stream.null.done and blocking.done
+
+
 @pytest.mark.parametrize("task", ["first", "add"])
 def test_a_planned_task_never_reuses_memory_another_thread_still_reads(task, rng, monkeypatch):
     """With two threads a worker runs two tasks at once: another task may queue a read of a block on the legacy

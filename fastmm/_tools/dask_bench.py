@@ -53,6 +53,14 @@ def parse_stealing(text: str) -> tuple[bool, ...]:
     return tuple(dict.fromkeys(w == "on" for w in words))
 
 
+def parse_waits(text: str) -> tuple[str, ...]:
+    """--dask-ucx-wait: "stream", "device" or both (each UCX cluster measured each way)."""
+    words = tuple(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+    if not words or set(words) - {"stream", "device"}:
+        raise ValueError(f"--dask-ucx-wait takes stream, device or stream,device (got {text!r})")
+    return words
+
+
 def gpu_counts(most: int) -> list[int]:
     """1, 2, 4, ... up to `most` GPUs, and `most` itself."""
     return sorted({1 << i for i in range(most.bit_length()) if 1 << i <= most} | {most})
@@ -291,7 +299,8 @@ def _timed(fn, warm_up: bool = True) -> float:
 
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
         protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1,
-        stealing: tuple[bool, ...] = (True,), repeat: int = 1, timelines: bool = False) -> list[dict]:
+        stealing: tuple[bool, ...] = (True,), repeat: int = 1, timelines: bool = False,
+        waits: tuple[str, ...] = ("stream",)) -> list[dict]:
     import cupy as cp
     import dask.array as da
 
@@ -351,18 +360,24 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
         return rows
     from distributed import Client, get_task_stream, wait
 
-    for protocol, gpus, steal in ((p, g, s) for p in protocols for g in gpu_counts(max_gpus) for s in stealing):
+    for protocol, gpus, steal, wait_ in ((p, g, s, w) for p in protocols for g in gpu_counts(max_gpus)
+                                         for s in stealing for w in (waits if p == "ucx" else ("device",))):
         missing = protocol_missing(protocol)
         if missing:
             print(f"  cluster over {protocol}: not measured ({missing})", flush=True)
             continue
-        if gpus == 1 and not steal and True in stealing:
-            continue  # one worker steals nothing: measured once
+        if gpus == 1 and (not steal and True in stealing or protocol == "ucx" and wait_ != waits[0]):
+            continue  # one worker steals nothing and sends nothing: measured once
         where = protocol if len(stealing) == 1 else f"{protocol}, stealing {'on' if steal else 'off'}"
+        if protocol == "ucx" and len(waits) > 1 and gpus > 1:
+            where += f", waits for the {wait_}"
         with _cluster(gpus, protocol, threads, steal) as cluster, Client(cluster) as client:
+            if protocol == "ucx" and wait_ == "stream":  # (docs/dask.md: UCX's wait before device transfers)
+                fd.send_after_default_stream(client)
             pools = set(client.run(_rmm_pool, RMM_POOL_SHARE).values()) if protocol == "ucx" else set()
-            print(f"  {type(cluster).__name__}, {gpus} worker(s) of {threads} thread(s), {protocol}, work stealing "
-                  f"{'on' if steal else 'off'}{'; ' if pools else ''}{'; '.join(sorted(pools))}", flush=True)
+            waits_for = f", waits for the {wait_} before a transfer" if protocol == "ucx" else ""
+            print(f"  {type(cluster).__name__}, {gpus} worker(s) of {threads} thread(s), {protocol}{waits_for}, work "
+                  f"stealing {'on' if steal else 'off'}{'; ' if pools else ''}{'; '.join(sorted(pools))}", flush=True)
             if gpus > 1:
                 rate = link_rate(client)
                 print(f"  {protocol}: one 256 MiB chunk from worker to worker at {rate / 1e9:.1f} GB/s", flush=True)
@@ -459,13 +474,14 @@ def main(args) -> int:
 
     kinds = parse_kinds(args.dask_kinds)
     stealing = parse_stealing(args.dask_stealing)
+    parse_waits(args.dask_ucx_wait)
     if no_gpu("bench --dask"):
         return 2
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
                    args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads,
-                   stealing, args.dask_repeat, args.dask_timeline)
+                   stealing, args.dask_repeat, args.dask_timeline, parse_waits(args.dask_ucx_wait))
     print_table(rows)
     if args.json:
         import json

@@ -1,0 +1,90 @@
+"""The workers' side of device transfers over UCX: wait for the work that can touch a chunk, not for the whole GPU.
+
+distributed-ucxx (0.52) waits before it sends or receives a device frame, in the worker's event loop, and that wait is
+for the whole device (``cudaDeviceSynchronize``): every kernel queued on any stream of the worker's GPU. Its own
+comment states the intent, the default stream ("this is only sufficient if the memory being sent is not currently in
+use on non-blocking CUDA streams"). Under `fastmm.dask.matmul`, a worker's products run on non-blocking streams of
+their tasks' own and are finished when their tasks return, so every transfer from or to a busy GPU waited for the
+products in flight there (up to two at 8192^2 with two threads: tens of milliseconds each time, with the worker's
+event loop stopped meanwhile).
+
+`SendAfterDefaultStream` replaces that wait, on each worker, by one for what the default (legacy) stream has queued:
+the work of the legacy stream and, through its implicit ordering, of every blocking stream (CuPy's default, streams
+made without ``non_blocking``, a per-thread default stream). Only work on non-blocking streams is no longer waited
+for, which is distributed-ucxx's own stated contract. `send_after_default_stream` registers it (``fastmm.dask``).
+Shipped to the workers by value: it imports nothing of fastmm's.
+"""
+
+from __future__ import annotations
+
+try:
+    from distributed.diagnostics.plugin import WorkerPlugin
+except ImportError:  # (without distributed there is no cluster to register it with)
+    WorkerPlugin = object
+
+__all__ = ["SendAfterDefaultStream", "send_after_default_stream", "wait_for_default_stream"]
+
+
+def wait_for_default_stream(stream=None) -> None:
+    """Wait until the work queued so far on device 0's legacy default stream (and, ordered before it, on every
+    blocking stream) is done: an event recorded there, then waited for. (Device 0 is the worker's own GPU, as
+    dask-cuda orders CUDA_VISIBLE_DEVICES; distributed-ucxx's wait names it too.)"""
+    import cupy
+
+    with cupy.cuda.Device(0):
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(cupy.cuda.Stream.null)
+        event.synchronize()
+
+
+wait_for_default_stream.fastmm = True
+
+
+class SendAfterDefaultStream(WorkerPlugin):
+    """On each worker: distributed-ucxx's wait before device transfers is `wait_for_default_stream`."""
+
+    name = "fastmm-ucx-default-stream"
+    idempotent = True
+
+    def __init__(self):
+        self.replaced = None  # whether this worker's wait was replaced (None: no distributed-ucxx there)
+
+    def setup(self, worker=None):
+        try:
+            from distributed_ucxx import ucxx as comm
+        except ImportError:  # no UCX on this worker: nothing to replace
+            return
+        if not getattr(comm.synchronize_stream, "fastmm", False):
+            comm.synchronize_stream = wait_for_default_stream
+        self.replaced = True
+
+
+def send_after_default_stream(client=None) -> bool:
+    """Have the workers of `client` (default: the current one) wait, before each device transfer over UCX, for their
+    GPU's default stream rather than for the whole GPU (see the module's docstring, and the Dask page of the
+    documentation for what it changes). Workers that join later get it too.
+
+    Call it once per cluster, where every task that returns a device array has finished the work on non-blocking
+    streams that writes it (as `fastmm.dask.matmul`'s tasks do, and tasks that use CuPy's default stream need not):
+    a transfer no longer waits for such work. Returns False where distributed is not installed.
+
+    Examples
+    --------
+    >>> from dask_cuda import LocalCUDACluster                     # doctest: +SKIP
+    >>> client = Client(LocalCUDACluster(protocol="ucx"))          # doctest: +SKIP
+    >>> fastmm.dask.send_after_default_stream(client)              # doctest: +SKIP
+    True
+    """
+    if WorkerPlugin is object:
+        return False
+    import sys
+
+    import cloudpickle
+
+    if client is None:
+        from distributed import get_client
+
+        client = get_client()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import fastmm
+    client.register_plugin(SendAfterDefaultStream())
+    return True
