@@ -47,16 +47,28 @@ class SendAfterDefaultStream(WorkerPlugin):
     idempotent = True
 
     def __init__(self):
-        self.replaced = None  # whether this worker's wait was replaced (None: no distributed-ucxx there)
+        self.replaced = None  # whether this worker's wait is fastmm's (None: no distributed-ucxx there)
+        self._original = None
 
     def setup(self, worker=None):
         try:
             from distributed_ucxx import ucxx as comm
         except ImportError:  # no UCX on this worker: nothing to replace
             return
-        if not getattr(comm.synchronize_stream, "fastmm", False):
+        original = getattr(comm, "synchronize_stream", None)
+        if original is None:  # a distributed-ucxx that waits otherwise: left as it is
+            self.replaced = False
+            return
+        if not getattr(original, "fastmm", False):
+            self._original = original
             comm.synchronize_stream = wait_for_default_stream
         self.replaced = True
+
+    def teardown(self, worker=None):
+        if self._original is not None:  # (the plugin removed: distributed-ucxx's own wait again)
+            from distributed_ucxx import ucxx as comm
+
+            comm.synchronize_stream, self._original = self._original, None
 
 
 def send_after_default_stream(client=None) -> bool:

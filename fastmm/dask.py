@@ -445,8 +445,8 @@ def _finished(fn, *args):
 
 
 def _fetch_first(tasks: dict, name: str, nk: int):
-    """The priority of a GPU's tasks: its fetches in the order its sums first read them (a worker takes one block
-    at a time from each other worker, highest priority first), its other tasks below them."""
+    """The priority of a GPU's fetches: the order its sums first read their blocks in (a worker takes one block at a
+    time from each other worker, highest first), above the default 0; None (the graph's own) for its other tasks."""
     first, fetch = {}, f"{name}-in-"
     for key, task in tasks.items():
         step = nk - 1 if key[0] == name else key[3] if key[0] == f"{name}-sum" else None  # (last sum: block key)
@@ -454,7 +454,7 @@ def _fetch_first(tasks: dict, name: str, nk: int):
             if isinstance(arg, tuple) and str(arg[0]).startswith(fetch) and arg in tasks:
                 first[arg] = min(first.get(arg, step), step)
     last = max(first.values(), default=0) + 1
-    return lambda key: last - first[key] if key in first else 0
+    return lambda key: last - first[key] if key in first else None
 
 
 def _k_order(nk: int, local=lambda k: 0, start: int = 0) -> list[int]:

@@ -186,10 +186,13 @@ def test_ucx_workers_wait_for_the_default_stream_once_asked(monkeypatch):
         assert fastmm.dask.send_after_default_stream(client)
         replaced = comm.synchronize_stream  # (fastmm's, shipped by value: a copy)
         assert replaced.__name__ == "wait_for_default_stream" and replaced.fastmm
-        plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
-        assert all(_dask_sends.SendAfterDefaultStream.name in names for names in plugins.values())
-        assert fastmm.dask.send_after_default_stream()  # again (the current client): idempotent
+        name = _dask_sends.SendAfterDefaultStream.name
+        plugins = client.run(lambda dask_worker: id(dask_worker.plugins[name]))
+        assert fastmm.dask.send_after_default_stream()  # again (the current client): not set up again
+        assert client.run(lambda dask_worker: id(dask_worker.plugins[name])) == plugins
         assert comm.synchronize_stream is replaced
+        client.unregister_worker_plugin(name)  # distributed-ucxx's own wait again
+        assert comm.synchronize_stream is device_wide
 
 
 def test_fastmm_arrays_have_serializers_of_their_own():

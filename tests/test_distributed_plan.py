@@ -223,32 +223,56 @@ def test_each_gpu_fetches_its_remote_blocks_at_once_and_sums_its_own_first(rng):
     assert plan.placement.kind == "grid" and local_first == 16
 
 
-def test_each_gpu_fetches_first_the_blocks_its_sums_read_first(rng):
-    """A worker takes one block at a time from each other worker, highest priority first: a GPU's fetch tasks are
-    ranked by the first step of its K sums that reads the block, its other tasks below them."""
-    x = da.from_array(rng.standard_normal((400, 300)), chunks=(100, 50))
-    y = da.from_array(rng.standard_normal((300, 500)), chunks=(50, 125))
-    z = fd.matmul(x, y, workers=WORKERS, flops_per_s=1e3)
-    ranked = 0
-    for layer in z.dask.layers.values():
-        priority = (layer.annotations or {}).get("priority")
-        if priority is None:
-            continue
-        first = {}
-        for key, task in layer.items():
-            step = key[3] if key[0].endswith("-sum") else len(x.chunks[1]) - 1 if key[0] == z.name else None
-            for dep in (d for d in task if step is not None and isinstance(d, tuple) and d in layer):
-                if dep[0].endswith(("-in-a", "-in-b")):  # (not the running sum it adds to)
-                    first[dep] = min(first.get(dep, step), step)
-        assert first
-        for key in layer:
-            if key in first:
-                assert priority(key) > 0
-                assert all(priority(key) > priority(other) for other in first if first[other] > first[key])
-            else:
-                assert priority(key) == 0
-        ranked += len({first[k] for k in first}) > 1
-    assert ranked == 4  # on every GPU, blocks first read at different steps
+class _Priorities:
+    """A scheduler plugin that keeps each task's priority as the scheduler set it when the graph arrived."""
+
+    name = "test-priorities"
+
+    def __init__(self):
+        self.seen = {}
+
+    def update_graph(self, scheduler, *, keys=(), **kwargs):
+        self.seen.update({ts.key: ts.priority for ts in scheduler.tasks.values()})
+
+
+def _seen(dask_scheduler):
+    return dask_scheduler.plugins["test-priorities"].seen
+
+
+def test_each_gpu_fetches_first_the_blocks_its_sums_read_first():
+    """A worker takes one block at a time from each other worker, highest priority first: as the scheduler has them,
+    a GPU's fetch tasks are ranked by the first step of its K sums that reads the block, and its other tasks keep
+    the priority the product was computed with."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Priorities(_Priorities, SchedulerPlugin):
+        pass
+
+    with _four_workers() as (distributed, client, addresses, x, y, model):
+        client.register_plugin(Priorities())
+        for user in (0, 7):
+            z = fd.matmul(x, y, workers=addresses, **model)
+            distributed.wait(client.persist(z, priority=user))
+            seen = client.run_on_scheduler(_seen)
+            tasks = {key: task for layer in z.dask.layers.values() if (layer.annotations or {}).get("priority")
+                     for key, task in layer.items()}
+            assert len(tasks) > 16
+            first = {}
+            for key, task in tasks.items():
+                step = key[3] if key[0].endswith("-sum") else len(x.chunks[1]) - 1 if key[0] == z.name else None
+                for dep in (d for d in task if step is not None and isinstance(d, tuple) and d in tasks):
+                    if dep[0].endswith(("-in-a", "-in-b")):  # (not the running sum it adds to)
+                        first[dep] = min(first.get(dep, step), step)
+            # (a fetch key is (name, GPU, block...): ranks compare within a GPU)
+            assert first and any(len({first[k] for k in first if k[1] == w}) > 1 for w in range(4))
+            for key in tasks:
+                if key in first:  # (the scheduler keeps -priority: lower first)
+                    assert seen[key][0] < 0
+                    assert all(seen[key][0] < seen[other][0] for other in first
+                               if other[1] == key[1] and first[other] > first[key])
+                else:
+                    assert seen[key][0] == -user
 
 
 def test_over_tcp_the_plan_keeps_a_product_on_one_gpu_that_ucx_would_split():

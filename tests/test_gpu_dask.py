@@ -179,10 +179,12 @@ def test_the_wait_before_a_ucx_transfer_covers_the_default_and_blocking_streams_
     with blocking:
         for _ in range(16):
             cp.matmul(big, big)
+    _dask_sends.wait_for_default_stream()  # nothing queued on the legacy stream itself
+    assert blocking.done
     for _ in range(16):
         cp.matmul(big, big)  # the legacy stream
     _dask_sends.wait_for_default_stream()
-    assert cp.cuda.Stream.null.done and blocking.done
+    assert cp.cuda.Stream.null.done
 
 
 @pytest.mark.parametrize("task", ["first", "add"])
@@ -266,9 +268,12 @@ def test_products_on_a_local_cluster_of_gpus(gpus, rng):
         # The planned product: operand chunks come from other workers, and arrive as fastmm arrays
         # (fastmm/_serialize.py), so its output chunks are fastmm's products, fastmm arrays again.
         blocks = client.compute(fd.matmul(x, y.T).to_delayed().tolist(), sync=True)
-        # x @ x.T: x's chunks alone travel, read transposed as B's (on 4 GPUs: the cross layout, 4 row blocks)
-        assert fd._plan(x, x.T, gpus, {}).product.gram
-        gram = client.compute(fd.to_host(fd.matmul(x, x.T))).result()
+        # x @ x.T: x's chunks alone travel, read transposed as B's (on 4 GPUs: the cross layout, 4 row blocks);
+        # compute made dear in the time model, so that even this small product is split
+        dear = {"flops_per_s": 1e3}
+        plan = fd._plan(x, x.T, gpus, dear)
+        assert plan.product.gram and plan.placement.kind == ("cross" if gpus == 4 else "rows"), plan.placement
+        gram = client.compute(fd.to_host(fd.matmul(x, x.T, **dear))).result()
     want = a.astype(np.float64) @ b.astype(np.float64).T
     _close(gram, a.astype(np.float64) @ a.astype(np.float64).T)
     _close(got, want)

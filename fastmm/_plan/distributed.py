@@ -71,6 +71,8 @@ class Placement:
     def owner(self, i: int, j: int, product: BlockProduct | None = None) -> int:
         """The GPU that computes C's block (i, j), K summed there."""
         if self.kind == "cross":
+            if product is None:
+                raise ValueError("the cross layout's owner of a block depends on the product: pass it")
             return _cross_owner(i, j, len(product.rows))
         pr, pc = self.grid
         return {"one": 0, "rows": i % self.workers, "columns": j % self.workers,
