@@ -243,7 +243,7 @@ def test_each_gpu_fetches_first_the_blocks_its_sums_read_first():
     """A worker takes one block at a time from each other worker, highest priority first: as the scheduler has them,
     a GPU's fetch tasks are ranked by the first step of its K sums that reads the block, and its other tasks keep
     the priority the product was computed with."""
-    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
     from distributed.diagnostics.plugin import SchedulerPlugin
 
     class Priorities(_Priorities, SchedulerPlugin):
