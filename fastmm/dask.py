@@ -222,32 +222,17 @@ def _operand_key(x, y, block: tuple) -> tuple:
     return ((x if operand == "a" else y).name, r, c)
 
 
-def _needers(x, y, product, placement):
-    """(key, bytes, plan places that need it) for every operand chunk of ``x @ y`` under `placement` (for
-    ``x @ x.T``, x's chunks alone: each is read as it is and transposed)."""
-    from ._plan.distributed import block_bytes, blocks_needed
+def _held(x, y, product, addresses: list[str], who: dict) -> dict:
+    """{operand block: the indices in `addresses` of the workers holding its chunk} (`who`: see _who_has)."""
+    from ._plan.distributed import operand_blocks
 
-    for block, places in blocks_needed(product, placement).items():
-        yield _operand_key(x, y, block), block_bytes(product, block), places
-
-
-def _arranged(x, y, product, placement, who: dict, addresses: list[str]) -> list[str]:
-    """`addresses` reordered so that plan place p runs on the worker ``result[p]``, the arrangement under which the
-    most bytes of the operand chunks each place needs are already held by that place's worker (`who`, see
-    _who_has): a chunk held by a worker that needs it moves to the others that need it, one held elsewhere moves
-    once more. As given where nothing is held; for one GPU, the worker that holds the most."""
     index = {address: w for w, address in enumerate(addresses)}
-    n = len(addresses)
-    gain = [[0] * n for _ in range(n)]  # gain[p][w]: bytes that worker w holds and plan place p needs
-    for key, nbytes, places in _needers(x, y, product, placement):
-        for w in {index[a] for a in who.get(key, ()) if a in index}:
-            for p in places:
-                gain[p][w] += nbytes
-    if not any(map(any, gain)):
-        return list(addresses)
-    from ._plan.distributed import best_assignment
-
-    return [addresses[w] for w in best_assignment(gain)]
+    held = {}
+    for block in operand_blocks(product):
+        gpus = {index[a] for a in who.get(_operand_key(x, y, block), ()) if a in index}
+        if gpus:
+            held[block] = gpus
+    return held
 
 
 def _flat_keys(array) -> list:
@@ -285,11 +270,15 @@ def _link_rate(addresses: list[str]) -> float:
     return LINK_BYTES_PER_S["tcp" if tcp else "ucx"]
 
 
-def _plan(x, y, count: int, model: dict, addresses: list[str] = ()):
+def _plan(x, y, count: int, model: dict, addresses: list[str] = (), who: dict | None = None):
+    """The plan for `count` GPUs; with the workers' `addresses` and `who` holds the operands' chunks (_who_has),
+    one that counts the chunks where they already are."""
     from ._plan.distributed import plan_distributed
 
+    product = _block_product(x, y)
     model = {"link_bytes_per_s": _link_rate(list(addresses)), **model}
-    return plan_distributed(_block_product(x, y), count, **model)
+    held = _held(x, y, product, list(addresses), who) if who and addresses else None
+    return plan_distributed(product, count, held=held, **model)
 
 
 def explain(x, y, workers=None, **model) -> str:
@@ -301,7 +290,7 @@ def explain(x, y, workers=None, **model) -> str:
     x, y = _operands(x, y)
     addresses = [] if isinstance(workers, int) else _workers(workers)
     count = workers if isinstance(workers, int) else max(1, len(addresses))
-    return describe_distributed(_plan(x, y, count, model, addresses))
+    return describe_distributed(_plan(x, y, count, model, addresses, _who_has((x, y)) if addresses else None))
 
 
 def _keep_placement(dsk, keys, **kwargs):
@@ -541,12 +530,12 @@ def matmul(x, y, workers=None, **model):
     addresses = _workers(workers)
     if len(addresses) < 2:
         return _chained(x, y)
-    plan = _plan(x, y, len(addresses), model, addresses)
-    product, placement = plan.product, plan.placement
     who = _who_has((x, y))
+    plan = _plan(x, y, len(addresses), model, addresses, who)
+    product, placement = plan.product, plan.placement
     # Each place of the plan (the one GPU, a row of the split, a place of the grid) on the worker that already holds
-    # most of what it needs (persisted operands), so that fewest bytes move.
-    addresses = _arranged(x, y, product, placement, who, addresses)
+    # most of what it reads (persisted operands), as the plan chose them.
+    addresses = [addresses[w] for w in plan.order] if plan.order else addresses
     name = "fastmm-matmul-" + tokenize(x, y, addresses)
     acc = name + "-sum"
     tasks: list[dict] = [{} for _ in addresses]

@@ -468,26 +468,20 @@ def test_on_a_cluster_x_times_its_transpose_moves_the_plans_bytes():
 
 
 def test_persisted_operands_move_only_to_the_workers_that_need_them():
-    """Chunks already in the workers' memory stay where they are when that worker needs them: no move to the plan's
-    home first, so the total that moves is the plan's."""
+    """Chunks already in the workers' memory stay where they are when that worker needs them (no move to the plan's
+    home first), and a chunk on a worker that does not need it moves from there: the bytes that move are exactly
+    those the plan counts for where Dask put the chunks."""
     with _four_workers() as (distributed, client, addresses, x, y, model):
         x, y = client.persist(x), client.persist(y)
         distributed.wait([x, y])
         dask_bench.clear_moved(client)
-        plan = fd._plan(*fd._operands(x, y), len(addresses), model)
-        who = {**client.who_has(x), **client.who_has(y)}  # before the product copies chunks to other workers
+        ops = fd._operands(x, y)
+        plan = fd._plan(*ops, len(addresses), model, addresses, fd._who_has(ops))
+        assert plan.held_bytes == (400 * 300 + 300 * 500) * 8  # every chunk of both operands held
         z = client.persist(fd.matmul(x, y, workers=addresses, **model))
         distributed.wait(z)
         moved, _ = dask_bench.moved(client)
-        # Dask spreads the persisted chunks as it likes: the plan's places go to the workers that hold most of what
-        # each needs, and a chunk still on a worker that does not need it moves once more.
-        arranged = fd._arranged(x, y, plan.product, plan.placement, who, addresses)
-        misplaced = sum(nbytes for key, nbytes, needers in fd._needers(x, y, plan.product, plan.placement)
-                        if not set(who[key]) & {arranged[w] for w in needers})
-        assert moved == sum(plan.received) + misplaced
-        identity = sum(nbytes for key, nbytes, needers in fd._needers(x, y, plan.product, plan.placement)
-                       if not set(who[key]) & {addresses[w] for w in needers})
-        assert misplaced <= identity
+        assert moved == sum(plan.received)
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
 
 
@@ -511,27 +505,50 @@ def test_a_chunk_made_from_one_persisted_chunk_lives_where_that_chunk_is():
         assert np.allclose(z.compute(), x.compute() @ x.compute().T, rtol=1e-12, atol=1e-10)
 
 
-def test_each_place_of_the_plan_goes_to_the_worker_holding_most_of_what_it_needs():
-    """Persisted operands spread as Dask put them: the plan's places are given to the workers so that the bytes
-    already held by a worker that needs them are the most any arrangement gives; as given where nothing is held."""
+def test_each_place_of_the_plan_goes_to_the_gpu_holding_most_of_what_it_reads():
+    """Operand blocks spread at random: each candidate's places go to the GPUs so that the bytes already held by a
+    GPU that reads them are the most any arrangement gives, and the bytes the plan counts are those that must still
+    move from where the blocks are; in order where nothing is held."""
     import itertools
 
-    x = da.ones((400, 400), chunks=100)
-    y = da.ones((400, 400), chunks=100)
-    plan = fd._plan(x, y, 4, {"flops_per_s": 1e3})
-    assert plan.placement.kind == "grid"
-    assert fd._arranged(x, y, plan.product, plan.placement, {}, WORKERS) == WORKERS
-    chunks = list(fd._needers(x, y, plan.product, plan.placement))
+    from fastmm._plan.distributed import held_received, operand_blocks
+
+    product = BlockProduct((100,) * 4, (100,) * 4, (100,) * 4, itemsize=8)
+    assert plan_distributed(product, 4, flops_per_s=1e3).order == ()
+    blocks = operand_blocks(product)
     for seed in range(5):
-        pick = np.random.default_rng(seed).integers(0, 4, len(chunks))
-        who = {key: [WORKERS[w]] for (key, _, _), w in zip(chunks, pick)}
+        held = {b: {int(w)} for b, w in zip(blocks, np.random.default_rng(seed).integers(0, 4, len(blocks)))}
+        plan = plan_distributed(product, 4, flops_per_s=1e3, held=held)
+        needs = blocks_needed(product, plan.placement)
 
-        def held_by_a_needer(order):
-            return sum(nbytes for key, nbytes, places in chunks if {order[p] for p in places} & set(who[key]))
+        def held_by_a_reader(order):
+            return sum(100 * 100 * 8 for b, places in needs.items() if {order[p] for p in places} & held[b])
 
-        arranged = fd._arranged(x, y, plan.product, plan.placement, who, WORKERS)
-        assert sorted(arranged) == WORKERS
-        assert held_by_a_needer(arranged) == max(map(held_by_a_needer, itertools.permutations(WORKERS)))
+        assert sorted(plan.order) == [0, 1, 2, 3]
+        assert held_by_a_reader(plan.order) == max(map(held_by_a_reader, itertools.permutations(range(4))))
+        for p in range(4):  # a block moves into a place that reads it and whose GPU does not hold it
+            want = sum(100 * 100 * 8 for b, places in needs.items() if p in places and plan.order[p] not in held[b])
+            assert plan.received[p] == want
+        assert list(plan.received) == held_received(product, plan.placement, held, plan.order)
+
+
+def test_a_product_on_one_gpu_is_not_free_where_its_operands_are_spread():
+    """Over a slow link, 32768^3 with every block at its home stays on one GPU; with the operands already spread over
+    the four GPUs, one GPU would first receive three quarters of them, and the plan splits the product instead.
+    With them all on one GPU, it stays there and nothing moves."""
+    from fastmm._plan.distributed import operand_blocks
+
+    tcp = {"link_bytes_per_s": 1e9}
+    assert plan_distributed(GRAM, 4, **tcp).placement.kind == "one"
+    spread = {b: {i % 4} for i, b in enumerate(operand_blocks(GRAM))}
+    plan = plan_distributed(GRAM, 4, held=spread, **tcp)
+    assert plan.placement.kind != "one" and max(plan.received) < 12 * BLOCK
+    assert "already on the GPUs" in describe_distributed(plan)
+    # What each GPU holds: its blocks (each already on one GPU), those it receives, its quarter of C.
+    assert resident_bytes(GRAM, plan.placement, spread, plan.order) == [
+        r + 4 * BLOCK + 4 * BLOCK for r in plan.received]
+    one = plan_distributed(GRAM, 4, held={b: {3} for b in operand_blocks(GRAM)}, **tcp)
+    assert one.placement.kind == "one" and one.order[0] == 3 and one.moved == 0
 
 
 def test_a_product_kept_on_one_gpu_runs_where_its_operands_already_are():

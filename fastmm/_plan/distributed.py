@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "blocks_needed", "received_bytes",
-           "resident_bytes", "plan_distributed", "describe_distributed", "best_assignment"]
+           "held_received", "operand_blocks", "resident_bytes", "plan_distributed", "describe_distributed",
+           "best_assignment"]
 
 # Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which one transfer brought a
 # GPU an operand's block in planned products on four GPUs joined by NVLink, by the cluster's protocol: UCX (12-16 GB/s
@@ -139,6 +140,13 @@ def blocks_needed(product: BlockProduct, placement: Placement) -> dict[tuple, se
     return needs
 
 
+def operand_blocks(product: BlockProduct) -> list[tuple]:
+    """Every operand block: A's ("a", i, k), then B's ("b", k, j) unless B is A's transpose."""
+    rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
+    a = [("a", i, k) for i in rows for k in depth]
+    return a if product.gram else a + [("b", k, j) for k in depth for j in cols]
+
+
 def block_bytes(product: BlockProduct, block: tuple) -> int:
     operand, r, c = block
     return product.a_bytes(r, c) if operand == "a" else product.b_bytes(r, c)
@@ -154,31 +162,45 @@ def received_bytes(product: BlockProduct, placement: Placement) -> list[int]:
     return received
 
 
-def resident_bytes(product: BlockProduct, placement: Placement) -> list[int]:
-    """Bytes each GPU holds at most during the product: the input blocks that live there, those it receives (each
-    fetched as soon as it exists, kept until its last product there) and its output blocks."""
-    held = list(received_bytes(product, placement))
-    for block in blocks_needed(product, placement):
-        held[placement.home(block, product)] += block_bytes(product, block)
+def resident_bytes(product: BlockProduct, placement: Placement, held: dict | None = None, order=None) -> list[int]:
+    """Bytes each place holds at most during the product: the input blocks that live there (with `held` and `order`
+    as for `held_received`: those its GPU already holds, and those held nowhere whose home it is), those it receives
+    (each fetched as soon as it exists, kept until its last product there) and its output blocks."""
+    if held:
+        total = held_received(product, placement, held, order)
+        for block in blocks_needed(product, placement):
+            gpus = held.get(block, ())
+            for p in range(placement.workers) if gpus else [placement.home(block, product)]:
+                total[p] += block_bytes(product, block) if not gpus or order[p] in gpus else 0
+    else:
+        total = list(received_bytes(product, placement))
+        for block in blocks_needed(product, placement):
+            total[placement.home(block, product)] += block_bytes(product, block)
     for i, m in enumerate(product.rows):
         for j, n in enumerate(product.cols):
-            held[placement.owner(i, j, product)] += m * n * product.itemsize
-    return held
+            total[placement.owner(i, j, product)] += m * n * product.itemsize
+    return total
 
 
 @dataclasses.dataclass(frozen=True)
 class DistributedPlan:
     placement: Placement
     product: BlockProduct
-    received: tuple[int, ...]  # bytes into each GPU
+    received: tuple[int, ...]  # bytes into each place of the placement
     compute_seconds: float  # on the busiest GPU
     seconds: float  # predicted: compute plus the busiest GPU's incoming bytes over the link
     one_gpu_seconds: float
     link_bytes_per_s: float
+    order: tuple[int, ...] = ()  # the GPU of each place of the placement (held operands); () where none is held
+    held: dict = dataclasses.field(default_factory=dict)  # {block: GPUs that already hold it} (`plan_distributed`)
 
     @property
     def moved(self) -> int:
         return sum(self.received)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(block_bytes(self.product, block) for block in self.held)
 
 
 def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: float) -> float:
@@ -190,18 +212,53 @@ def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: f
     return max(work) / flops_per_s
 
 
+def held_received(product: BlockProduct, placement: Placement, held: dict, order) -> list[int]:
+    """`received_bytes` where some operand blocks are already on the GPUs (`held`: {block: GPUs holding it}) and
+    place p of the placement runs on GPU order[p]: a held block moves from where it is to each place that reads it
+    and does not hold it; a block held nowhere is made at its home, as `received_bytes` counts."""
+    received = [0] * placement.workers
+    for block, needers in blocks_needed(product, placement).items():
+        holders = {p for p in range(placement.workers) if order[p] in held.get(block, ())}
+        for p in needers - (holders or {placement.home(block, product)}):
+            received[p] += block_bytes(product, block)
+    return received
+
+
+def _held_order(product: BlockProduct, placement: Placement, held: dict) -> list[int]:
+    """The GPU of each place: the assignment under which the most bytes each place reads are already held by that
+    place's GPU (`best_assignment`); in order where nothing is held."""
+    n = placement.workers
+    gain = [[0] * n for _ in range(n)]  # gain[p][w]: bytes GPU w holds that place p reads
+    for block, needers in blocks_needed(product, placement).items():
+        for w in held.get(block, ()):
+            for p in needers:
+                gain[p][w] += block_bytes(product, block)
+    return best_assignment(gain) if any(map(any, gain)) else list(range(n))
+
+
 def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float = FLOPS_PER_S,
-                     link_bytes_per_s: float = LINK_BYTES_PER_S["ucx"]) -> DistributedPlan:
-    """The candidate placement with the least predicted time (the fewest bytes moved on a tie)."""
+                     link_bytes_per_s: float = LINK_BYTES_PER_S["ucx"], held: dict | None = None) -> DistributedPlan:
+    """The candidate placement with the least predicted time (the fewest bytes moved on a tie).
+
+    `held`: {operand block ("a", i, k) or ("b", k, j): the GPUs (0 .. workers - 1) that already hold it}, for
+    operands in a cluster's memory. Each candidate's places then go to the GPUs that hold most of what each reads
+    (the plan's `order`), and the bytes it must still move decide between the candidates: keeping a product on
+    one GPU is not free when its operands are spread over several."""
     if workers < 1:
         raise ValueError(f"a distributed product needs at least one GPU (got workers={workers})")
+    held = {block: set(gpus) for block, gpus in (held or {}).items() if gpus}
     one = product.flops / flops_per_s
     plans = []
     for placement in candidates(workers, product):
-        received = received_bytes(product, placement)
+        if held:
+            order = _held_order(product, placement, held)
+            received = held_received(product, placement, held, order)
+        else:
+            order, received = list(range(workers)), received_bytes(product, placement)
         compute = _compute_seconds(product, placement, flops_per_s)
         plans.append(DistributedPlan(placement, product, tuple(received), compute,
-                                     compute + max(received) / link_bytes_per_s, one, link_bytes_per_s))
+                                     compute + max(received) / link_bytes_per_s, one, link_bytes_per_s,
+                                     tuple(order) if held else (), held))
     return min(plans, key=lambda p: (p.seconds, p.moved))
 
 
@@ -269,9 +326,11 @@ def describe_distributed(plan: DistributedPlan) -> str:
         layout += "; B is A's transpose: each of A's blocks sent once to each GPU that reads it, and read transposed"
     per = max(plan.received)
     gain = plan.one_gpu_seconds / plan.seconds if plan.seconds else 1.0
-    held = max(resident_bytes(p, pl))
+    held = max(resident_bytes(p, pl, plan.held, plan.order))
+    where = (f" ({_size(plan.held_bytes)} of the operands already on the GPUs, each place on the GPU holding most of "
+             "what it reads)" if plan.held else "")
     return (f"{head}\n  layout  {layout}; each output block's K summed on its owner, its own blocks first\n"
-            f"  moved   {_size(plan.moved)} between GPUs, at most {_size(per)} into one GPU\n"
+            f"  moved   {_size(plan.moved)} between GPUs, at most {_size(per)} into one GPU{where}\n"
             f"  memory  at most {_size(held)} on one GPU (its blocks, those it receives, its output)\n"
             f"  model   {gain:.2f}x one GPU's speed: {plan.compute_seconds * 1e3:.1f} ms of compute on the busiest GPU "
             f"and {per / plan.link_bytes_per_s * 1e3:.1f} ms to receive its inputs "
