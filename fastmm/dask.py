@@ -256,9 +256,10 @@ def _operands(x, y):
 def _block_product(x, y):
     from ._plan.distributed import BlockProduct
 
-    # gram: y is x.T, the very graph (x @ x.T): x's chunks alone are made and moved, and read transposed as y's
+    # gram: y is x.T, the very graph (x @ x.T); same: y is x. x's chunks alone are made and moved (read transposed
+    # as y's for x @ x.T).
     return BlockProduct(tuple(x.chunks[0]), tuple(y.chunks[1]), tuple(x.chunks[1]),
-                        np.result_type(x.dtype, y.dtype).itemsize, gram=y.name == x.T.name)
+                        np.result_type(x.dtype, y.dtype).itemsize, gram=y.name == x.T.name, same=y.name == x.name)
 
 
 def _link_rate(addresses: list[str]) -> float:
@@ -565,14 +566,14 @@ def matmul(x, y, workers=None, **model):
                              start=i + j)
             _sum_over_k(tasks[w], name, acc, i, j, order, lambda i, k: on(w, ("a", i, k)),
                         lambda k, j: on(w, b_block(product, k, j)), run=(_finished,), transposed=product.gram)
-    operands = (x,) if product.gram else (x, y)
+    operands = (x,) if product.one_operand else (x, y)
     layers, deps = {}, {}
     for operand in operands:
         layers |= dict(operand.dask.layers)
         deps |= dict(operand.dask.dependencies)
     # Each operand chunk made where the plan keeps it (a chunk already in memory stays where it is).
     layers[x.name] = _made_at(layers[x.name], x.name, addresses, lambda i, k: homes["a", i, k])
-    if not product.gram and y.name != x.name:
+    if not product.one_operand:
         layers[y.name] = _made_at(layers[y.name], y.name, addresses, lambda k, j: homes["b", k, j])
     # The plan's worker, as a restriction that holds while that worker runs (never stolen from it: `_dask_pins`):
     # where it dies (or its nanny restarts it at a new address), its tasks run on the others.

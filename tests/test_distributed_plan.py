@@ -451,6 +451,35 @@ def test_on_a_cluster_the_bytes_that_move_are_the_plans():
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
 
 
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_x_times_itself_reads_each_block_once_per_gpu(workers):
+    """x @ x: B's block (k, j) is A's (k, j): fetched once by each GPU that reads it either way, with a fetch task
+    of its own (before, B's homes were planned apart from A's, and sums read remote chunks directly); the bytes
+    moved on a cluster are the plan's and the product is x @ x."""
+    with _four_workers() as (distributed, client, addresses, _, _y, model):
+        x = da.random.RandomState(4).random_sample((400, 400), chunks=100)
+        addresses = addresses[:workers]
+        plan = fd._plan(x, x, workers, model)
+        assert plan.product.same and plan.placement.kind != "one"
+        z = fd.matmul(x, x, workers=addresses, **model)
+        where, deps = _pinned(z.dask)
+        fetches = [k for k in where if isinstance(k, tuple) and "-in-" in str(k[0])]
+        assert fetches and all(k[0].endswith("-in-a") for k in fetches)
+        for key, worker in where.items():  # every remote read goes through a fetch task
+            for dep in deps[key]:
+                if worker is not None and isinstance(dep, tuple) and dep[0] == x.name:
+                    assert where[dep] == worker or key[0].endswith("-in-a"), (key, dep)
+        dask_bench.clear_moved(client)
+        z = client.persist(z)
+        distributed.wait(z)
+        got = client.run(dask_bench._incoming)
+        assert [got[a][0] for a in addresses] == list(plan.received)
+        host = x.compute()
+        assert np.allclose(z.compute(), host @ host, rtol=1e-12, atol=1e-10)
+    with pytest.raises(ValueError, match="cuts rows, columns and K alike"):
+        BlockProduct((4, 4), (4, 4), (8,), same=True)
+
+
 def test_on_a_cluster_x_times_its_transpose_moves_the_plans_bytes():
     """x @ x.T computed on four workers: each worker receives exactly the bytes `explain` states for the cross
     layout, and the product is x @ x.T's."""

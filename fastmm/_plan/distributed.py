@@ -31,18 +31,27 @@ LINK_BYTES_PER_S = {"ucx": 15e9, "tcp": 1e9}
 class BlockProduct:
     """C (M x N) = A (M x K) @ B (K x N), cut into blocks: the sizes of the row blocks of A and C (`rows`), the
     column blocks of B and C (`cols`) and the blocks along K (`depth`). `gram`: B is A's transpose (``x @ x.T``), so
-    B's block (k, j) is A's block (j, k), read transposed."""
+    B's block (k, j) is A's block (j, k), read transposed; `same`: B is A (``x @ x``), B's block (k, j) A's (k, j)."""
 
     rows: tuple[int, ...]
     cols: tuple[int, ...]
     depth: tuple[int, ...]
     itemsize: int = 4
     gram: bool = False
+    same: bool = False
 
     def __post_init__(self):
         if self.gram and self.cols != self.rows:
             raise ValueError(f"a product of x and x.T has as many column blocks as row blocks, of the same sizes "
                              f"(got rows {self.rows} and columns {self.cols})")
+        if self.same and not self.rows == self.depth == self.cols:
+            raise ValueError(f"a product of x and itself cuts rows, columns and K alike (got rows {self.rows}, "
+                             f"columns {self.cols} and K {self.depth})")
+
+    @property
+    def one_operand(self) -> bool:
+        """B's blocks are A's (x @ x.T or x @ x): A's blocks are the only operand blocks."""
+        return self.gram or self.same
 
     @property
     def flops(self) -> int:
@@ -90,8 +99,8 @@ class Placement:
                 "grid": (i % pr) * pc + k % pc}[self.kind]
 
     def b_home(self, k: int, j: int, product: BlockProduct) -> int:
-        if product.gram:  # B's block (k, j) is A's block (j, k)
-            return self.a_home(j, k, product)
+        if product.one_operand:  # B's block (k, j) is A's block (j, k), or (k, j)
+            return self.a_home(*b_block(product, k, j)[1:], product)
         pr, pc = self.grid
         return {"one": 0, "rows": (k * len(product.cols) + j) % self.workers, "columns": j % self.workers,
                 "grid": (k % pr) * pc + j % pc}[self.kind]
@@ -122,8 +131,9 @@ def candidates(workers: int, product: BlockProduct | None = None) -> list[Placem
 
 
 def b_block(product: BlockProduct, k: int, j: int) -> tuple:
-    """B's block (k, j) as an operand block: ("b", k, j), or A's ("a", j, k) where B is A's transpose."""
-    return ("a", j, k) if product.gram else ("b", k, j)
+    """B's block (k, j) as an operand block: ("b", k, j), or A's: ("a", j, k) where B is A's transpose, ("a", k, j)
+    where B is A."""
+    return ("a", j, k) if product.gram else ("a", k, j) if product.same else ("b", k, j)
 
 
 def blocks_needed(product: BlockProduct, placement: Placement) -> dict[tuple, set[int]]:
@@ -144,7 +154,7 @@ def operand_blocks(product: BlockProduct) -> list[tuple]:
     """Every operand block: A's ("a", i, k), then B's ("b", k, j) unless B is A's transpose."""
     rows, cols, depth = range(len(product.rows)), range(len(product.cols)), range(len(product.depth))
     a = [("a", i, k) for i in rows for k in depth]
-    return a if product.gram else a + [("b", k, j) for k in depth for j in cols]
+    return a if product.one_operand else a + [("b", k, j) for k in depth for j in cols]
 
 
 def block_bytes(product: BlockProduct, block: tuple) -> int:
@@ -322,6 +332,8 @@ def describe_distributed(plan: DistributedPlan) -> str:
         "cross": ("x's block rows in quarters Q0-Q3: GPU 0 computes H0 x H0 (H0 = Q0 + Q1), GPU 1 H1 x H1, "
                   "GPU 2 H0 x Q2 and Q2 x H0, GPU 3 H0 x Q3 and Q3 x H0, so no GPU reads all of x"),
     }[pl.kind]
+    if p.same:
+        layout += "; B is A: each of A's blocks sent once to each GPU that reads it"
     if p.gram:
         layout += "; B is A's transpose: each of A's blocks sent once to each GPU that reads it, and read transposed"
     per = max(plan.received)
