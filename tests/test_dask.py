@@ -165,7 +165,8 @@ def test_ucx_workers_wait_for_the_default_stream_once_asked(monkeypatch):
     from fastmm._tools.dask_bench import parse_waits
 
     assert parse_waits("stream") == ("stream",) and parse_waits("stream, device,stream") == ("stream", "device")
-    with pytest.raises(ValueError, match=r"--dask-ucx-wait takes stream, device or stream,device \(got 'host'\)"):
+    assert parse_waits("tasks,device") == ("tasks", "device")
+    with pytest.raises(ValueError, match=r"--dask-ucx-wait takes stream, tasks, device or several .*\(got 'host'\)"):
         parse_waits("host")
     plugin = _dask_sends.SendAfterDefaultStream()
     monkeypatch.setitem(sys.modules, "distributed_ucxx", None)  # not installed
@@ -193,6 +194,39 @@ def test_ucx_workers_wait_for_the_default_stream_once_asked(monkeypatch):
         assert comm.synchronize_stream is replaced
         client.unregister_worker_plugin(name)  # distributed-ucxx's own wait again
         assert comm.synchronize_stream is device_wide
+
+
+def _executor_type(dask_worker):
+    return type(dask_worker.executors["default"]).__name__
+
+
+def test_finish_tasks_runs_every_task_through_a_finishing_thread_pool(monkeypatch):
+    """send_after_default_stream(finish_tasks=True): each worker's default executor runs every task through
+    `finishing` (a stream of the thread's own, finished when the task returns; as it is where there is no GPU), under
+    a type name distributed still runs as a thread pool; taken down with the plugin."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    import dask.array as da
+
+    from fastmm import _dask_sends
+
+    import threading
+
+    monkeypatch.setitem(sys.modules, "distributed_ucxx", None)  # the executor alone
+
+    def through_finishing():  # (the thread's stream, None without a GPU, is set by `finishing` before the task runs)
+        return hasattr(threading.current_thread(), "fastmm_task_stream")
+
+    with distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        before = client.run(_executor_type)
+        assert not client.submit(through_finishing, pure=False).result()
+        assert fastmm.dask.send_after_default_stream(client, finish_tasks=True)
+        assert set(client.run(_executor_type).values()) == {"FinishingThreadPoolExecutor"}
+        assert all(client.gather([client.submit(through_finishing, pure=False, workers=[w]) for w in before]))
+        x = da.arange(1000, chunks=100)
+        assert int((x * 2).sum().compute()) == 999000
+        client.unregister_worker_plugin(f"{_dask_sends.SendAfterDefaultStream.name}-finish-tasks")
+        assert client.run(_executor_type) == before
 
 
 def test_fastmm_arrays_have_serializers_of_their_own():

@@ -187,6 +187,43 @@ def test_the_wait_before_a_ucx_transfer_covers_the_default_and_blocking_streams_
     assert cp.cuda.Stream.null.done
 
 
+def test_with_finish_tasks_a_task_returns_with_its_gpu_work_done():
+    """send_after_default_stream(finish_tasks=True) on a one-GPU cluster: a task's CuPy work runs on a non-blocking
+    stream of its thread's own, and is done when the task's result is there (nothing left on the legacy stream
+    either); Dask's own graph of fastmm chunks still gives the right product."""
+    pytest.importorskip("distributed", reason="distributed is not installed: pip install 'fastmm[dask]'")
+    from dask.distributed import Client
+
+    from fastmm._tools.dask_bench import _cluster
+
+    def busy():  # (nested: sent to the worker by value)
+        import cupy
+
+        big = cupy.ones((4096, 4096), cupy.float32)
+        for _ in range(64):  # ~180 ms on CuPy's current stream
+            r = big @ big
+        return cupy.cuda.get_current_stream().ptr, r[:1, :1].copy()
+
+    def streams_idle():
+        import threading
+
+        import cupy
+
+        own = [t.fastmm_task_stream for t in threading.enumerate() if getattr(t, "fastmm_task_stream", None)]
+        return cupy.cuda.Stream.null.done, bool(own) and all(s.done for s in own)
+
+    with _cluster(1) as cluster, Client(cluster) as client:
+        assert fd.send_after_default_stream(client, finish_tasks=True)
+        ptr, corner = client.submit(busy, pure=False).result()
+        assert ptr != 0 and float(corner[0, 0]) == 4096.0
+        (legacy, own), = client.run(streams_idle).values()
+        assert legacy and own
+        a = np.random.default_rng(3).standard_normal((3000, 2000)).astype(np.float32)
+        x = fd.from_array(a, chunks=(1000, 700))
+        got = client.compute(fd.to_host(x @ x.T)).result()
+    _close(got, a.astype(np.float64) @ a.astype(np.float64).T)
+
+
 @pytest.mark.parametrize("task", ["first", "add"])
 def test_a_planned_task_never_reuses_memory_another_thread_still_reads(task, rng, monkeypatch):
     """With two threads a worker runs two tasks at once: another task may queue a read of a block on the legacy

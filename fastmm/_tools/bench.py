@@ -390,8 +390,9 @@ def add_arguments(p) -> None:
                         "Dask's default)")
     p.add_argument("--dask-ucx-wait", default="stream",
                    help="--dask: what a UCX worker waits for before a device transfer: stream (its default stream, "
-                        "fastmm.dask.send_after_default_stream), device (the whole GPU, distributed-ucxx's own), or "
-                        "stream,device (each cluster both ways; default: stream)")
+                        "fastmm.dask.send_after_default_stream), tasks (the same, and every task finishes its GPU "
+                        "work: finish_tasks=True), device (the whole GPU, distributed-ucxx's own), or several, "
+                        "comma-separated (each cluster each way; default: stream)")
     p.add_argument("--dask-protocol", default="tcp,ucx",
                    help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
     p.add_argument("--dask-kinds", default="fastmm,cupy,planned,planned-cupy",

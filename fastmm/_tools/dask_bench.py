@@ -53,11 +53,14 @@ def parse_stealing(text: str) -> tuple[bool, ...]:
     return tuple(dict.fromkeys(w == "on" for w in words))
 
 
+WAITS = ("stream", "tasks", "device")
+
+
 def parse_waits(text: str) -> tuple[str, ...]:
-    """--dask-ucx-wait: "stream", "device" or both (each UCX cluster measured each way)."""
+    """--dask-ucx-wait: any of stream, tasks and device, comma-separated (each UCX cluster measured each way)."""
     words = tuple(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
-    if not words or set(words) - {"stream", "device"}:
-        raise ValueError(f"--dask-ucx-wait takes stream, device or stream,device (got {text!r})")
+    if not words or set(words) - set(WAITS):
+        raise ValueError(f"--dask-ucx-wait takes {', '.join(WAITS)} or several of them, comma-separated (got {text!r})")
     return words
 
 
@@ -370,12 +373,14 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
             continue  # one worker steals nothing and sends nothing: measured once
         where = protocol if len(stealing) == 1 else f"{protocol}, stealing {'on' if steal else 'off'}"
         if protocol == "ucx" and len(waits) > 1 and gpus > 1:
-            where += f", waits for the {wait_}"
+            where += f", waits: {wait_}"
         with _cluster(gpus, protocol, threads, steal) as cluster, Client(cluster) as client:
-            if protocol == "ucx" and wait_ == "stream":  # (docs/dask.md: UCX's wait before device transfers)
-                fd.send_after_default_stream(client)
+            if protocol == "ucx" and wait_ != "device":  # (docs/dask.md: UCX's wait before device transfers)
+                fd.send_after_default_stream(client, finish_tasks=wait_ == "tasks")
             pools = set(client.run(_rmm_pool, RMM_POOL_SHARE).values()) if protocol == "ucx" else set()
-            waits_for = f", waits for the {wait_} before a transfer" if protocol == "ucx" else ""
+            waits_for = {"stream": ", waits for the default stream before a transfer",
+                         "tasks": ", waits for the default stream before a transfer, tasks finish their GPU work",
+                         "device": ", waits for the device before a transfer"}[wait_] if protocol == "ucx" else ""
             print(f"  {type(cluster).__name__}, {gpus} worker(s) of {threads} thread(s), {protocol}{waits_for}, work "
                   f"stealing {'on' if steal else 'off'}{'; ' if pools else ''}{'; '.join(sorted(pools))}", flush=True)
             if gpus > 1:
