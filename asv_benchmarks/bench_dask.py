@@ -52,8 +52,8 @@ class DaskChunked:
 
 class DaskSeveralGPUs:
     """(16384 x 16384) @ (16384 x 16384)^T in 4096^2 chunks made on the workers, on a local cluster of every GPU
-    (one worker each): Dask's own graph and fastmm.dask.matmul's planned graph, each on fastmm chunks and on CuPy
-    chunks. Skipped where the machine has fewer than two GPUs or no distributed."""
+    (one worker each; UCX where installed, TCP otherwise): Dask's own graph and fastmm.dask.matmul's planned graph,
+    each on fastmm chunks and on CuPy chunks. Skipped where the machine has fewer than two GPUs or no distributed."""
 
     params = (["fastmm", "cupy", "planned", "planned-cupy"],)
     param_names = ["graph"]
@@ -72,8 +72,14 @@ class DaskSeveralGPUs:
             from fastmm._tools import dask_bench
         except ImportError as e:
             raise common.SkipNotImplemented(f"Dask's distributed is not installed: {e}") from None
-        self.cluster = dask_bench._cluster(gpus)
+        # The set-up docs/dask.md recommends: UCX over NVLink where distributed-ucxx is installed, with the workers
+        # waiting for their default stream before a transfer; TCP otherwise.
+        protocol = "tcp" if dask_bench.protocol_missing("ucx") else "ucx"
+        self.cluster = dask_bench._cluster(gpus, protocol)
         self.client = Client(self.cluster)
+        if protocol == "ucx":
+            self.client.run(dask_bench._rmm_pool, dask_bench.RMM_POOL_SHARE)
+            fd.send_after_default_stream(self.client)
         x = dask_bench._on_gpus(self.N, self.CHUNK, seed=3)
         self.x = (x if kind.endswith("cupy") else fd.from_array(x)).persist()
         wait(self.x)
