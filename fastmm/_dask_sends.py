@@ -111,12 +111,13 @@ class SendAfterDefaultStream(WorkerPlugin):
         if finish_tasks:  # (a plugin of its own: registered after the plain one, it still wraps the executor)
             self.name = f"{SendAfterDefaultStream.name}-finish-tasks"
         self.replaced = None  # whether this worker's wait is fastmm's (None: no distributed-ucxx there)
-        self._original = None
         self._executor = None
 
     def setup(self, worker=None):
         executors = getattr(worker, "executors", {})
-        if self.finish_tasks and "default" in executors and self._executor is None:
+        # (a thread pool's alone: distributed runs a process pool's tasks otherwise, and they must pickle)
+        if self.finish_tasks and "ThreadPoolExecutor" in str(type(executors.get("default"))) \
+                and self._executor is None:
             self._executor = executors["default"]
             executors["default"] = FinishingThreadPoolExecutor(self._executor)
         try:
@@ -128,17 +129,19 @@ class SendAfterDefaultStream(WorkerPlugin):
             self.replaced = False
             return
         if not getattr(original, "fastmm", False):
-            self._original = original
+            comm.fastmm_device_wait = original  # (on the module: whichever of fastmm's plugins goes last restores it)
             comm.synchronize_stream = wait_for_default_stream
         self.replaced = True
 
     def teardown(self, worker=None):
         if self._executor is not None:
             worker.executors["default"], self._executor = self._executor, None
-        if self._original is not None:  # (the plugin removed: distributed-ucxx's own wait again)
+        others = [n for n in getattr(worker, "plugins", {}) if n.startswith(SendAfterDefaultStream.name) and
+                  n != self.name]
+        if self.replaced and not others:  # (fastmm's last plugin removed: distributed-ucxx's own wait again)
             from distributed_ucxx import ucxx as comm
 
-            comm.synchronize_stream, self._original = self._original, None
+            comm.synchronize_stream = getattr(comm, "fastmm_device_wait", comm.synchronize_stream)
 
 
 def send_after_default_stream(client=None, *, finish_tasks: bool = False) -> bool:

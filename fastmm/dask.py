@@ -223,16 +223,13 @@ def _operand_key(x, y, block: tuple) -> tuple:
 
 
 def _held(x, y, product, addresses: list[str], who: dict) -> dict:
-    """{operand block: the indices in `addresses` of the workers holding its chunk} (`who`: see _who_has)."""
+    """{operand block: the indices in `addresses` of the workers holding its chunk, an empty set where only other
+    workers do} for the blocks in memory (`who`: see _who_has)."""
     from ._plan.distributed import operand_blocks
 
     index = {address: w for w, address in enumerate(addresses)}
-    held = {}
-    for block in operand_blocks(product):
-        gpus = {index[a] for a in who.get(_operand_key(x, y, block), ()) if a in index}
-        if gpus:
-            held[block] = gpus
-    return held
+    keys = {block: _operand_key(x, y, block) for block in operand_blocks(product)}
+    return {block: {index[a] for a in who[key] if a in index} for block, key in keys.items() if who.get(key)}
 
 
 def _flat_keys(array) -> list:
@@ -314,7 +311,7 @@ def _made_at(layer, name: str, addresses: list[str], home):
     """A copy of the layer that makes an operand's chunks, each chunk's task preferring the worker `home(i, j)` names
     (a preference, as for the product's own tasks: see `matmul`); the layer's other keys are left to Dask."""
     def workers(key):
-        if isinstance(key, tuple) and len(key) == 3 and key[0] == name:
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == name and home(key[1], key[2]) >= 0:
             return [addresses[home(key[1], key[2])]]
         return None
 
@@ -545,7 +542,9 @@ def matmul(x, y, workers=None, **model):
     # need it as it would from the plan's home, and not first to that home.
     index = {address: w for w, address in enumerate(addresses)}
     held = {key: [index[a] for a in holders if a in index] for key, holders in who.items()}
-    homes = {b: next((w for w in held.get(_operand_key(x, y, b), ()) if w in needers), placement.home(b, product))
+    # (-1: held only by workers that do not read it, from where every reader fetches it)
+    homes = {b: next((w for w in held.get(_operand_key(x, y, b), ()) if w in needers),
+                     -1 if _operand_key(x, y, b) in who else placement.home(b, product))
              for b, needers in blocks_needed(product, placement).items()}
     # An operand's chunk is made at its home (`_made_at`) or already held there, and read there as it is. Each block
     # a GPU needs from another is fetched by a task of its own there, ready as soon as the block exists, so that its

@@ -192,7 +192,10 @@ def test_ucx_workers_wait_for_the_default_stream_once_asked(monkeypatch):
         assert fastmm.dask.send_after_default_stream()  # again (the current client): not set up again
         assert client.run(lambda dask_worker: id(dask_worker.plugins[name])) == plugins
         assert comm.synchronize_stream is replaced
-        client.unregister_worker_plugin(name)  # distributed-ucxx's own wait again
+        fastmm.dask.send_after_default_stream(client, finish_tasks=True)  # a second plugin of fastmm's
+        client.unregister_worker_plugin(name)
+        assert comm.synchronize_stream is replaced  # still fastmm's, for the other plugin
+        client.unregister_worker_plugin(f"{name}-finish-tasks")  # the last: distributed-ucxx's own wait again
         assert comm.synchronize_stream is device_wide
 
 
@@ -210,6 +213,7 @@ def test_finish_tasks_runs_every_task_through_a_finishing_thread_pool(monkeypatc
     from fastmm import _dask_sends
 
     import threading
+    import types
 
     monkeypatch.setitem(sys.modules, "distributed_ucxx", None)  # the executor alone
 
@@ -227,6 +231,14 @@ def test_finish_tasks_runs_every_task_through_a_finishing_thread_pool(monkeypatc
         assert int((x * 2).sum().compute()) == 999000
         client.unregister_worker_plugin(f"{_dask_sends.SendAfterDefaultStream.name}-finish-tasks")
         assert client.run(_executor_type) == before
+
+
+    class ProcessPoolExecutor:  # (a worker whose tasks run in other processes: their functions must pickle)
+        pass
+
+    worker = types.SimpleNamespace(executors={"default": ProcessPoolExecutor()}, plugins={})
+    _dask_sends.SendAfterDefaultStream(finish_tasks=True).setup(worker)
+    assert type(worker.executors["default"]) is ProcessPoolExecutor
 
 
 def test_fastmm_arrays_have_serializers_of_their_own():

@@ -514,6 +514,31 @@ def test_persisted_operands_move_only_to_the_workers_that_need_them():
         assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
 
 
+def test_operands_held_by_a_worker_outside_the_product_move_as_counted():
+    """Chunks persisted on a fifth worker, the product on the other four: every byte must move, and the plan counts
+    it (a chunk held elsewhere is not made at its home for free), as the workers' own logs do."""
+    distributed = pytest.importorskip("distributed", reason="needs distributed: pip install 'fastmm[dask]'")
+    x = da.random.RandomState(1).random_sample((400, 300), chunks=(100, 75))
+    y = da.random.RandomState(2).random_sample((300, 500), chunks=(75, 125))
+    with distributed.LocalCluster(n_workers=5, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        addresses = sorted(client.scheduler_info()["workers"])
+        x, y = client.persist(x, workers=addresses[4]), client.persist(y, workers=addresses[4])
+        distributed.wait([x, y])
+        planned = addresses[:4]
+        free = fd._plan(x, y, 4, {"flops_per_s": 1e30}, planned, fd._who_has((x, y)))  # compute free: bytes decide
+        assert free.moved >= (400 * 300 + 300 * 500) * 8  # each block at least once (before: 0 B on one GPU)
+        assert "moved   0 B" not in fd.explain(x, y, planned, flops_per_s=1e30)
+        model = {"flops_per_s": 1e3}
+        plan = fd._plan(x, y, 4, model, planned, fd._who_has((x, y)))
+        dask_bench.clear_moved(client)
+        z = client.persist(fd.matmul(x, y, workers=planned, **model))
+        distributed.wait(z)
+        got = client.run(dask_bench._incoming)
+        assert [got[a][0] for a in planned] == list(plan.received) and got[addresses[4]][0] == 0
+        assert np.allclose(z.compute(), x.compute() @ y.compute(), rtol=1e-12, atol=1e-10)
+
+
 def test_a_chunk_made_from_one_persisted_chunk_lives_where_that_chunk_is():
     """x @ x.T with x persisted: each chunk of x.T (a transpose of one of x's) counts as held by x's chunk's worker,
     so the plan makes it there instead of first moving x's chunk to the plan's home for it; a chunk made from two

@@ -177,11 +177,14 @@ def resident_bytes(product: BlockProduct, placement: Placement, held: dict | Non
     as for `held_received`: those its GPU already holds, and those held nowhere whose home it is), those it receives
     (each fetched as soon as it exists, kept until its last product there) and its output blocks."""
     if held:
+        order = list(range(placement.workers)) if order is None else order
         total = held_received(product, placement, held, order)
         for block in blocks_needed(product, placement):
-            gpus = held.get(block, ())
-            for p in range(placement.workers) if gpus else [placement.home(block, product)]:
-                total[p] += block_bytes(product, block) if not gpus or order[p] in gpus else 0
+            if block not in held:
+                total[placement.home(block, product)] += block_bytes(product, block)
+                continue
+            for p in range(placement.workers):
+                total[p] += block_bytes(product, block) if order[p] in held[block] else 0
     else:
         total = list(received_bytes(product, placement))
         for block in blocks_needed(product, placement):
@@ -209,8 +212,8 @@ class DistributedPlan:
         return sum(self.received)
 
     @property
-    def held_bytes(self) -> int:
-        return sum(block_bytes(self.product, block) for block in self.held)
+    def held_bytes(self) -> int:  # (on the plan's GPUs)
+        return sum(block_bytes(self.product, block) for block, gpus in self.held.items() if gpus)
 
 
 def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: float) -> float:
@@ -223,13 +226,17 @@ def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: f
 
 
 def held_received(product: BlockProduct, placement: Placement, held: dict, order) -> list[int]:
-    """`received_bytes` where some operand blocks are already on the GPUs (`held`: {block: GPUs holding it}) and
-    place p of the placement runs on GPU order[p]: a held block moves from where it is to each place that reads it
-    and does not hold it; a block held nowhere is made at its home, as `received_bytes` counts."""
+    """`received_bytes` where some operand blocks are already in memory (`held`: {block: the GPUs holding it, an
+    empty set where only others do}) and place p of the placement runs on GPU order[p]: a held block moves from
+    where it is to each place that reads it and does not hold it; a block not in memory is made at its home, as
+    `received_bytes` counts."""
     received = [0] * placement.workers
     for block, needers in blocks_needed(product, placement).items():
-        holders = {p for p in range(placement.workers) if order[p] in held.get(block, ())}
-        for p in needers - (holders or {placement.home(block, product)}):
+        if block in held:
+            kept = {p for p in range(placement.workers) if order[p] in held[block]}
+        else:
+            kept = {placement.home(block, product)}
+        for p in needers - kept:
             received[p] += block_bytes(product, block)
     return received
 
@@ -250,13 +257,13 @@ def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float 
                      link_bytes_per_s: float = LINK_BYTES_PER_S["ucx"], held: dict | None = None) -> DistributedPlan:
     """The candidate placement with the least predicted time (the fewest bytes moved on a tie).
 
-    `held`: {operand block ("a", i, k) or ("b", k, j): the GPUs (0 .. workers - 1) that already hold it}, for
-    operands in a cluster's memory. Each candidate's places then go to the GPUs that hold most of what each reads
-    (the plan's `order`), and the bytes it must still move decide between the candidates: keeping a product on
-    one GPU is not free when its operands are spread over several."""
+    `held`: {operand block ("a", i, k) or ("b", k, j): the GPUs (0 .. workers - 1) that already hold it, an empty
+    set where only other workers do}, for operands in a cluster's memory. Each candidate's places then go to the
+    GPUs that hold most of what each reads (the plan's `order`), and the bytes it must still move decide between the
+    candidates: keeping a product on one GPU is not free when its operands are spread over several."""
     if workers < 1:
         raise ValueError(f"a distributed product needs at least one GPU (got workers={workers})")
-    held = {block: set(gpus) for block, gpus in (held or {}).items() if gpus}
+    held = {block: set(gpus) for block, gpus in (held or {}).items()}
     one = product.flops / flops_per_s
     plans = []
     for placement in candidates(workers, product):
