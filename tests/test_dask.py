@@ -315,9 +315,11 @@ def test_bench_table_prints_the_link_rate_beside_the_products(capsys):
     rows = [{"what": "link (ucx)", "protocol": "ucx", "gpus": 2, "link": 80e9},
             {"what": "one", "gpus": 1, "n": 1024, "kind": "planned", "protocol": "ucx", "seconds": 1.0, "tflops": 1.0},
             {"what": "two", "gpus": 2, "n": 1024, "kind": "planned", "protocol": "ucx", "seconds": 0.5, "tflops": 2.0,
-             "moved": 2 ** 30, "link": 40e9}]
+             "moved": 2 ** 30, "link": 40e9,
+             "plan": "1024x1024x1024 product ...:\n  layout  rows split\n  moved   1 GiB"}]
     print_table(rows)
     out = capsys.readouterr().out
+    assert "    plan layout  rows split\n    plan moved   1 GiB\n" in out  # (--dask-timeline: the plan of the run)
     assert "80.0 GB/s, one chunk from worker to worker" in out
     assert "1.00 GiB between GPUs at  40.0 GB/s a transfer" in out
     assert "2 GPUs 2.00x one, 100% efficiency" in out

@@ -384,7 +384,8 @@ def add_arguments(p) -> None:
                         "(default 1)")
     p.add_argument("--dask-timeline", action="store_true",
                    help="--dask: per worker, where the timed run nearest the median spent its time (Dask's task "
-                        "stream: first start, last end, seconds computing and receiving)")
+                        "stream: first start, last end, seconds computing and receiving), and the planned graphs' "
+                        "plan for the operand as the first timed run has it (fastmm.dask.explain)")
     p.add_argument("--dask-stealing", default="on",
                    help="--dask: the scheduler's work stealing, on, off or on,off (each cluster both ways; default: on, "
                         "Dask's default)")

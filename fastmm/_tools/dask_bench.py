@@ -411,8 +411,11 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                         return y  # (released after the clock stops: the product is done here)
 
                     runs, lines = [], []
+                    plan = None
                     for run_ in range(repeat + 1):  # run 0: the warm-up
                         xi = operand(run_)
+                        if timelines and run_ == 1 and kind.startswith("planned") and gpus > 1:
+                            plan = fd.explain(xi, xi.T)  # (the operand where this run's is: the plan it gets)
                         streamed = timelines and run_ > 0
                         with get_task_stream(client) if streamed else contextlib.nullcontext() as stream:
                             t0, t0_wall = time.perf_counter(), time.time()
@@ -431,6 +434,8 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
                     row = {"what": f"cluster ({where}), {gpus} GPU(s), {n}^3, {kind}", "gpus": gpus, "n": n,
                            "kind": kind, "protocol": where, "seconds": statistics.median(runs), "runs": runs,
                            "moved": total / repeat, "link": rate, "stolen": (steals(client) - stolen) / repeat}
+                    if plan:
+                        row["plan"] = plan
                     if lines:  # the run nearest the median's
                         row["timeline"] = lines[min(range(len(runs)), key=lambda i: abs(runs[i] - row["seconds"]))]
                     add(row)
@@ -450,6 +455,8 @@ def print_table(rows) -> None:
                   f"{r.get('stolen', 0)} tasks stolen" if r.get("gpus", 1) > 1 and "moved" in r else "")
         runs = f"  runs {', '.join(f'{t:.2f}' for t in r['runs'])} s" if len(r.get("runs", ())) > 1 else ""
         print(f"  {r['what']:62s} {r['seconds']:8.2f} s  {r['tflops']:7.1f} TFLOP/s{err}{moved_}{runs}")
+        for line in r.get("plan", "").splitlines()[1:]:  # (--dask-timeline: the planned graphs' own plan)
+            print(f"    plan {line.strip()}")
         for w in r.get("timeline", ()):
             print(f"    {w['worker']:>28s}: {w['tasks']:4d} tasks, first start {w['first'] * 1e3:6.0f} ms, last end "
                   f"{w['last'] * 1e3:6.0f} ms, computing {w['compute'] * 1e3:6.0f} ms, "
