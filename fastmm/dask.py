@@ -253,10 +253,19 @@ def _operands(x, y):
 def _block_product(x, y):
     from ._plan.distributed import BlockProduct
 
-    # gram: y is x.T, the very graph (x @ x.T); same: y is x. x's chunks alone are made and moved (read transposed
-    # as y's for x @ x.T).
+    # gram: y is x.T, the very graph (x @ x.T), unless y alone is in memory (x.T.persist()); same: y is x. x's chunks
+    # alone are made and moved (read transposed as y's for x @ x.T).
+    gram = y.name == x.T.name and not (_persisted(y) and not _persisted(x))
     return BlockProduct(tuple(x.chunks[0]), tuple(y.chunks[1]), tuple(x.chunks[1]),
-                        np.result_type(x.dtype, y.dtype).itemsize, gram=y.name == x.T.name, same=y.name == x.name)
+                        np.result_type(x.dtype, y.dtype).itemsize, gram=gram, same=y.name == x.name)
+
+
+def _persisted(array) -> bool:
+    try:
+        from distributed import futures_of
+    except ImportError:
+        return False
+    return bool(futures_of(array))
 
 
 def _link_rate(addresses: list[str]) -> float:

@@ -557,6 +557,14 @@ def test_a_chunk_made_from_one_persisted_chunk_lives_where_that_chunk_is():
         assert not any(key in who for key in fd._flat_keys(mixed))
         z = client.persist(fd.matmul(x, xt, workers=addresses, **model))
         assert np.allclose(z.compute(), x.compute() @ x.compute().T, rtol=1e-12, atol=1e-10)
+        # x.T persisted with x not: its chunks in memory are read as they are (x is not computed again for them)
+        fresh = da.random.RandomState(9).random_sample((400, 300), chunks=(100, 75))
+        t = client.persist(fresh.T)
+        distributed.wait(t)
+        assert fd._plan(fresh, t, 4, model).product.gram is False
+        assert fd._plan(fresh, fresh.T, 4, model).product.gram
+        host = fresh.compute()
+        assert np.allclose(client.persist(fd.matmul(fresh, t, workers=addresses, **model)).compute(), host @ host.T)
 
 
 def test_each_place_of_the_plan_goes_to_the_gpu_holding_most_of_what_it_reads():
