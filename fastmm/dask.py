@@ -537,8 +537,7 @@ def matmul(x, y, workers=None, **model):
     addresses = _workers(workers)
     if len(addresses) < 2:
         return _chained(x, y)
-    who = _who_has((x, y))
-    plan = _plan(x, y, len(addresses), model, addresses, who)
+    plan = _plan(x, y, len(addresses), model, addresses, _who_has((x, y)))
     product, placement = plan.product, plan.placement
     # Each place of the plan (the one GPU, a row of the split, a place of the grid) on the worker that already holds
     # most of what it reads (persisted operands), as the plan chose them.
@@ -548,12 +547,9 @@ def matmul(x, y, workers=None, **model):
     tasks: list[dict] = [{} for _ in addresses]
     nk, rows, cols = len(product.depth), range(len(product.rows)), range(len(product.cols))
     # A chunk already held by a worker that needs it (a persisted operand) stays there: it moves to the others that
-    # need it as it would from the plan's home, and not first to that home.
-    index = {address: w for w, address in enumerate(addresses)}
-    held = {key: [index[a] for a in holders if a in index] for key, holders in who.items()}
-    # (-1: held only by workers that do not read it, from where every reader fetches it)
-    homes = {b: next((w for w in held.get(_operand_key(x, y, b), ()) if w in needers),
-                     -1 if _operand_key(x, y, b) in who else placement.home(b, product))
+    # need it as it would from the plan's home, and not first to that home. (-1: held only by workers that do not
+    # read it, from where every reader fetches it.)
+    homes = {b: placement.home(b, product) if plan.holding(b) is None else min(needers & plan.holding(b), default=-1)
              for b, needers in blocks_needed(product, placement).items()}
     # An operand's chunk is made at its home (`_made_at`) or already held there, and read there as it is. Each block
     # a GPU needs from another is fetched by a task of its own there, ready as soon as the block exists, so that its

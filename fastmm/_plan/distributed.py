@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = ["BlockProduct", "Placement", "DistributedPlan", "candidates", "blocks_needed", "received_bytes",
-           "held_received", "operand_blocks", "resident_bytes", "plan_distributed", "describe_distributed",
-           "best_assignment"]
+           "held_received", "places_holding", "operand_blocks", "resident_bytes", "plan_distributed",
+           "describe_distributed", "best_assignment"]
 
 # Defaults of the time model: an H100's FP32 rate through fastmm's tiles, and the rate at which one transfer brought a
 # GPU an operand's block in planned products on four GPUs joined by NVLink, by the cluster's protocol: UCX (12-16 GB/s
@@ -162,33 +162,34 @@ def block_bytes(product: BlockProduct, block: tuple) -> int:
     return product.a_bytes(r, c) if operand == "a" else product.b_bytes(r, c)
 
 
+def places_holding(held: dict, order, block: tuple) -> set[int] | None:
+    """The places of a placement whose GPU (place p runs on GPU order[p]) already holds `block` (`held`: {block: the
+    GPUs holding it, an empty set where only other workers do}); None where the block is not in memory."""
+    if block not in held:
+        return None
+    return {p for p, gpu in enumerate(order) if gpu in held[block]}
+
+
+def _living(product: BlockProduct, placement: Placement, held: dict, order, block: tuple) -> set[int]:
+    """The places where `block` already is: those holding it, or, where it is not in memory, its home (made there)."""
+    holding = places_holding(held, order, block)
+    return {placement.home(block, product)} if holding is None else holding
+
+
 def received_bytes(product: BlockProduct, placement: Placement) -> list[int]:
     """Bytes of input blocks each GPU receives: each block it needs once, unless the block lives there."""
-    received = [0] * placement.workers
-    for block, needers in blocks_needed(product, placement).items():
-        home = placement.home(block, product)
-        for w in needers - {home}:
-            received[w] += block_bytes(product, block)
-    return received
+    return held_received(product, placement, {}, range(placement.workers))
 
 
 def resident_bytes(product: BlockProduct, placement: Placement, held: dict | None = None, order=None) -> list[int]:
     """Bytes each place holds at most during the product: the input blocks that live there (with `held` and `order`
     as for `held_received`: those its GPU already holds, and those held nowhere whose home it is), those it receives
     (each fetched as soon as it exists, kept until its last product there) and its output blocks."""
-    if held:
-        order = list(range(placement.workers)) if order is None else order
-        total = held_received(product, placement, held, order)
-        for block in blocks_needed(product, placement):
-            if block not in held:
-                total[placement.home(block, product)] += block_bytes(product, block)
-                continue
-            for p in range(placement.workers):
-                total[p] += block_bytes(product, block) if order[p] in held[block] else 0
-    else:
-        total = list(received_bytes(product, placement))
-        for block in blocks_needed(product, placement):
-            total[placement.home(block, product)] += block_bytes(product, block)
+    held, order = held or {}, order or range(placement.workers)
+    total = held_received(product, placement, held, order)
+    for block in blocks_needed(product, placement):
+        for p in _living(product, placement, held, order, block):
+            total[p] += block_bytes(product, block)
     for i, m in enumerate(product.rows):
         for j, n in enumerate(product.cols):
             total[placement.owner(i, j, product)] += m * n * product.itemsize
@@ -215,6 +216,10 @@ class DistributedPlan:
     def held_bytes(self) -> int:  # (on the plan's GPUs)
         return sum(block_bytes(self.product, block) for block, gpus in self.held.items() if gpus)
 
+    def holding(self, block: tuple) -> set[int] | None:
+        """The places whose GPU already holds `block`; None where it is not in memory (`places_holding`)."""
+        return places_holding(self.held, self.order or range(self.placement.workers), block)
+
 
 def _compute_seconds(product: BlockProduct, placement: Placement, flops_per_s: float) -> float:
     work = [0] * placement.workers
@@ -232,11 +237,7 @@ def held_received(product: BlockProduct, placement: Placement, held: dict, order
     `received_bytes` counts."""
     received = [0] * placement.workers
     for block, needers in blocks_needed(product, placement).items():
-        if block in held:
-            kept = {p for p in range(placement.workers) if order[p] in held[block]}
-        else:
-            kept = {placement.home(block, product)}
-        for p in needers - kept:
+        for p in needers - _living(product, placement, held, order, block):
             received[p] += block_bytes(product, block)
     return received
 
@@ -267,11 +268,8 @@ def plan_distributed(product: BlockProduct, workers: int, *, flops_per_s: float 
     one = product.flops / flops_per_s
     plans = []
     for placement in candidates(workers, product):
-        if held:
-            order = _held_order(product, placement, held)
-            received = held_received(product, placement, held, order)
-        else:
-            order, received = list(range(workers)), received_bytes(product, placement)
+        order = _held_order(product, placement, held)  # (in order where nothing is held)
+        received = held_received(product, placement, held, order)
         compute = _compute_seconds(product, placement, flops_per_s)
         plans.append(DistributedPlan(placement, product, tuple(received), compute,
                                      compute + max(received) / link_bytes_per_s, one, link_bytes_per_s,

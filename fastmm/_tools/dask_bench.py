@@ -486,14 +486,14 @@ def main(args) -> int:
 
     kinds = parse_kinds(args.dask_kinds)
     stealing = parse_stealing(args.dask_stealing)
-    parse_waits(args.dask_ucx_wait)
+    waits = parse_waits(args.dask_ucx_wait)
     if no_gpu("bench --dask"):
         return 2
     gpus = cp.cuda.runtime.getDeviceCount() if args.dask_gpus is None else args.dask_gpus
     with contextlib.redirect_stderr(open(os.devnull, "w")) if args.no_progress else contextlib.nullcontext():
         rows = run(args.dask_n_memory, args.dask_n_ooc, [int(n) for n in args.dask_n.split(",") if n], args.dask_chunk,
                    args.dask_gpu_limit, gpus, tuple(args.dask_protocol.split(",")), kinds, args.dask_threads,
-                   stealing, args.dask_repeat, args.dask_timeline, parse_waits(args.dask_ucx_wait))
+                   stealing, args.dask_repeat, args.dask_timeline, waits)
     print_table(rows)
     if args.json:
         import json
