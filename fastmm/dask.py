@@ -30,12 +30,12 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     raise ImportError("fastmm.dask needs Dask: pip install 'fastmm[dask]' (dask[array], and distributed for a "
                       "cluster)") from e
 
-from . import _array, _serialize, linalg
+from . import _array, _dask_host, _serialize, linalg
 from ._dask_sends import send_after_default_stream
 from ._dispatch import products as _dispatch
 from ._errors import warn_once
 
-__all__ = ["from_array", "meta", "to_host", "matmul", "explain", "send_after_default_stream"]
+__all__ = ["from_array", "meta", "to_host", "store", "matmul", "explain", "send_after_default_stream"]
 
 
 def meta(dtype=np.float32, ndim: int = 2):
@@ -69,16 +69,6 @@ def _null(shape, dtype):
     return _array.ndarray(shape, np.dtype(dtype), memptr=none)
 
 
-def _to_fastmm(block):
-    # Host float32 chunks go up through fastmm's pinned staging (the link's full speed: an out-of-core product
-    # uploads every chunk once per use), anything else as fastmm.asarray does.
-    from ._hooks import staged as _staged
-
-    if isinstance(block, np.ndarray) and block.ndim >= 1 and _staged.stages(block):
-        return _array._wrap(_staged.to_device(block))
-    return _array.asarray(block)
-
-
 def from_array(x, chunks="auto") -> _da.Array:
     """A Dask array of fastmm chunks from a NumPy array (or memory map), a CuPy or fastmm array, or a Dask array.
 
@@ -106,21 +96,21 @@ def from_array(x, chunks="auto") -> _da.Array:
     """
     if not isinstance(x, _da.Array):
         x = _da.from_array(x, chunks=chunks, asarray=False, meta=getattr(x, "_meta", None))
-    return x.map_blocks(_to_fastmm, dtype=x.dtype, meta=meta(x.dtype, x.ndim))
-
-
-def _to_numpy(block):
-    # Float32 chunks come down through fastmm's staging threads (pinned memory, streams of their own), as they went
-    # up: a download waits for the kernels queued before it, not for those other tasks queue while it copies, and
-    # moves at the link's speed rather than that of copies into ordinary memory.
-    from ._hooks import staged as _staged
-
-    return _staged.to_host(block) if isinstance(block, _dispatch._cupy().ndarray) else _array.asnumpy(block)
+    return x.map_blocks(_dask_host.to_fastmm, dtype=x.dtype, meta=meta(x.dtype, x.ndim))
 
 
 def to_host(x: _da.Array) -> _da.Array:
     """The same Dask array with NumPy chunks (each copied to the host when computed)."""
-    return x.map_blocks(_to_numpy, dtype=x.dtype, meta=np.empty((0,) * x.ndim, x.dtype))
+    return x.map_blocks(_dask_host.to_numpy, dtype=x.dtype, meta=np.empty((0,) * x.ndim, x.dtype))
+
+
+def store(x: _da.Array, target, **kwargs):
+    """``dask.array.store(x, target)`` with `x`'s GPU chunks coming down straight into `target`: each block is copied
+    into its place in the NumPy array (or memory map) through fastmm's pinned staging, with no host chunk made
+    first. Other targets (h5py, Zarr) and chunks get `to_host`'s copies. `kwargs` go to `dask.array.store`
+    (``lock`` defaults to False: blocks write disjoint regions of a NumPy array)."""
+    kwargs.setdefault("lock", False)
+    return _da.store(x, _dask_host.HostTarget(target), **kwargs)
 
 
 def _concatenate(arrays, axis=0):
@@ -491,9 +481,25 @@ def _chained(x, y) -> _da.Array:
         for j in range(len(y.chunks[1])):
             _sum_over_k(tasks, name, acc, i, j, list(range(nk)), lambda i, k: (x.name, i, k),
                         lambda k, j: (y.name, k, j))
+    _growing(tasks, name, acc, len(x.chunks[0]), len(y.chunks[1]), nk)
     graph = HighLevelGraph.from_collections(name, tasks, dependencies=[x, y])
     return _da.Array(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype),
                      meta=getattr(x, "_meta", None))
+
+
+def _after(value, _previous):
+    return value
+
+
+def _growing(tasks: dict, name: str, acc: str, ni: int, nj: int, nk: int) -> None:
+    """Output blocks started in a growing rectangle of A's row blocks and B's column blocks: each block's first
+    product waits (in the graph, not on the GPU) for the previous block's. Dask's order otherwise brought up half
+    of the operands before the first block could finish (an out-of-core product's GPU idled while they came up)."""
+    blocks = sorted(((i, j) for i in range(ni) for j in range(nj)),
+                    key=lambda b: (max((b[0] + 1) / ni, (b[1] + 1) / nj), b))
+    first = (lambda b: (acc, *b, 0)) if nk > 1 else (lambda b: (name, *b))
+    for before, block in zip(blocks, blocks[1:]):
+        tasks[first(block)] = (_after, tasks[first(block)], first(before))
 
 
 def matmul(x, y, workers=None, **model):

@@ -344,3 +344,58 @@ def test_dask_bench_timeline_reads_each_workers_task_stream():
     assert round(w0["compute"], 6) == 0.2 and w0["transfer"] == 0
     assert (w1["tasks"], round(w1["first"], 6), round(w1["last"], 6), round(w1["compute"], 6)) == (2, 0.2, 0.9, 0.7)
     assert round(w1["transfer"], 6) == 0.2
+
+
+def _finishing_order(graph: dict) -> list:
+    """The graph's keys in the order Dask's local schedulers run them (dask.order)."""
+    from dask.order import order
+
+    ranks = order(graph)
+    return sorted(ranks, key=ranks.get)
+
+
+@pytest.mark.parametrize("gram", [True, False])
+def test_one_gpu_product_finishes_its_first_block_with_only_that_blocks_operands_up(gram):
+    """Out of core, the GPU waits for operand uploads until a block's operands are all up: the first block to finish
+    needs its own row of A and column of B alone (Dask's order brought up half of the operands first)."""
+    host = np.zeros((64, 64), np.float32)
+    x = fd.from_array(host, chunks=16)
+    y = x.T if gram else fd.from_array(host + 1, chunks=16).T
+    out = np.empty_like(host)
+    graph = dict(fd.store(fd.matmul(x, y), out, compute=False).__dask_graph__())
+    ups = set()
+    for key in _finishing_order(graph):
+        name = key[0] if isinstance(key, tuple) else key
+        if str(name).startswith("to_fastmm"):
+            ups.add(key)
+        if str(name).startswith("store-map"):
+            break
+    assert len(ups) == (4 if gram else 8), sorted(ups)
+
+
+def test_store_writes_each_block_into_its_region_of_a_host_array(tmp_path):
+    """fastmm.dask.store on host chunks (the CPU's case: a plain write), into a memory map and into a strided view;
+    an h5py-like target without NumPy's views gets each block by assignment."""
+    import dask.array as da
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((90, 70)).astype(np.float32)
+    x = da.from_array(a, chunks=(40, 30))
+    c = fd.matmul(x, x.T)
+    want = a.astype(np.float64) @ a.astype(np.float64).T
+    mm = np.lib.format.open_memmap(tmp_path / "c.npy", mode="w+", dtype=np.float32, shape=(90, 90))
+    wide = np.full((90, 180), np.nan, np.float32)
+
+    class Setter:  # what h5py and Zarr datasets offer: shape, dtype, setitem
+        def __init__(self):
+            self.data, self.shape, self.dtype = np.full((90, 90), np.nan, np.float32), (90, 90), np.float32
+
+        def __setitem__(self, index, value):
+            self.data[index] = value
+
+    setter = Setter()
+    for target in (mm, wide[:, ::2], setter):
+        fd.store(c, target, scheduler="threads")
+    for got in (np.asarray(mm), wide[:, ::2], setter.data):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert np.isnan(wide[:, 1::2]).all()

@@ -57,7 +57,7 @@ def test_the_one_gpu_product_sums_each_block_in_order_from_host_chunks(workers, 
     """fastmm.dask.matmul without a cluster, from host chunks on the threaded scheduler (an out-of-core product's
     graph): each block's K summed in order into it (no partial products side by side), ragged chunks, K re-chunked
     to x's blocks, a transposed operand, GPU work queued ahead of the graph; results to the host through to_host,
-    right to float32 products."""
+    right to float32 products; fastmm.dask.store's blocks straight into a strided host view."""
     a = rng.standard_normal((1100, 900)).astype(np.float32)
     b = rng.standard_normal((700, 900)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64).T
@@ -66,12 +66,17 @@ def test_the_one_gpu_product_sums_each_block_in_order_from_host_chunks(workers, 
     product = fd.matmul(x, y.T)
     names = {key[0] for key in dict(product.__dask_graph__()) if isinstance(key, tuple)}
     assert not any("sum-aggregate" in name or name.startswith("matmul-") for name in names), names
-    for _ in range(2):
+    for direct in (False, True):
         for _ in range(8):  # ~10 ms of queued work ahead of the graph's products
             cp.matmul(big, big)
-        out = np.full(want.shape, np.nan, np.float32)
-        da.store(fd.to_host(product), out, scheduler="threads", num_workers=workers, lock=False)
+        wide = np.full((want.shape[0], 2 * want.shape[1]), np.nan, np.float32)
+        out = wide[:, 1::2]
+        if direct:
+            fd.store(product, out, scheduler="threads", num_workers=workers)
+        else:
+            da.store(fd.to_host(product), out, scheduler="threads", num_workers=workers, lock=False)
         _close(out, want)
+        assert np.isnan(wide[:, ::2]).all()
 
 
 def test_batched_product_and_results_to_the_host(rng):
@@ -100,12 +105,12 @@ def test_a_chunk_reuses_memory_only_after_the_kernels_that_read_its_last_owner(r
     a, b = (rng.standard_normal((4096, 4096)).astype(np.float32) for _ in range(2))
     big = fastmm.asarray(rng.standard_normal((8192, 8192)).astype(np.float32))
     for _ in range(4):
-        x = fd._to_fastmm(a)
+        x = fd._dask_host.to_fastmm(a)
         for _ in range(3):
             big @ big  # the GPU busy for tens of milliseconds
         out = x @ x  # queued behind them, reading x
         del x
-        y = fd._to_fastmm(b)  # freed x's memory, most likely
+        y = fd._dask_host.to_fastmm(b)  # freed x's memory, most likely
         _close(out, a.astype(np.float64) @ a.astype(np.float64))
         _close(y, b)
 

@@ -26,7 +26,7 @@ from .._runtime import arrays as _arrays
 from . import hostmem as _hostmem
 from .._errors import OutOfMemoryError
 
-__all__ = ["matmul_host", "to_device", "MAX_STAGING_BYTES"]
+__all__ = ["matmul_host", "to_device", "to_host", "to_region", "MAX_STAGING_BYTES"]
 
 # The most GPU memory one piece of a product takes (its operands and result), and the largest host block that
 # fastmm.dask stages: pieces stay modest however much memory is free.
@@ -304,13 +304,14 @@ def to_host(dev) -> np.ndarray:
     cp = _arrays.cupy()
     if stages(dev) and dev.flags.c_contiguous and dev.device.id == cp.cuda.runtime.getDevice():
         host = np.empty(dev.shape, dev.dtype)
-        _get(dev, host)
+        to_region(dev, host)
         return host
     return cp.asnumpy(dev)
 
 
-def _get(dev, host: np.ndarray) -> None:
-    """``host[...] = dev`` (NumPy broadcasting, any strides), after the work queued on the current stream."""
+def to_region(dev, host: np.ndarray) -> None:
+    """``host[...] = dev`` (NumPy broadcasting, any strides), after the work queued on the current stream: `dev`
+    C-contiguous, on the current device, and within what `stages`."""
     cp = _arrays.cupy()
     after = _event()
     after.record(cp.cuda.get_current_stream())

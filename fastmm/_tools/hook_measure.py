@@ -89,7 +89,7 @@ def measure_model(seed: int = 0) -> tuple[hook.HostModel, list[dict]]:
     x = rng.standard_normal(16 << 20).astype(np.float32).reshape(4096, 4096)
     up = _median_seconds(lambda: _staged.to_device(x), 5)
     dev = _staged.to_device(x)
-    down = _median_seconds(lambda: _staged._get(dev, x), 5)
+    down = _median_seconds(lambda: _staged.to_region(dev, x), 5)
     link = 2 * x.nbytes / (up + down)
     rows.append({"what": "staging", "bytes": x.nbytes, "up_seconds": up, "down_seconds": down})
     # gpu: fastmm's kernels on device operands (the synchronising copy of one element ends each timing).

@@ -1,0 +1,49 @@
+"""Chunks between host memory and the GPU for `fastmm.dask`: up as a task needs them, and down either as new NumPy
+chunks or straight into the place of a host array that receives the result (`fastmm.dask.store`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _array
+from ._dispatch import products as _dispatch
+from ._hooks import staged as _staged
+
+
+def to_fastmm(block):
+    # Host float32 chunks go up through fastmm's pinned staging (the link's full speed: an out-of-core product
+    # uploads every chunk once per use), anything else as fastmm.asarray does.
+    if isinstance(block, np.ndarray) and block.ndim >= 1 and _staged.stages(block):
+        return _array._wrap(_staged.to_device(block))
+    return _array.asarray(block)
+
+
+def to_numpy(block):
+    # Float32 chunks come down through fastmm's staging threads (pinned memory, streams of their own), as they went
+    # up: a download waits for the kernels queued before it, not for those other tasks queue while it copies, and
+    # moves at the link's speed rather than that of copies into ordinary memory.
+    return _staged.to_host(block) if isinstance(block, _dispatch._cupy().ndarray) else _array.asnumpy(block)
+
+
+class HostTarget:
+    """Where `dask.array.store` writes a block: a device block comes down straight into its region of a NumPy array
+    (or memory map), with no new host array made and copied there after (a page-faulted allocation and a second pass
+    over the block's bytes: out of core, these held the staging threads that the next uploads waited for)."""
+
+    def __init__(self, target):
+        self.target = target
+        self.shape, self.dtype, self.ndim = target.shape, target.dtype, len(target.shape)
+
+    def __getitem__(self, index):  # (store's return_stored=True)
+        return self.target[index]
+
+    def __setitem__(self, index, block) -> None:
+        cp = _dispatch._cupy()
+        if isinstance(block, cp.ndarray) and isinstance(self.target, np.ndarray):
+            region = self.target[index]
+            if (region.shape == block.shape and region.dtype == block.dtype and _staged.stages(block)
+                    and block.flags.c_contiguous and block.device.id == cp.cuda.runtime.getDevice()
+                    and np.may_share_memory(region, self.target)):
+                _staged.to_region(block, region)
+                return
+        self.target[index] = to_numpy(block) if isinstance(block, cp.ndarray) else block
