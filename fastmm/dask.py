@@ -356,7 +356,7 @@ def _multiply_add(c, a, b):
     return c
 
 
-def _identity(x):
+def _identity(x, *_after):  # (_after: keys it must wait for in the graph)
     return x
 
 
@@ -456,8 +456,7 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
     """Output block (i, j)'s tasks: its K summed into the block in `order`, ``a(i, k) @ b(k, j)`` for k in `order`
     (a and b give the operands' keys; `transposed`: b's keys are of blocks to read transposed), the last sum named
     (name, i, j). `run` = (_finished,) runs each product on a stream of the task's own, finished when the task
-    returns (a cluster's workers); () as called (one process, where the threaded scheduler's tasks share CuPy's
-    stream and its memory pool)."""
+    returns; () as called."""
     first, add = (_first_sum_t, _multiply_add_t) if transposed else (_first_sum, _multiply_add)
     # The last sum is the output block's own key: an identity task after it cost each block one more scheduler
     # round trip before its result was there.
@@ -467,10 +466,12 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
         tasks[keys[step]] = (*run, add, keys[step - 1], a(i, k), b(k, j))
 
 
-def _chained(x, y) -> _da.Array:
+def _chained(x, y, run=(_finished,)) -> _da.Array:
     """``x @ y`` on one GPU (or Dask's local scheduler), each output block's K summed in a fixed order, one block
     product after another into the block: Dask's own graph makes all of a block's partial products side by side
-    and then adds them, which holds K / chunk of them in GPU memory at once (an out-of-core product's budget)."""
+    and then adds them, which holds K / chunk of them in GPU memory at once (an out-of-core product's budget). Each
+    product is finished when its task returns: queued on the legacy stream, products held every upload after them
+    (a new chunk's memory may be one that they still read), and an out-of-core GPU waited for its operands."""
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
@@ -480,15 +481,11 @@ def _chained(x, y) -> _da.Array:
     for i in range(len(x.chunks[0])):
         for j in range(len(y.chunks[1])):
             _sum_over_k(tasks, name, acc, i, j, list(range(nk)), lambda i, k: (x.name, i, k),
-                        lambda k, j: (y.name, k, j))
+                        lambda k, j: (y.name, k, j), run=run)
     _growing(tasks, name, acc, len(x.chunks[0]), len(y.chunks[1]), nk)
     graph = HighLevelGraph.from_collections(name, tasks, dependencies=[x, y])
     return _da.Array(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype),
                      meta=getattr(x, "_meta", None))
-
-
-def _after(value, _previous):
-    return value
 
 
 def _growing(tasks: dict, name: str, acc: str, ni: int, nj: int, nk: int) -> None:
@@ -499,7 +496,7 @@ def _growing(tasks: dict, name: str, acc: str, ni: int, nj: int, nk: int) -> Non
                     key=lambda b: (max((b[0] + 1) / ni, (b[1] + 1) / nj), b))
     first = (lambda b: (acc, *b, 0)) if nk > 1 else (lambda b: (name, *b))
     for before, block in zip(blocks, blocks[1:]):
-        tasks[first(block)] = (_after, tasks[first(block)], first(before))
+        tasks[first(block)] = (_identity, tasks[first(block)], first(before))
 
 
 def matmul(x, y, workers=None, **model):
