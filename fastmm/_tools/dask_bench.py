@@ -305,7 +305,6 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
         stealing: tuple[bool, ...] = (True,), repeat: int = 1, timelines: bool = False,
         waits: tuple[str, ...] = ("stream",)) -> list[dict]:
     import cupy as cp
-    import dask.array as da
 
     import fastmm
     import fastmm.dask as fd
@@ -346,7 +345,7 @@ def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: floa
             # time, so that a few chunks at a time are resident on the GPU.
             for graph, product in (("x @ x.T", lambda: x @ x.T), ("fastmm.dask.matmul", lambda: fd.matmul(x, x.T))):
                 def store():
-                    da.store(fd.to_host(product()), out, scheduler="threads", num_workers=OOC_WORKERS, lock=False)
+                    fd.store(product(), out, scheduler="threads", num_workers=OOC_WORKERS)
 
                 store()  # warm-up
                 out[...] = np.nan  # the timed run must write every block it is checked on
