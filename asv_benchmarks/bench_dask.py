@@ -79,7 +79,7 @@ class DaskSeveralGPUs:
         self.client = Client(self.cluster)
         if protocol == "ucx":
             self.client.run(dask_bench._rmm_pool, dask_bench.RMM_POOL_SHARE)
-            fd.send_after_default_stream(self.client)
+            fd.send_after_default_stream(self.client, finish_tasks=True)
         x = dask_bench._on_gpus(self.N, self.CHUNK, seed=3)
         self.x = (x if kind.endswith("cupy") else fd.from_array(x)).persist()
         wait(self.x)

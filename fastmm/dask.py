@@ -107,8 +107,9 @@ def to_host(x: _da.Array) -> _da.Array:
 def store(x: _da.Array, target, **kwargs):
     """``dask.array.store(x, target)`` with `x`'s GPU chunks coming down straight into `target`: each block is copied
     into its place in the NumPy array (or memory map) through fastmm's pinned staging, with no host chunk made
-    first. Other targets (h5py, Zarr) and chunks get `to_host`'s copies. `kwargs` go to `dask.array.store`
-    (``lock`` defaults to False: blocks write disjoint regions of a NumPy array)."""
+    first, and the store's tasks are named without reading the target (Dask hashes a NumPy target's bytes). Other
+    targets (h5py, Zarr) and chunks get `to_host`'s copies. `kwargs` go to `dask.array.store` (``lock`` defaults to
+    False: blocks write disjoint regions)."""
     kwargs.setdefault("lock", False)
     return _da.store(x, _dask_host.HostTarget(target), **kwargs)
 

@@ -389,11 +389,11 @@ def add_arguments(p) -> None:
     p.add_argument("--dask-stealing", default="on",
                    help="--dask: the scheduler's work stealing, on, off or on,off (each cluster both ways; default: on, "
                         "Dask's default)")
-    p.add_argument("--dask-ucx-wait", default="stream",
+    p.add_argument("--dask-ucx-wait", default="tasks",
                    help="--dask: what a UCX worker waits for before a device transfer: stream (its default stream, "
                         "fastmm.dask.send_after_default_stream), tasks (the same, and every task finishes its GPU "
                         "work: finish_tasks=True), device (the whole GPU, distributed-ucxx's own), or several, "
-                        "comma-separated (each cluster each way; default: stream)")
+                        "comma-separated (each cluster each way; default: tasks)")
     p.add_argument("--dask-protocol", default="tcp,ucx",
                    help="--dask: the cluster's protocols, comma-separated (default: tcp,ucx; ucx where installed)")
     p.add_argument("--dask-kinds", default="fastmm,cupy,planned,planned-cupy",

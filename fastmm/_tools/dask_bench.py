@@ -303,7 +303,7 @@ def _timed(fn, warm_up: bool = True) -> float:
 def run(n_in: int, n_ooc: int, n_cluster: list[int], chunk: int, gpu_limit: float, max_gpus: int,
         protocols: tuple[str, ...] = ("tcp",), kinds: tuple[str, ...] = KINDS, threads: int = 1,
         stealing: tuple[bool, ...] = (True,), repeat: int = 1, timelines: bool = False,
-        waits: tuple[str, ...] = ("stream",)) -> list[dict]:
+        waits: tuple[str, ...] = ("tasks",)) -> list[dict]:
     import cupy as cp
 
     import fastmm
