@@ -720,7 +720,7 @@ def test_staging_threads_copy_any_layout_exactly(lazy_gpu, shape, view, rng):
     dev = _staged.to_device(src)
     assert np.array_equal(np.asarray(dev), src)
     dst = np.full(src.shape, np.nan, np.float32).swapaxes(-1, -2).copy().swapaxes(-1, -2)  # a strided output
-    _staged._get(dev, dst)
+    _staged.to_region(dev, dst)
     assert np.array_equal(dst, src)
 
 
@@ -738,7 +738,7 @@ def test_a_download_takes_the_staging_threads_only_once_its_kernels_are_done(laz
 
     monkeypatch.setattr(_staged, "_download", download)
     dst = np.full(src.shape, np.nan, np.float32)
-    _staged._get(dev, dst)
+    _staged.to_region(dev, dst)
     assert at_handover == [True] and np.array_equal(dst, src)
 
 
