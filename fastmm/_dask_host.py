@@ -3,6 +3,8 @@ chunks or straight into the place of a host array that receives the result (`fas
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 
 from . import _array
@@ -25,28 +27,41 @@ def to_numpy(block):
     return _staged.to_host(block) if isinstance(block, _dispatch._cupy().ndarray) else _array.asnumpy(block)
 
 
+def host_target(target):
+    """What `fastmm.dask.store` hands to `dask.array.store` for `target`: a CuPy (or fastmm) array as it is (Dask
+    copies device to device), anything else wrapped in a `HostTarget`."""
+    return target if isinstance(target, _dispatch._cupy().ndarray) else HostTarget(target)
+
+
 class HostTarget:
     """Where `dask.array.store` writes a block: a device block comes down straight into its region of a NumPy array
     (or memory map), with no new host array made and copied there after (a page-faulted allocation and a second pass
-    over the block's bytes: out of core, these held the staging threads that the next uploads waited for)."""
+    over the block's bytes); into other targets (h5py, Zarr) as a NumPy block."""
 
     def __init__(self, target):
         self.target = target
         self.shape, self.dtype, self.ndim = target.shape, target.dtype, len(target.shape)
+        # NumPy's own arrays alone: a subclass (a masked array, say) has a setitem of its own to go through.
+        self.direct = type(target) in (np.ndarray, np.memmap)
+        self.token = uuid.uuid4().hex
 
     def __getitem__(self, index):  # (store's return_stored=True)
         return self.target[index]
 
     def __dask_tokenize__(self):
         # The store's task names: Dask hashes a NumPy target's bytes (or pickles an object holding one) each time a
-        # store is built; for a result of 32768^2 float32 that took longer than a fifth of the product.
-        t = self.target
-        where = t.__array_interface__["data"][0] if isinstance(t, np.ndarray) else None
-        return type(self).__name__, id(t), where, tuple(self.shape), str(self.dtype), getattr(t, "strides", None)
+        # store is built; for a result of 32768^2 float32 that took longer than a fifth of the product. One token per
+        # target object: two stores are never the same.
+        return type(self).__name__, self.token
+
+    def __reduce__(self):
+        raise TypeError("fastmm.dask.store writes into this process's memory, and its target cannot be sent to "
+                        "another process: compute it with a local scheduler (scheduler='threads'), or store "
+                        "fastmm.dask.to_host(x) with dask.array.store into a file-backed target")
 
     def __setitem__(self, index, block) -> None:
         cp = _dispatch._cupy()
-        if isinstance(block, cp.ndarray) and isinstance(self.target, np.ndarray):
+        if isinstance(block, cp.ndarray) and self.direct:
             region = self.target[index]
             if (region.shape == block.shape and region.dtype == block.dtype and _staged.stages(block)
                     and block.flags.c_contiguous and block.device.id == cp.cuda.runtime.getDevice()

@@ -33,6 +33,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 from . import _array, _dask_host, _serialize, linalg
 from ._dask_sends import send_after_default_stream
 from ._dispatch import products as _dispatch
+from ._runtime import arrays as _arrays
 from ._errors import warn_once
 
 __all__ = ["from_array", "meta", "to_host", "store", "matmul", "explain", "send_after_default_stream"]
@@ -104,14 +105,19 @@ def to_host(x: _da.Array) -> _da.Array:
     return x.map_blocks(_dask_host.to_numpy, dtype=x.dtype, meta=np.empty((0,) * x.ndim, x.dtype))
 
 
-def store(x: _da.Array, target, **kwargs):
-    """``dask.array.store(x, target)`` with `x`'s GPU chunks coming down straight into `target`: each block is copied
-    into its place in the NumPy array (or memory map) through fastmm's pinned staging, with no host chunk made
-    first, and the store's tasks are named without reading the target (Dask hashes a NumPy target's bytes). Other
-    targets (h5py, Zarr) and chunks get `to_host`'s copies. `kwargs` go to `dask.array.store` (``lock`` defaults to
-    False: blocks write disjoint regions)."""
-    kwargs.setdefault("lock", False)
-    return _da.store(x, _dask_host.HostTarget(target), **kwargs)
+def store(sources, targets, **kwargs):
+    """``dask.array.store(sources, targets)`` with the sources' GPU chunks coming down straight into host targets: each
+    block is copied into its place in a NumPy array (or memory map) through fastmm's pinned staging, with no host chunk
+    made first, and the store's tasks are named without reading the target (Dask hashes a NumPy target's bytes).
+    Other host targets (h5py, Zarr) get `to_host`'s copies; CuPy and fastmm targets, device-to-device copies. The
+    targets are written by this process: compute with a local scheduler (``scheduler="threads"``). `kwargs` go to
+    `dask.array.store`; ``lock`` defaults to False where every target is a NumPy array (blocks write disjoint
+    regions), else to Dask's default."""
+    many = isinstance(targets, (list, tuple))
+    wrapped = [_dask_host.host_target(t) for t in (targets if many else [targets])]
+    if all(isinstance(t, _dask_host.HostTarget) and t.direct for t in wrapped):
+        kwargs.setdefault("lock", False)
+    return _da.store(sources, wrapped if many else wrapped[0], **kwargs)
 
 
 def _concatenate(arrays, axis=0):
@@ -357,7 +363,7 @@ def _multiply_add(c, a, b):
     return c
 
 
-def _identity(x, *_after):  # (_after: keys it must wait for in the graph)
+def _identity(x):
     return x
 
 
@@ -412,8 +418,8 @@ def _finished(fn, *args):
     cp = _dispatch._cupy()
     if fn is _first_sum:
         a, b = args
-        with cp.cuda.Stream.null:
-            out = cp.empty((a.shape[0], b.shape[1]), np.result_type(a.dtype, b.dtype))
+        with cp.cuda.Stream.null:  # (fastmm's error where memory is short)
+            out = _arrays.empty((a.shape[0], b.shape[1]), np.result_type(a.dtype, b.dtype))
         # Of the operands' kind: fastmm's for fastmm chunks, CuPy's (whose products are cuBLAS's) for CuPy chunks.
         args = (a, b, _array._wrap(out) if isinstance(a, _array.ndarray) else out)
     stream = _task_stream()
@@ -457,7 +463,8 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
     """Output block (i, j)'s tasks: its K summed into the block in `order`, ``a(i, k) @ b(k, j)`` for k in `order`
     (a and b give the operands' keys; `transposed`: b's keys are of blocks to read transposed), the last sum named
     (name, i, j). `run` = (_finished,) runs each product on a stream of the task's own, finished when the task
-    returns; () as called."""
+    returns (a cluster's workers); () as called (one process, where the threaded scheduler's tasks share CuPy's
+    stream and its memory pool)."""
     first, add = (_first_sum_t, _multiply_add_t) if transposed else (_first_sum, _multiply_add)
     # The last sum is the output block's own key: an identity task after it cost each block one more scheduler
     # round trip before its result was there.
@@ -467,12 +474,10 @@ def _sum_over_k(tasks: dict, name: str, acc: str, i: int, j: int, order: list[in
         tasks[keys[step]] = (*run, add, keys[step - 1], a(i, k), b(k, j))
 
 
-def _chained(x, y, run=(_finished,)) -> _da.Array:
+def _chained(x, y) -> _da.Array:
     """``x @ y`` on one GPU (or Dask's local scheduler), each output block's K summed in a fixed order, one block
     product after another into the block: Dask's own graph makes all of a block's partial products side by side
-    and then adds them, which holds K / chunk of them in GPU memory at once (an out-of-core product's budget). Each
-    product is finished when its task returns: queued on the legacy stream, products held every upload after them
-    (a new chunk's memory may be one that they still read), and an out-of-core GPU waited for its operands."""
+    and then adds them, which holds K / chunk of them in GPU memory at once (an out-of-core product's budget)."""
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
@@ -482,22 +487,10 @@ def _chained(x, y, run=(_finished,)) -> _da.Array:
     for i in range(len(x.chunks[0])):
         for j in range(len(y.chunks[1])):
             _sum_over_k(tasks, name, acc, i, j, list(range(nk)), lambda i, k: (x.name, i, k),
-                        lambda k, j: (y.name, k, j), run=run)
-    _growing(tasks, name, acc, len(x.chunks[0]), len(y.chunks[1]), nk)
+                        lambda k, j: (y.name, k, j))
     graph = HighLevelGraph.from_collections(name, tasks, dependencies=[x, y])
     return _da.Array(graph, name, chunks=(x.chunks[0], y.chunks[1]), dtype=np.result_type(x.dtype, y.dtype),
                      meta=getattr(x, "_meta", None))
-
-
-def _growing(tasks: dict, name: str, acc: str, ni: int, nj: int, nk: int) -> None:
-    """Output blocks started in a growing rectangle of A's row blocks and B's column blocks: each block's first
-    product waits (in the graph, not on the GPU) for the previous block's. Dask's order otherwise brought up half
-    of the operands before the first block could finish (an out-of-core product's GPU idled while they came up)."""
-    blocks = sorted(((i, j) for i in range(ni) for j in range(nj)),
-                    key=lambda b: (max((b[0] + 1) / ni, (b[1] + 1) / nj), b))
-    first = (lambda b: (acc, *b, 0)) if nk > 1 else (lambda b: (name, *b))
-    for before, block in zip(blocks, blocks[1:]):
-        tasks[first(block)] = (_identity, tasks[first(block)], first(before))
 
 
 def matmul(x, y, workers=None, **model):

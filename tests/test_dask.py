@@ -346,33 +346,6 @@ def test_dask_bench_timeline_reads_each_workers_task_stream():
     assert round(w1["transfer"], 6) == 0.2
 
 
-def _finishing_order(graph: dict) -> list:
-    """The graph's keys in the order Dask's local schedulers run them (dask.order)."""
-    from dask.order import order
-
-    ranks = order(graph)
-    return sorted(ranks, key=ranks.get)
-
-
-@pytest.mark.parametrize("gram", [True, False])
-def test_one_gpu_product_finishes_its_first_block_with_only_that_blocks_operands_up(gram):
-    """Out of core, the GPU waits for operand uploads until a block's operands are all up: the first block to finish
-    needs its own row of A and column of B alone (Dask's order brought up half of the operands first)."""
-    host = np.zeros((64, 64), np.float32)
-    x = fd.from_array(host, chunks=16)
-    y = x.T if gram else fd.from_array(host + 1, chunks=16).T
-    out = np.empty_like(host)
-    graph = dict(fd.store(fd.matmul(x, y), out, compute=False).__dask_graph__())
-    ups = set()
-    for key in _finishing_order(graph):
-        name = key[0] if isinstance(key, tuple) else key
-        if str(name).startswith("to_fastmm"):
-            ups.add(key)
-        if str(name).startswith("store-map"):
-            break
-    assert len(ups) == (4 if gram else 8), sorted(ups)
-
-
 def test_store_writes_each_block_into_its_region_of_a_host_array(tmp_path):
     """fastmm.dask.store on host chunks (the CPU's case: a plain write), into a memory map and into a strided view;
     an h5py-like target without NumPy's views gets each block by assignment."""
@@ -399,3 +372,45 @@ def test_store_writes_each_block_into_its_region_of_a_host_array(tmp_path):
     for got in (np.asarray(mm), wide[:, ::2], setter.data):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     assert np.isnan(wide[:, 1::2]).all()
+
+
+def test_store_takes_lists_locks_where_a_target_is_not_numpys_and_never_ships_its_target(monkeypatch):
+    """fastmm.dask.store as dask.array.store: lists of sources and targets; lock=False by default only where every
+    target is a NumPy array (a chunked store such as Zarr reads, modifies and writes back its own chunks); each store
+    named apart; a target never pickled to another process (its writes would land in a copy)."""
+    import pickle
+
+    import dask.array as da
+
+    from fastmm import _dask_host
+
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    x = da.from_array(a, chunks=4)
+    one, two = np.zeros_like(a), np.zeros_like(a)
+    fd.store([x, 2 * x], [one, two], scheduler="threads")
+    np.testing.assert_array_equal(one, a)
+    np.testing.assert_array_equal(two, 2 * a)
+
+    seen = {}
+    monkeypatch.setattr(da, "store", lambda sources, targets, **kw: seen.update(kw))
+    fd.store(x, one)
+    assert seen["lock"] is False
+    seen.clear()
+
+    class Chunked:  # a Zarr-like target: shape, dtype, setitem, no NumPy views
+        shape, dtype = a.shape, a.dtype
+
+        def __setitem__(self, index, value):
+            pass
+
+    fd.store(x, Chunked())
+    assert "lock" not in seen  # Dask's default: a lock
+    fd.store([x, x], [one, np.ma.masked_all(a.shape, a.dtype)])
+    assert "lock" not in seen or seen["lock"] is not False
+
+    t = _dask_host.HostTarget(one)
+    from dask.base import tokenize
+
+    assert tokenize(t) != tokenize(_dask_host.HostTarget(one)) and tokenize(t) == tokenize(t)
+    with pytest.raises(TypeError, match="scheduler='threads'"):
+        pickle.dumps(t)

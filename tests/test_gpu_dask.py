@@ -77,6 +77,9 @@ def test_the_one_gpu_product_sums_each_block_in_order_from_host_chunks(workers, 
             da.store(fd.to_host(product), out, scheduler="threads", num_workers=workers, lock=False)
         _close(out, want)
         assert np.isnan(wide[:, ::2]).all()
+    on_gpu = cp.full(want.shape, cp.nan, cp.float32)  # a device target: device-to-device copies
+    fd.store(product, on_gpu, scheduler="threads", num_workers=workers)
+    _close(on_gpu, want)
 
 
 def test_batched_product_and_results_to_the_host(rng):
