@@ -488,17 +488,18 @@ def test_precision_modes_choose_kernels_and_never_share_replays(launched):
     for mode in ("highest", "high", "medium", "high", "highest"):  # the second time of each: a replay
         with _plan.matmul_precision(mode):
             _dispatch.matmul(a, a)
-    # The wgmma kernels' split passes: two per 3xTF32 product, one for "medium" (whose A goes through a tensor map,
-    # and which its guard follows, with no launch to zero the guard's flags first)
+    # The wgmma kernels' split passes: two per 3xTF32 product, none for "medium" (A @ A with A's rows along K and
+    # along N: C^T = A^T A^T, both operands through tensor maps; its guard follows, with no launch to zero its flags)
     passes = ("split", "repitch", "nonfinitefix")
     products = [n for n in launched if n not in passes]
     assert [_plan.tiles.get_config(n).precision for n in products] == ["highest", "high", "medium", "high", "highest"]
-    assert launched.count("split") == 5 and products[1].startswith("tf32x3wg_") and "repitch" not in launched
+    assert launched.count("split") == 4 and products[1].startswith("tf32x3wg_") and "repitch" not in launched
     medium = launched.index(products[2])
-    assert products[2].endswith("_mapa") and launched[medium - 1: medium + 2] == ["split", products[2], "nonfinitefix"]
+    assert products[2].endswith("_maprb") and launched[medium - 1: medium + 2] == [products[1], products[2],
+                                                                                   "nonfinitefix"]
     # The product flags its tiles with a mark (a_sb1) that its guard looks for (b_sb0): nonzero, the product's own
     marks = [(args["batch_strides"][1], guard["batch_strides"][2]) for (name, _, args), (g, _, guard)
-             in zip(launched.args, launched.args[1:]) if name.endswith("_mapa") and g == "nonfinitefix"]
+             in zip(launched.args, launched.args[1:]) if name.endswith("_maprb") and g == "nonfinitefix"]
     assert len(marks) == 1 and marks[0][0] == marks[0][1] != 0
     a2 = _fastmm(np.zeros((2048, 1024), np.float32))
     with _plan.matmul_precision("medium"):

@@ -238,17 +238,18 @@ def _mapped(monkeypatch):
     return calls
 
 
-# layout: (A's map, B's map) encoded per product
-MAPPED = {"c": (1, 0), "ragged": (1, 0), "a_t": (0, 0), "offset": (0, 0), "replayed": (1, 0), "b_t": (1, 1),
-          "a_t-b_t": (0, 1)}
+# layout: (A's K-major map, A's map along M (A_RS), B's map) encoded per product. A @ B with B's rows along N runs
+# as C^T = B^T A^T: B^T along M (registers), A^T's rows along K (B's map), C written transposed.
+MAPPED = {"c": (0, 1, 1), "ragged": (0, 1, 1), "a_t": (0, 1, 0), "offset": (0, 0, 0), "replayed": (0, 1, 1),
+          "b_t": (1, 0, 1), "a_t-b_t": (0, 1, 1)}
 
 
 @pytest.mark.parametrize("layout", list(MAPPED))
 def test_medium_reads_k_major_operands_through_tensor_maps(layout, rng, monkeypatch):
     """One TF32 pass on the wgmma kernel: a K-major A (or a B given as B^T row-major) with 16-byte aligned rows is
-    read in place through its tensor map (rounded to TF32 by the copy, zeros past the edges); any other operand goes
-    through the split pass. Every mix as accurate as cuBLAS's TF32 path, and a replay encodes the maps of new
-    operands."""
+    read in place through its tensor map (rounded to TF32 by the copy, zeros past the edges), an A along M through
+    one into registers; A @ B with B along N runs as C^T = B^T A^T; any other operand goes through the split pass.
+    Every mix as accurate as cuBLAS's TF32 path, and a replay encodes the maps of new operands."""
     if not _hopper():
         pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
     m, n, k = (1000, 900, 1000) if layout == "ragged" else (1024, 768, 1536)
@@ -269,9 +270,10 @@ def test_medium_reads_k_major_operands_through_tensor_maps(layout, rng, monkeypa
         tf32 = _error(_cublas(cp.ascontiguousarray(da), cp.ascontiguousarray(db), tf32=True), ref)
         medium = _error(out, ref)
         assert 1e-5 < medium <= 1.5 * tf32, (layout, medium, tf32)
-    want_a, want_b = MAPPED[layout]
-    boxes = [call[-2] for call in calls]  # (box rows: 128 for A's map, 256 for B^T's)
-    assert boxes.count(128) == trials * want_a and boxes.count(256) == trials * want_b, (layout, boxes)
+    want_a, want_r, want_b = MAPPED[layout]
+    boxes = [call[-2] for call in calls]  # (box rows: 128 for A's map, 32 (of K) for A's along M, 256 for B^T's)
+    assert [boxes.count(rows) for rows in (128, 32, 256)] == [trials * want_a, trials * want_r, trials * want_b], (
+        layout, boxes)
     assert "tf32wg" in fastmm.explain(da, db, precision="medium")
 
 
@@ -292,11 +294,12 @@ def test_the_tensor_maps_copy_rounds_to_tf32_rather_than_truncating(rng, monkeyp
     assert len(calls) == 1 and abs(bias["map"] - bias["split"]) < 1e-4, bias
 
 
-@pytest.mark.parametrize("mapped", ["a", "b"])
+@pytest.mark.parametrize("mapped", ["a", "b", "r", "swapped"])
 def test_tensor_maps_keep_numpys_non_finite_pattern(mapped):
     """The cases where rounding to TF32 could change what a product does, in the operand a tensor map reads: inf
     times a value below TF32's smallest step (the split pass keeps it nonzero), a NaN whose payload lies only in
-    the low 13 bits, and a value within half a TF32 step of FLT_MAX (finite in float32, infinite once rounded)."""
+    the low 13 bits, and a value within half a TF32 step of FLT_MAX (finite in float32, infinite once rounded).
+    Through A's K-major map, B^T's, A's along M (registers), and A @ B run as C^T = B^T A^T."""
     if not _hopper():
         pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
     m = n = k = 1024
@@ -310,15 +313,20 @@ def test_tensor_maps_keep_numpys_non_finite_pattern(mapped):
     # NaNs whose payload fills the high bits: a rounding that carries into the exponent and sign would make them 0
     x[4, 4], y[4, 4] = np.array([0x7FFFFFFF], np.uint32).view(np.float32)[0], 1.0
     x[5, 5], y[5, 5] = np.array([0xFFFFF000], np.uint32).view(np.float32)[0], 1.0
-    if mapped == "a":  # A = x (C-ordered: its map), B = y (split)
-        a, b, da, db = x, y, cp.asarray(x), cp.asarray(y)
-    else:  # A = y^T (a transposed view: split), B = x^T (given as B^T: its map)
-        a, b, da, db = y.T, x.T, cp.asarray(y).T, cp.asarray(x).T
+    k_major = lambda v: cp.ascontiguousarray(cp.asarray(v).T).T  # noqa: E731 - (k x n) given as its transpose
+    if mapped == "a":  # A = x (C-ordered: its map), B = y given as B^T (its map)
+        a, b, da, db, maps = x, y, cp.asarray(x), k_major(y), "ab"
+    elif mapped == "b":  # A = y^T (along M: registers), B = x^T (given as B^T: its map)
+        a, b, da, db, maps = y.T, x.T, cp.asarray(y).T, cp.asarray(x).T, "rb"
+    elif mapped == "r":  # A = x along M (registers), B = y given as B^T
+        a, b, da, db, maps = x, y, cp.ascontiguousarray(cp.asarray(x).T).T, k_major(y), "rb"
+    else:  # A = x (C-ordered), B = y (along N): C^T = y^T x^T, x through the swapped product's B map
+        a, b, da, db, maps = x, y, cp.asarray(x), cp.asarray(y), "rb"
     with np.errstate(all="ignore"):
         want = a.astype(np.float64) @ b.astype(np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error", fastmm.PerformanceWarning)  # (maps the driver refused: split instead)
         got = cp.asnumpy(fastmm.matmul(da, db, precision="medium"))
-    assert "_map" + mapped + "\n" in fastmm.explain(da, db, precision="medium")
+    assert "_map" + maps + "\n" in fastmm.explain(da, db, precision="medium")
     for w, g, what in zip(_pattern(want), _pattern(got), ("NaN", "+inf", "-inf")):
         assert np.array_equal(w, g), f"{mapped}: {what} differs at {np.argwhere(w != g)[:8].tolist()}"

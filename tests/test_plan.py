@@ -451,19 +451,19 @@ def test_precision_blocks_nest_reenter_and_decorate():
 
 
 @pytest.mark.parametrize("m,n,k,high,medium", [
-    (4096, 4096, 4096, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_mapa"),  # large single products: wgmma
-    (2048, 1024, 2048, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_mapa"),
-    (768, 768, 768, None, "tf32wg_128x256x32_s4_mapa"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
-    (1000, 1000, 1000, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_mapa"),  # 8 x 8 tiles: 3xTF32 on wgmma pays
-    (4096, 900, 4096, None, "tf32wg_128x256x32_s4_mapa"),  # ... not on an output side below 960
+    (4096, 4096, 4096, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_maprb"),  # large single products: wgmma
+    (2048, 1024, 2048, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_maprb"),
+    (768, 768, 768, None, "tf32wg_128x256x32_s4_maprb"),  # 2^28.75: one pass on wgmma; 3xTF32 slower than FP32 here
+    (1000, 1000, 1000, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_maprb"),  # 8 x 8 tiles: 3xTF32 on wgmma pays
+    (4096, 900, 4096, None, "tf32wg_128x256x32_s4_maprb"),  # ... not on an output side below 960
     (256, 256, 256, None, "tf32_64x64x16_32x32_s4"),  # small: mma.sync for one pass
     (65536, 128, 128, None, "tf32_64x64x16_32x32_s4"),  # 2^30, but the split passes would dominate a thin output
-    (16384, 16384, 64, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_mapa"),  # a short K: wide both ways
+    (16384, 16384, 64, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_maprb"),  # a short K: wide both ways
     # Rows of A, or of B^T, past what one launch of the split pass covers (65535 blocks of 32 rows, in whole block
     # tiles): the FP32 table and the mma.sync tiles, which need no split operands.
-    (2097024, 1024, 1024, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_mapa"),
+    (2097024, 1024, 1024, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_maprb"),
     (2097024 + 1, 1024, 1024, None, "tf32_128x256x16_64x64_s3"),
-    (1024, 2096896, 1024, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_mapa"),
+    (1024, 2096896, 1024, "tf32x3wg_128x128x32_s3", "tf32wg_128x256x32_s4_maprb"),
     (1024, 2096896 + 1, 1024, "tf32x3wg_128x128x32_s3", "tf32_128x256x16_64x64_s3"),  # B^T in 256-row tiles
     (1024, 2097024 + 1, 1024, None, "tf32_128x256x16_64x64_s3"),
 ])
@@ -481,12 +481,13 @@ def test_tensor_core_modes_pick_tensor_tiles(m, n, k, high, medium):
         assert "in 'high' precision: FP32 FMAs" in _plan.choose(p, precision="high").reason
 
 
-@pytest.mark.parametrize("a_t,b_t,aligned,maps", [(False, False, True, "_mapa"), (False, True, True, "_mapab"),
-                                                  (True, True, True, "_mapb"), (True, False, True, ""),
+@pytest.mark.parametrize("a_t,b_t,aligned,maps", [(False, False, True, "_maprb"), (False, True, True, "_mapab"),
+                                                  (True, True, True, "_maprb"), (True, False, True, "_mapr"),
                                                   (False, True, False, "")])
 def test_medium_reads_k_major_aligned_operands_through_tensor_maps(a_t, b_t, aligned, maps):
-    """One TF32 pass on wgmma: A of A @ B, and B given as B^T, go through TFLOAT32 tensor maps where their rows are
-    16-byte aligned; the others are split (the runtime checks the operands themselves as well)."""
+    """One TF32 pass on wgmma: A of A @ B (K-major, or along M into registers), and B given as B^T, go through
+    TFLOAT32 tensor maps where their rows are 16-byte aligned; A @ B with B along N runs as C^T = B^T A^T, both
+    mapped; the others are split (the runtime checks the operands themselves as well)."""
     p = _plan.Problem(4096, 4096, 4096, a_t=a_t, b_t=b_t, aligned=aligned, a_aligned=aligned, b_aligned=aligned)
     choice = _plan.choose(p, precision="medium")
     assert choice.name == "tf32wg_128x256x32_s4" + maps

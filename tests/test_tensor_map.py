@@ -81,10 +81,11 @@ def test_which_operands_a_tensor_map_describes(address, rows, cols, row_bytes, o
     assert tensor_map.mappable(address, rows, cols, row_bytes) is ok
 
 
-def test_a_mapped_launch_packs_its_pointers_flags_and_maps(monkeypatch):
+@pytest.mark.parametrize("along_m", [False, True])
+def test_a_mapped_launch_packs_its_pointers_flags_and_maps(along_m, monkeypatch):
     """MappedLaunch's parameter buffer, with the driver replaced: FASTMM_GEMM_PARAMS with this call's pointers and
     flags (c_sb1), then A's map encoded from A's address at the chunk's first row and B's from B's, each chunk of
-    rows its own launch."""
+    rows its own launch. An A along M (A_RS) has a map of its K x M view: a chunk of rows narrows its columns."""
     seen, encoded = [], []
 
     def encode(into, address, rows, cols, row_bytes, box_rows, box_cols):
@@ -105,15 +106,19 @@ def test_a_mapped_launch_packs_its_pointers_flags_and_maps(monkeypatch):
     run = object.__new__(tensor_map.MappedLaunch)
     run.fn, run.block, run.shared = 0, (384, 1, 1), 0
     # Two chunks of rows (as a grid past 65535 blocks of rows would give): 256 rows, then 44 rows 256 rows on.
+    a_at = 4 * 256 if along_m else 4 * 256 * 64  # (the second chunk's A: 256 rows on)
     run.chunks = [(2, 2, 1, 0, 0, before_a, between_ab, between_bc, after_c),
-                  (2, 1, 1, 4 * 256 * 64, 4 * 256 * 200, before_a, between_ab, between_bc, after_c)]
+                  (2, 1, 1, a_at, 4 * 256 * 200, before_a, between_ab, between_bc, after_c)]
     run.rows = [256, 44]
-    run.maps = ((128, 32, 300, 64, 256), (256, 32, 200, 64, 256))
+    a_map = (32, 32, 64, 300, 1200) if along_m else (128, 32, 300, 64, 256)  # (K x M: 64 rows of 300, or M x K)
+    run.maps, run.a_along_m = (a_map, (256, 32, 200, 64, 256)), along_m
     tensor_map._tls.flags = 0xF1A6
     run._launch(0xA000, 0xB000, 0xC000, 0)
-    assert encoded == [(0xA000, 256, 64, 256, 128, 32), (0xB000, 200, 64, 256, 256, 32),
-                       (0xA000 + 4 * 256 * 64, 44, 64, 256, 128, 32), (0xB000, 200, 64, 256, 256, 32)]
-    for (grid, params), da, dc in zip(seen, (0, 4 * 256 * 64), (0, 4 * 256 * 200)):
+    a_first, a_second = (((64, 256, 1200, 32, 32), (64, 44, 1200, 32, 32)) if along_m else
+                         ((256, 64, 256, 128, 32), (44, 64, 256, 128, 32)))
+    assert encoded == [(0xA000, *a_first), (0xB000, 200, 64, 256, 256, 32),
+                       (0xA000 + a_at, *a_second), (0xB000, 200, 64, 256, 256, 32)]
+    for (grid, params), da, dc in zip(seen, (0, a_at), (0, 4 * 256 * 200)):
         assert len(params) == tensor_map.MAP_OFFSET + 2 * 128
         values = cuda._ARGS.unpack(params[:cuda._ARGS.size])
         assert (values[3], values[6], values[9]) == (0xA000 + da, 0xB000, 0xC000 + dc)

@@ -228,10 +228,25 @@ class matmul_precision(contextlib.ContextDecorator):
 
 
 def _maps(problem: Problem) -> str:
-    """The operands of a one-pass wgmma product that its tensor maps read ("a", "b", "ab" or ""): those K-major
-    with 16-byte aligned rows (A not transposed; B given as B^T). The runtime checks the operands themselves
-    (fastmm/_runtime/gemm.py, _presplit) and splits any that a map cannot read."""
-    return ("a" if not problem.a_t and problem.a_aligned else "") + ("b" if problem.b_t and problem.b_aligned else "")
+    """The operands of a one-pass wgmma product that its tensor maps read, those with 16-byte aligned rows: "a" a
+    K-major A, "r" an A along M (into registers), "b" a B given as B^T; A @ B with B along N runs as C^T = B^T A^T,
+    "rb". The runtime checks the operands themselves (fastmm/_runtime/gemm.py, _presplit) and splits any that a map
+    cannot read."""
+    if not (problem.a_aligned and problem.b_aligned) or problem.a_t or problem.b_t:
+        a = "a" if not problem.a_t else "r"
+        return (a if problem.a_aligned else "") + ("b" if problem.b_t and problem.b_aligned else "")
+    return "rb"  # (swapped)
+
+
+def _maps_said(problem: Problem, maps: str) -> str:
+    """How `_maps`'s operands come in, in words."""
+    if maps == "rb" and not problem.a_t:
+        return ("B^T through a TFLOAT32 tensor map into registers (wgmma's register operand) and A^T through another "
+                "(rounded to TF32 by the copies), C^T = B^T A^T written transposed,")
+    return " and ".join(f"{x} through a TFLOAT32 tensor map (rounded to TF32 by the copy)"
+                        + (" into registers" if x == "A" and "r" in maps else "")
+                        if (x == "A" and maps[0] in "ar") or (x == "B" and "b" in maps) else f"{x} split into TF32 by a pass"
+                        for x in ("A", "B"))
 
 
 def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
@@ -242,9 +257,7 @@ def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str,
         maps = _maps(problem) if precision == "medium" else ""
         if maps:
             name += f"_map{maps}"
-            how = (", one warpgroup copying in " + " and ".join(
-                f"{x} through a TFLOAT32 tensor map (rounded to TF32 by the copy)" if x.lower() in maps else
-                f"{x} split into TF32 by a pass" for x in ("A", "B")) + " while two multiply")
+            how = ", one warpgroup copying in " + _maps_said(problem, maps) + " while two multiply"
         return (name, RuleName.TENSOR_WGMMA,
                 f"precision {precision!r}, a single product of >= {_macs(_WG_MIN_MACS[precision])} "
                 f"multiply-adds with both output sides >= {_WG_MIN_SIDE[precision]} on Hopper: warpgroup MMA (wgmma)"

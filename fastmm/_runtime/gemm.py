@@ -351,7 +351,8 @@ class _PresplitReplay:
         fix(pa, pb, pc, flags)
 
 
-def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, mapped: bool = True) -> None:
+def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, mapped: bool = True,
+              swapped: bool = False) -> None:
     """c = a @ b on a wgmma kernel: A and B^T written by the split pass (pass_tf32_split.cu) as TF32 parts in swizzled
     block tiles of whole K-tiles, zero-padded, into one workspace, then the product on those.
 
@@ -368,6 +369,11 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         return
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
+    if mapped and config.passes == 1 and not swapped and _swaps(a, b, config):
+        # B's rows along N, which TF32 wgmma does not read from shared memory, and A's along K: C^T = B^T A^T, with
+        # B^T (along M there) as wgmma's register operand and A^T (K-major) through a map: neither is split.
+        _presplit(b.T, a.T, c.T, config, device_id, record, swapped=True)
+        return
     # The rows of A and of B^T that one launch of the split pass covers (a forced kernel; the plan stays below).
     rows, cols = SPLIT.rows_per_launch(config.bm, MAX_GRID_Y), SPLIT.rows_per_launch(config.bn, MAX_GRID_Y)
     if m > rows or n > cols:
@@ -391,15 +397,16 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
                                            flags if parts == 2 else 0))
 
     sa, sb = ([st // 4 for st in x.strides] for x in (a, b))
-    c_sm = c.strides[0] // 4 if m > 1 else 0
+    c_sm, c_sn = (c.strides[0] // 4 if m > 1 else 0), (c.strides[1] // 4 if n > 1 else 1)  # (C^T: c_sn its rows')
     # One pass: a K-major operand (A's rows, or B's columns, contiguous along K) goes through a tensor map, whose
-    # copies round it (6_wgmma.cu, A_TMA / B_TMA); the others are split.
+    # copies round it (6_wgmma.cu, A_TMA / B_TMA); so does an A along M, into registers (A_RS); the others are split.
     mapped = mapped and parts == 1 and (config.bm, config.bn) == NONFINITE_FIX.tile  # (the guard's tiles: the same)
     a_map = _tensor_map.operand_map(a.data.ptr, m, k, sa[0], sa[1], (config.bm, config.BK)) if mapped else None
+    r_map = _along_m(a, config) if mapped and a_map is None else None
     b_map = _tensor_map.operand_map(b.data.ptr, n, k, sb[1], sb[0], (config.bn, config.BK)) if mapped else None
-    maps = ("a" if a_map else "") + ("b" if b_map else "")
-    at_b = 0 if a_map else b_at  # B^T's tiles right after A's, or first
-    split_a = None if a_map else split(m, mp, sa[0], sa[1], flags_a, config.bm)
+    maps = ("a" if a_map else "r" if r_map else "") + ("b" if b_map else "")
+    at_b = 0 if a_map or r_map else b_at  # B^T's tiles right after A's, or first
+    split_a = None if a_map or r_map else split(m, mp, sa[0], sa[1], flags_a, config.bm)
     split_b = None if b_map else split(n, np_, sb[1], sb[0], flags_b - b_at, config.bn)
     guard = None
     if maps:
@@ -408,17 +415,18 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         # holds a non-finite value; not zeroed first (pass_nonfinite_fix.cu: a stale mark costs a second look only).
         mark = next(_MARKS) % 0x7FFFFFFF + 1
         product = _tensor_map.MappedLaunch(
-            dataclasses.replace(config, maps=maps), Variant(), device_id, maps=(a_map, b_map), m=m, n=n, k=kp,
-            a_sm=sa[0] if a_map else 0, a_sk=1, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
+            dataclasses.replace(config, maps=maps), Variant(), device_id, maps=(a_map or r_map, b_map),
+            a_along_m=r_map is not None, m=m, n=n, k=kp, a_sm=sa[0] if a_map or r_map else 0, a_sk=1, b_sk=0, b_sn=0,
+            c_sm=c_sm, c_sn=c_sn, batch=1, batch_inner=1,
             batch_strides=(0, mark, 0, 0, tiles_x, 0))  # (a_sm: a chunk of rows starts A's map that many rows on)
-        size = (0 if a_map else mp * kp) + (0 if b_map else np_ * kp)
+        size = (0 if a_map or r_map else mp * kp) + (0 if b_map else np_ * kp)
         fix = _tensor_map.GuardLaunch(
             NONFINITE_FIX, Variant(), device_id, m=m, n=n, k=k, a_sm=sa[0], a_sk=sa[1], b_sk=sb[0], b_sn=sb[1],
-            c_sm=c_sm, c_sn=1, batch=1, batch_inner=1, batch_strides=(0, tiles_x, mark, 0, 0, 0))
+            c_sm=c_sm, c_sn=c_sn, batch=1, batch_inner=1, batch_strides=(0, tiles_x, mark, 0, 0, 0))
         guard, size = (fix, size), size + tiles_x * tiles_y
     else:
         product = _cuda.Launch(dataclasses.replace(config, maps=""), Variant(), device_id, m=m, n=n, k=kp, a_sm=0,
-                               a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=1, batch=1, batch_inner=1,
+                               a_sk=0, b_sk=0, b_sn=0, c_sm=c_sm, c_sn=c_sn, batch=1, batch_inner=1,
                                batch_strides=(flags_a, 0, flags_b - b_at, 0, 0, 0))
     run = _PresplitReplay(size, split_a, split_b, at_b, product, guard=guard)
     try:
@@ -429,12 +437,37 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         # The driver would not encode a map for these operands (a limit mappable() does not know) or launch the mapped
         # kernel: split them.
         key = f"the CUDA driver would not take {config.name}'s operands through tensor maps: they are split instead"
-        _presplit(a, b, c, config, device_id, record, mapped=False)  # (C whole before a warning that may raise)
+        _presplit(a, b, c, config, device_id, record, mapped=False, swapped=swapped)  # (C whole before a warning)
         _errors.warn_once(key, f"{key} ({e})")
         return
     if record is not None:
-        run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
-        record.append(run)
+        bases = (record.base[1], record.base[0], record.base[2]) if swapped else record.base
+        run.offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), bases))
+        record.append(_SwappedReplay(run, 0, 0, 0) if swapped else run)
+
+
+def _along_m(a, config: WgTile):
+    """The tensor map of an A whose rows run along M (its K x M view row-major), copied in 32 x 32 boxes into
+    registers (6_wgmma.cu, A_RS); None where a map cannot read it."""
+    from . import tensor_map as _tensor_map
+
+    (m, k), (s_m, s_k) = a.shape, (st // 4 for st in a.strides)
+    if m < 2 or s_m != 1 or k < 2:
+        return None
+    return _tensor_map.operand_map(a.data.ptr, k, m, s_k, s_m, (config.BK, 32))
+
+
+def _swaps(a, b, config: WgTile) -> bool:
+    """Whether A @ B runs as C^T = B^T A^T on a mapped one-pass product: B's rows along N (no map reads that for
+    wgmma's shared-memory operand) and A's along K (a map reads A^T as the swapped product's B)."""
+    from . import tensor_map as _tensor_map
+
+    (m, k), n = a.shape, b.shape[1]
+    (s_am, s_ak), (s_bk, s_bn) = ((st // 4 for st in x.strides) for x in (a, b))
+    if min(m, n, k) < 2 or s_bn != 1 or s_ak != 1 or (config.bm, config.bn) != NONFINITE_FIX.tile:
+        return False
+    return (_tensor_map.operand_map(a.data.ptr, m, k, s_am, s_ak, (config.bn, config.BK)) is not None
+            and _along_m(b.T, config) is not None)
 
 
 def _ozaki(a, b, c, problem, device, device_id: int, config: Int8Tile) -> None:

@@ -148,13 +148,14 @@ class MappedLaunch(_Flagged):
     for A's map and then B's (either may be None), (box rows, box columns, the operand's rows, its columns, bytes
     between its rows), A row-major with K along its rows, B as B^T row-major. Called with (A, B, C, flags): flags
     the address of an int per block tile that the kernel sets to the product's mark (a_sb1) where it stores a
-    non-finite value."""
+    non-finite value. `a_along_m`: A's map is of its K x M view (rows along M, copied into registers: A_RS), whose
+    columns a chunk of A's rows narrows."""
 
-    __slots__ = ("maps", "rows")
+    __slots__ = ("maps", "rows", "a_along_m")
 
-    def __init__(self, config, variant, device_id: int, *, maps, **shape):
+    def __init__(self, config, variant, device_id: int, *, maps, a_along_m: bool = False, **shape):
         super().__init__(config, variant, device_id, **shape)
-        self.maps = tuple(maps)
+        self.maps, self.a_along_m = tuple(maps), a_along_m
         m, step = shape["m"], config.tile[0] * _cuda.MAX_GRID_Y
         self.rows = [min(m - m0, step) for m0 in range(0, max(m, 1), step)
                      for _ in range(0, shape["batch"], config.batch_per_launch)]  # (Launch's chunks, in order)
@@ -169,8 +170,12 @@ class MappedLaunch(_Flagged):
             _ADDRESS.pack_into(buffer, _C_SB1, _tls.flags)
             at = args.base + MAP_OFFSET
             if a_map is not None:  # (a chunk of rows: A's map starts at its first row)
-                box_rows, box_cols, _, cols, row_bytes = a_map
-                encode(at, a + da, rows, cols, row_bytes, box_rows, box_cols)
+                box_rows, box_cols, map_rows, cols, row_bytes = a_map
+                if self.a_along_m:  # (K x the chunk's rows)
+                    cols = rows
+                else:
+                    map_rows = rows
+                encode(at, a + da, map_rows, cols, row_bytes, box_rows, box_cols)
                 at += _MAP_BYTES
             if b_map is not None:
                 encode(at, b, *b_map[2:], *b_map[:2])

@@ -41,6 +41,13 @@
 // each of 128 rows and rounded in shared memory, A cost more than its split pass: docs/history.md.) The maps are the
 // parameters after FASTMM_GEMM_PARAMS, A's first; the operand's pointer is not read.
 //
+// One TF32 pass with A_RS: A comes from registers (wgmma's register operand), so it may lie along M: A's rows
+// contiguous along M, as B^T's are in C^T = B^T A^T, which is how fastmm runs A @ B with B's rows along N (TF32 wgmma
+// reads no such operand from shared memory; gemm.py swaps the operands and writes C transposed, c_sn its row stride).
+// A tensor map of A's K x M view copies 32 x 32 boxes (rounded to TF32, 128-byte swizzle) into the stage, and each
+// thread reads its fragment from them: K-tile by K-tile, all four k-steps' fragments, then the products, waited for
+// before the registers are read again (the other warpgroup's products keep the tensor cores busy meanwhile).
+//
 // Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, PASSES (1 or 3), GROUP (rows of
 // block tiles per group of the launch order), THREADS = BM * 2 + 128, A_TMA and B_TMA (0 or 1). Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
 // M, N the product's; K the padded K (a multiple of 32); A, B pass_tf32_split.cu's tiles of A and of B^T; C and c_sm as for
@@ -66,13 +73,18 @@ static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgr
 #ifndef B_TMA
 #define B_TMA 0
 #endif
-static_assert(!(A_TMA || B_TMA) || PASSES == 1, "tensor maps: one TF32 pass (the engine rounds; no small part)");
+#ifndef A_RS
+#define A_RS 0
+#endif
+#define A_MAP (A_TMA || A_RS)
+static_assert(!(A_MAP || B_TMA) || PASSES == 1, "tensor maps: one TF32 pass (the engine rounds; no small part)");
+static_assert(!(A_TMA && A_RS), "A through one map: K-major into wgmma's descriptors, or M-major into registers");
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-#if A_TMA && B_TMA
+#if A_MAP && B_TMA
 fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map a_map,
              const __grid_constant__ fastmm_tensor_map b_map)
-#elif A_TMA
+#elif A_MAP
 fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map a_map)
 #elif B_TMA
 fastmm_wgmma(FASTMM_GEMM_PARAMS, const __grid_constant__ fastmm_tensor_map b_map)
@@ -85,8 +97,8 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;
-#if PASSES == 3
-    const unsigned char* const smem = smem_raw + (base - raw);  // generic: only the FP32 path reads the stages
+#if PASSES == 3 || A_RS
+    const unsigned char* const smem = smem_raw + (base - raw);  // generic: the FP32 path and A_RS read the stages
 #endif
     const unsigned full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
 
@@ -130,9 +142,14 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
 #endif
 
     if (wg == WGS) {
+#if A_RS
+        // Registers to the multiplying warpgroups, which hold A's fragments besides the accumulators (without it,
+        // ptxas spilled at the 168 a thread that one block of 384 threads gets).
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+#endif
         // The copier: K-tile kt into stage kt % STAGES once both warpgroups are done with what it held.
         if (tid % 128 == 0) {
-#if A_TMA
+#if A_MAP
             tensor_map_prefetch(&a_map);
 #else
             const char* a_tiles = reinterpret_cast<const char*>(A) + (long long)by * k_tiles * STAGE_A_BYTES;
@@ -149,6 +166,9 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
                 mbar_expect(full0 + 8 * s, STAGE_BYTES);
 #if A_TMA
                 tensor_copy_2d(stage, &a_map, kt * BK, bm, full0 + 8 * s);  // BM rows x 32, the full box counted
+#elif A_RS
+                for (int b = 0; b < BM / 32; ++b)  // 32 k x 32 rows of A each (A's K x M view: M innermost)
+                    tensor_copy_2d(stage + 4096 * b, &a_map, bm + 32 * b, kt * BK, full0 + 8 * s);
 #else
                 bulk_copy(stage, a_tiles + (long long)kt * STAGE_A_BYTES, STAGE_A_BYTES, full0 + 8 * s);
 #endif
@@ -163,6 +183,9 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
         return;  // the multiplying warpgroups wait for every copy before they read it, and so before they exit
     }
 
+#if A_RS
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+#endif
     float acc[NREG];
 #pragma unroll
     for (int i = 0; i < NREG; ++i) acc[i] = 0.0f;
@@ -177,6 +200,21 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
             mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
             const unsigned stage = base + s * STAGE_BYTES;
             const unsigned a_big = stage + a_off, b_big = stage + STAGE_A_BYTES;
+#if A_RS
+            (void)a_big;  // (A's fragments come from registers)
+            // This thread's fragments of its warpgroup's 64 rows, all four k-steps: box r / 32, row k, column r % 32.
+            unsigned frag[BK / 8][4];
+            {
+                const unsigned char* a_tile = smem + s * STAGE_BYTES;
+#pragma unroll
+                for (int ks = 0; ks < BK / 8; ++ks)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int r = wg * 64 + warp * 16 + g + 8 * (i & 1), k = ks * 8 + t + 4 * (i >> 1);
+                        frag[ks][i] = __float_as_uint(swizzled(a_tile + (r >> 5) * 4096, k, r & 31));
+                    }
+            }
+#endif
             wgmma_fence();
 #if PASSES == 3
             // The cross terms first, the large terms last: each wgmma adds to the partial sum with truncation, an
@@ -197,6 +235,18 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
             mbar_arrive(empty0 + 8 * s);
 #pragma unroll
             for (int i = 0; i < NREG; ++i) acc[i] += part[i];
+#elif A_RS
+#pragma unroll
+            for (int ks = 0; ks < BK / 8; ++ks)
+                wgmma_rs_tile(acc, frag[ks], smem_descriptor(b_big + ks * 32), 1);
+            wgmma_commit();
+            wgmma_wait<0>();  // frag is read until the products are done; then the stage may be refilled
+#pragma unroll
+            for (int ks = 0; ks < BK / 8; ++ks)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)  // (live until here: their registers must not be reused before the wait)
+                    asm volatile("" : "+r"(frag[ks][i])::"memory");
+            mbar_arrive(empty0 + 8 * s);
 #else
 #pragma unroll
             for (int ks = 0; ks < BK / 8; ++ks)
@@ -237,7 +287,7 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     }
 #endif
 
-#if A_TMA || B_TMA
+#if A_MAP || B_TMA
     // The guard of the maps' rounding (pass_nonfinite_fix.cu): a block tile that stores a non-finite value flags
     // itself with this call's mark (c_sb1: the flags' address, c_sb0: the tiles in a row, a_sb1: the mark), so the
     // flags need no zeroing first (a stale mark only has the guard look at a tile's values again); finite data costs
@@ -248,8 +298,20 @@ fastmm_wgmma(FASTMM_GEMM_PARAMS)
     if (__any_sync(0xffffffffu, bad) && lane == 0)
         reinterpret_cast<int*>(c_sb1)[(long long)by * c_sb0 + bx] = (int)a_sb1;
 #endif
-    const bool vec = fastmm_c_vec4(C, c_sm);
     const int m = bm + wg * 64 + warp * 16 + g;
+    if (c_sn != 1) {  // C^T = B^T A^T: this tile's rows are C's columns (lanes g write 8 consecutive floats of C)
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int n = bn + 8 * j + 2 * t + e;
+                if (n >= N) continue;
+                if (m < M) C[(long long)m * c_sm + (long long)n * c_sn] = acc[4 * j + e];
+                if (m + 8 < M) C[(long long)(m + 8) * c_sm + (long long)n * c_sn] = acc[4 * j + 2 + e];
+            }
+        return;
+    }
+    const bool vec = fastmm_c_vec4(C, c_sm);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
         const int n = bn + 8 * j + 2 * t;

@@ -331,7 +331,7 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
     stages: int = 3
     passes: int = 3
     group: int = 8  # rows of block tiles per group of the launch order (1: row by row)
-    maps: str = ""  # one pass: "a", "b", "ab": the K-major operands copied by tensor maps (rounded there), not split
+    maps: str = ""  # one pass: "a", "b", "ab", "r", "rb": operands copied by tensor maps (rounded there), not split
     source: ClassVar[str] = "6_wgmma.cu"
 
     BK: ClassVar[int] = 32  # 6_wgmma.cu's K-tile: one 128-byte swizzled row
@@ -359,15 +359,16 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
 
     def _tile_macros(self) -> dict[str, int]:
         return {"BM": self.bm, "BN": self.bn, "STAGES": self.stages, "PASSES": self.passes, "THREADS": self.threads,
-                "GROUP": self.group, "A_TMA": int("a" in self.maps), "B_TMA": int("b" in self.maps)}
+                "GROUP": self.group, "A_TMA": int("a" in self.maps), "B_TMA": int("b" in self.maps),
+                "A_RS": int("r" in self.maps)}  # ("r": A along M, wgmma's register operand)
 
     def _check(self) -> list[str]:
         errors = self._warpgroup_errors()
         if self.passes not in (1, 3):
             errors.append(f"passes must be 1 (TF32) or 3 (3xTF32), not {self.passes}")
-        if self.maps and (self.passes != 1 or self.maps not in ("a", "b", "ab")):
-            errors.append(f"maps must be 'a', 'b' or 'ab' on one pass (a map's copy rounds, it has no small part), "
-                          f"not {self.maps!r} on {self.passes}")
+        if self.maps and (self.passes != 1 or self.maps not in ("a", "b", "ab", "r", "rb")):
+            errors.append(f"maps must be 'a', 'b', 'ab', 'r' or 'rb' on one pass (a map's copy rounds, it has no "
+                          f"small part), not {self.maps!r} on {self.passes}")
         return errors
 
 
@@ -498,7 +499,7 @@ TF32_TILES = (TensorTile(bm=128, bn=256, bk=16, wm=64, wn=64, stages=3, passes=1
 TF32X3_WG = WgTile(bm=128, bn=128, stages=3, passes=3)
 TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
 # (the runtime's, where A's rows, B's columns or both are K-contiguous)
-TF32_WG_MAPS = tuple(dataclasses.replace(TF32_WG, maps=m) for m in ("a", "b", "ab"))
+TF32_WG_MAPS = tuple(dataclasses.replace(TF32_WG, maps=m) for m in ("a", "b", "ab", "r", "rb"))
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
 FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=16))
 # 17 to 64 columns in one pass over A, a lane per row of C (docs/kernels/few-columns.md, section 'Up to 64 columns'):

@@ -69,6 +69,33 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], unsigned long long a
 #define wgmma_tile wgmma_n256
 #endif
 
+// The same with A from registers (6_wgmma.cu's A_RS): `a` holds this thread's four TF32 values of A's 64 x 8 slice,
+// (16w + g, t), (16w + g + 8, t), (16w + g, t + 4), (16w + g + 8, t + 4) for warp w of the warpgroup and lane 4g + t;
+// B K-major in swizzled shared memory. A's registers are read until the group's wgmma_wait says it is done.
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const unsigned (&a)[4], unsigned long long b,
+                                              int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" WGMMA_REGS64 "}, {%64, %65, %66, %67}, %68, "
+                 "p, 1, 1;\n}\n"
+                 : WGMMA_D64("+f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], const unsigned (&a)[4], unsigned long long b,
+                                              int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" WGMMA_REGS128 "}, {%128, %129, %130, %131}, "
+                 "%132, p, 1, 1;\n}\n"
+                 : WGMMA_D128("+f") : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+#if BN == 128
+#define wgmma_rs_tile wgmma_rs_n128
+#else
+#define wgmma_rs_tile wgmma_rs_n256
+#endif
+
 // The same on INT8 operands (8_int8_wgmma.cu): D (64 x BN, int32) = A * B + (scale_d ? D : 0), exact, 32 values of k
 // per instruction; A and B K-major (the only layout wgmma reads 8-bit integers in), a swizzled row 128 values of k.
 __device__ __forceinline__ void wgmma_s8_n128(int (&d)[64], unsigned long long a, unsigned long long b, int scale_d)
