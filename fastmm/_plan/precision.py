@@ -243,10 +243,10 @@ def _maps_said(problem: Problem, maps: str) -> str:
     if maps == "rb" and not problem.a_t:
         return ("B^T through a TFLOAT32 tensor map into registers (wgmma's register operand) and A^T through another "
                 "(rounded to TF32 by the copies), C^T = B^T A^T written transposed,")
+    mapped = {"A": maps[0] in "ar", "B": "b" in maps}
     return " and ".join(f"{x} through a TFLOAT32 tensor map (rounded to TF32 by the copy)"
                         + (" into registers" if x == "A" and "r" in maps else "")
-                        if (x == "A" and maps[0] in "ar") or (x == "B" and "b" in maps) else f"{x} split into TF32 by a pass"
-                        for x in ("A", "B"))
+                        if mapped[x] else f"{x} split into TF32 by a pass" for x in ("A", "B"))
 
 
 def _tensor(problem: Problem, device: Device, precision: str) -> tuple[str, str, str]:
