@@ -969,3 +969,16 @@ def test_few_column_lanes_add_at_most_384_terms_in_single_products():
             seen += 1
             assert run_of(c.config, -(-k // c.splits), c.variant.a_t) <= 384, (m, n, k, c.name, c.splits)
     assert seen > 500
+
+
+def test_a_swapped_medium_product_counts_the_blocks_it_launches_and_k_of_one_is_not_swapped():
+    """A @ B with B along N runs as C^T = B^T A^T (`_maprb`): its grid is of (n, m) tiles; with K = 1 the runtime
+    does not swap (no map of a K x M view one row deep), and the plan does not say it does."""
+    p = _plan.Problem(4096, 600, 4096, aligned=True, a_aligned=True, b_aligned=True)
+    choice = _plan.choose(p, precision="medium")
+    assert choice.name.endswith("_maprb")
+    bm, bn = choice.config.tile
+    assert p.blocks(choice.config) == -(-600 // bm) * -(-4096 // bn) != p.tiles(choice.config)
+    from fastmm._plan import precision
+
+    assert precision._maps(_plan.Problem(16384, 16384, 1, aligned=True, a_aligned=True, b_aligned=True)) == "a"

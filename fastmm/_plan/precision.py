@@ -232,7 +232,7 @@ def _maps(problem: Problem) -> str:
     K-major A, "r" an A along M (into registers), "b" a B given as B^T; A @ B with B along N runs as C^T = B^T A^T,
     "rb". The runtime checks the operands themselves (fastmm/_runtime/gemm.py, _presplit) and splits any that a map
     cannot read."""
-    if not (problem.a_aligned and problem.b_aligned) or problem.a_t or problem.b_t:
+    if not (problem.a_aligned and problem.b_aligned) or problem.a_t or problem.b_t or problem.k < 2:
         a = "a" if not problem.a_t else "r"
         return (a if problem.a_aligned else "") + ("b" if problem.b_t and problem.b_aligned else "")
     return "rb"  # (swapped)

@@ -50,6 +50,8 @@ class Problem:
         if isinstance(config, FewColumns):  # each block of rows over a cluster's blocks (split K) or one
             problem = dataclasses.replace(self, m=self.n, n=self.m) if few_rows(self) else self
             return problem.tiles(config) * config.cluster
+        if getattr(config, "maps", "") == "rb" and not (self.a_t or self.b_t):  # (run as C^T = B^T A^T)
+            return dataclasses.replace(self, m=self.n, n=self.m).tiles(config)
         return self.tiles(config)
 
     def tiles(self, config: KernelConfig) -> int:

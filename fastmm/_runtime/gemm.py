@@ -376,7 +376,7 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         return
     # The rows of A and of B^T that one launch of the split pass covers (a forced kernel; the plan stays below).
     rows, cols = SPLIT.rows_per_launch(config.bm, MAX_GRID_Y), SPLIT.rows_per_launch(config.bn, MAX_GRID_Y)
-    if m > rows or n > cols:
+    if (m > rows or n > cols) and not (swapped and mapped):  # (swapped and mapped: neither operand is split)
         if record is not None:
             record.append(None)
         for m0 in range(0, m, rows):
@@ -437,7 +437,10 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         # The driver would not encode a map for these operands (a limit mappable() does not know) or launch the mapped
         # kernel: split them.
         key = f"the CUDA driver would not take {config.name}'s operands through tensor maps: they are split instead"
-        _presplit(a, b, c, config, device_id, record, mapped=False, swapped=swapped)  # (C whole before a warning)
+        if swapped:  # both split: the product's own orientation, C stored row by row
+            _presplit(b.T, a.T, c.T, config, device_id, record, mapped=False)
+        else:
+            _presplit(a, b, c, config, device_id, record, mapped=False)  # (C whole before a warning that may raise)
         _errors.warn_once(key, f"{key} ({e})")
         return
     if record is not None:

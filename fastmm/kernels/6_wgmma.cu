@@ -48,7 +48,7 @@
 // thread reads its fragment from them: K-tile by K-tile, all four k-steps' fragments, then the products, waited for
 // before the registers are read again (the other warpgroup's products keep the tensor cores busy meanwhile).
 //
-// Macros: BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, PASSES (1 or 3), GROUP (rows of
+// Macros (A_RS above): BM (64 or 128: multiplying warpgroups x 64), BN (128 or 256), STAGES, PASSES (1 or 3), GROUP (rows of
 // block tiles per group of the launch order), THREADS = BM * 2 + 128, A_TMA and B_TMA (0 or 1). Parameters (FASTMM_GEMM_PARAMS, reinterpreted):
 // M, N the product's; K the padded K (a multiple of 32); A, B pass_tf32_split.cu's tiles of A and of B^T; C and c_sm as for
 // every product; pass_tf32_split.cu's flags of A at A + a_sb0, of B^T at B + b_sb0.
@@ -79,6 +79,7 @@ static_assert(THREADS == (WGS + 1) * 128, "128 threads per warpgroup, one warpgr
 #define A_MAP (A_TMA || A_RS)
 static_assert(!(A_MAP || B_TMA) || PASSES == 1, "tensor maps: one TF32 pass (the engine rounds; no small part)");
 static_assert(!(A_TMA && A_RS), "A through one map: K-major into wgmma's descriptors, or M-major into registers");
+static_assert(!A_RS || THREADS == 384, "setmaxnreg's 40 / 232 balance the registers of 384 threads at 168 each");
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if A_MAP && B_TMA

@@ -369,6 +369,8 @@ class WgTile(_Passes, Warpgroups, KernelConfig):
         if self.maps and (self.passes != 1 or self.maps not in ("a", "b", "ab", "r", "rb")):
             errors.append(f"maps must be 'a', 'b', 'ab', 'r' or 'rb' on one pass (a map's copy rounds, it has no "
                           f"small part), not {self.maps!r} on {self.passes}")
+        if "r" in self.maps and self.threads != 384:  # (6_wgmma.cu's setmaxnreg values)
+            errors.append(f"maps 'r' needs two multiplying warpgroups (bm = 128), not bm = {self.bm}")
         return errors
 
 
