@@ -63,8 +63,7 @@ class HostTarget:
         cp = _dispatch._cupy()
         if isinstance(block, cp.ndarray) and self.direct:
             region = self.target[index]
-            if (region.shape == block.shape and region.dtype == block.dtype and _staged.stages(block)
-                    and block.flags.c_contiguous and block.device.id == cp.cuda.runtime.getDevice()
+            if (region.shape == block.shape and region.dtype == block.dtype and _staged.comes_down(block)
                     and np.may_share_memory(region, self.target)):
                 _staged.to_region(block, region)
                 return

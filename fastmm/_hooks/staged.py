@@ -298,11 +298,17 @@ def stages(x) -> bool:
     return x.dtype == np.float32 and 0 < x.nbytes <= MAX_STAGING_BYTES
 
 
+def comes_down(dev) -> bool:
+    """Whether `to_host` and `to_region` copy the device array `dev` through the staging threads: it stages, is
+    C-contiguous and on the current device."""
+    return stages(dev) and dev.flags.c_contiguous and dev.device.id == _arrays.cupy().cuda.runtime.getDevice()
+
+
 def to_host(dev) -> np.ndarray:
     """A new host copy of the device array `dev`, after the work queued on the current stream: through the staging
-    threads where it stages, is C-contiguous and on the current device, else CuPy's copy."""
+    threads where `comes_down`, else CuPy's copy."""
     cp = _arrays.cupy()
-    if stages(dev) and dev.flags.c_contiguous and dev.device.id == cp.cuda.runtime.getDevice():
+    if comes_down(dev):
         host = np.empty(dev.shape, dev.dtype)
         to_region(dev, host)
         return host

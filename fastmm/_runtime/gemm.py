@@ -369,7 +369,9 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
         return
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
-    if mapped and config.passes == 1 and not swapped and _swaps(a, b, config):
+    # One pass: operands go through tensor maps where they can (a map's copy rounds; the guard's tiles are these).
+    mapped = mapped and config.passes == 1 and (config.bm, config.bn) == NONFINITE_FIX.tile
+    if mapped and not swapped and _swaps(a, b, config):
         # B's rows along N, which TF32 wgmma does not read from shared memory, and A's along K: C^T = B^T A^T, with
         # B^T (along M there) as wgmma's register operand and A^T (K-major) through a map: neither is split.
         _presplit(b.T, a.T, c.T, config, device_id, record, swapped=True)
@@ -400,7 +402,6 @@ def _presplit(a, b, c, config: WgTile, device_id: int, record: Recorder | None, 
     c_sm, c_sn = (c.strides[0] // 4 if m > 1 else 0), (c.strides[1] // 4 if n > 1 else 1)  # (C^T: c_sn its rows')
     # One pass: a K-major operand (A's rows, or B's columns, contiguous along K) goes through a tensor map, whose
     # copies round it (6_wgmma.cu, A_TMA / B_TMA); so does an A along M, into registers (A_RS); the others are split.
-    mapped = mapped and parts == 1 and (config.bm, config.bn) == NONFINITE_FIX.tile  # (the guard's tiles: the same)
     a_map = _tensor_map.operand_map(a.data.ptr, m, k, sa[0], sa[1], (config.bm, config.BK)) if mapped else None
     r_map = _along_m(a, config) if mapped and a_map is None else None
     b_map = _tensor_map.operand_map(b.data.ptr, n, k, sb[1], sb[0], (config.bn, config.BK)) if mapped else None
@@ -467,7 +468,7 @@ def _swaps(a, b, config: WgTile) -> bool:
 
     (m, k), n = a.shape, b.shape[1]
     (s_am, s_ak), (s_bk, s_bn) = ((st // 4 for st in x.strides) for x in (a, b))
-    if min(m, n, k) < 2 or s_bn != 1 or s_ak != 1 or (config.bm, config.bn) != NONFINITE_FIX.tile:
+    if min(m, n, k) < 2 or s_bn != 1 or s_ak != 1:
         return False
     return (_tensor_map.operand_map(a.data.ptr, m, k, s_am, s_ak, (config.bn, config.BK)) is not None
             and _along_m(b.T, config) is not None)
