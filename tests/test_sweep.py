@@ -47,7 +47,8 @@ def test_operands_have_the_layout_named(layout, batch):
 
 
 def test_the_summary_reads_the_distribution_and_the_worst():
-    rows = [{"label": f"p{i}", "speed": s, "error_ratio": e, "rule": rule, "kernel": "k"}
+    timed = {"seconds": {"fastmm": 40e-6, "cublas": 20e-6}, "host_seconds": {"fastmm": 39e-6, "cublas": 12e-6}}
+    rows = [{"label": f"p{i}", "speed": s, "error_ratio": e, "rule": rule, "kernel": "k", **timed}
             for i, (s, e, rule) in enumerate([(0.5, 1.0, "split-k"), (1.0, 0.5, "tiled"), (2.0, 2.0, "tiled"),
                                               (1.0, math.inf, "tiled")])]
     summary = sweep.summarize(rows, worst=2)
@@ -63,6 +64,7 @@ def test_the_summary_reads_the_distribution_and_the_worst():
     text = sweep.format_summary(summary, seed=7)
     assert "sweep of 4 problems (seed 7)" in text and "geomean 1.000" in text and "p0" in text
     assert "the 1 least accurate against cuBLAS" in text and "by rule:" in text
+    assert "40(39)/20(12)" in text  # per call and, in brackets, on the host: this one waits on its host code
 
 
 def test_the_plan_of_a_problem_names_its_rule_and_kernel():
@@ -81,7 +83,7 @@ def test_errors_within_two_roundings_of_the_exact_product_count_as_equal():
         past = sweep._ratio(*(max(x, floor) for x in (ours, theirs)))
         assert past == pytest.approx(want)
         rows.append({"label": f"p{i}", "speed": 1.0, "error_ratio": ours / theirs, "error_ratio_past_rounding": past,
-                     "rule": "tiled", "kernel": "k"})
+                     "rule": "tiled", "kernel": "k", "seconds": {"fastmm": 1e-5, "cublas": 1e-5}})
     summary = sweep.summarize(rows)["error_ratio"]
     assert summary["above_1.1"] == 3 and summary["above_1.1_past_rounding"] == 2
     assert "past rounding" in sweep.format_summary(sweep.summarize(rows), seed=1)

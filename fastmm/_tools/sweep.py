@@ -153,6 +153,13 @@ def summarize(rows: list[dict], worst: int = 20) -> dict:
     }
 
 
+def _micros(row: dict) -> str:
+    """Microseconds a call, fastmm / cuBLAS, each with its host time in brackets: a call whose host time reaches
+    its per-call time waits on Python and the launch, not on its kernels."""
+    secs, host = row["seconds"], row.get("host_seconds", {})
+    return "/".join(f"{secs[x] * 1e6:.0f}({host.get(x, math.nan) * 1e6:.0f})" for x in ("fastmm", "cublas"))
+
+
 def format_summary(summary: dict, seed: int) -> str:
     s, e = summary["speed"], summary["error_ratio"]
     lines = [f"sweep of {summary['problems']} problems (seed {seed}); speed = cuBLAS time / fastmm time, "
@@ -164,9 +171,10 @@ def format_summary(summary: dict, seed: int) -> str:
              f"  past rounding  p99 {e['p99_past_rounding']:.2f}  ({e['above_1.1_past_rounding']} above 1.1x; errors "
              f"within {ROUNDINGS:g}x the correctly rounded product's count as equal)",
              f"  the {len(summary['worst'])} slowest against cuBLAS:",
-             f"  {'problem':34s} {'speed':>6s} {'err ratio':>9s}  rule: kernel"]
+             f"  {'problem':34s} {'speed':>6s} {'err ratio':>9s} {'us fastmm/cuBLAS (host)':>27s}  rule: kernel"]
     for r in summary["worst"]:
-        lines.append(f"  {r['label']:34s} {r['speed']:6.2f} {r['error_ratio']:9.2f}  {r['rule']}: {r['kernel']}")
+        lines.append(f"  {r['label']:34s} {r['speed']:6.2f} {r['error_ratio']:9.2f} {_micros(r):>27s}  "
+                     f"{r['rule']}: {r['kernel']}")
     lines.append(f"  the {len(summary['least_accurate'])} least accurate against cuBLAS:")
     for r in summary["least_accurate"]:
         lines.append(f"  {r['label']:34s} {r['speed']:6.2f} {r['error_ratio']:9.2f}  {r['rule']}: {r['kernel']}")
@@ -205,17 +213,20 @@ def run(problems: list[SweepProblem], *, seed: int, budget_s: float, show_progre
         outs = {"fastmm": fastmm.asarray(cp.empty(out_shape, cp.float32)), "cublas": cp.empty(out_shape, cp.float32)}
         calls = {"fastmm": lambda i: np.matmul(fa, fb, out=outs["fastmm"]),
                  "cublas": lambda i: cp.matmul(a, b, out=outs["cublas"])}
-        seconds, errors = {}, {}
+        seconds, errors, host = {}, {}, {}
         for name, fn in calls.items():
             outs[name].fill(cp.nan)  # an element nobody writes cannot pass
             fn(0)
             errors[name] = rel_error(outs[name], ref)
+            returned: list[float] = []
             seconds[name] = time_per_call(fn, 1, warmup=1, runs=5 if problem.flops < 1e12 else 3,
-                                          min_seconds=0.01)
+                                          min_seconds=0.01, host=returned)
+            host[name] = returned[0]
         errors["rounded"] = rel_error(ref.astype(cp.float32), ref)  # the exact product rounded once: the floor
         rule, kernel = _plan_of(fa, fb)
         rows.append({"label": problem.label, **dataclasses.asdict(problem), "rule": rule, "kernel": kernel,
-                     "speed": seconds["cublas"] / seconds["fastmm"], "seconds": seconds, "errors": errors,
+                     "speed": seconds["cublas"] / seconds["fastmm"], "seconds": seconds, "host_seconds": host,
+                     "errors": errors,
                      "error_ratio": _ratio(errors["fastmm"], errors["cublas"]),
                      "error_ratio_past_rounding": _ratio(*(max(errors[x], ROUNDINGS * errors["rounded"])
                                                            for x in ("fastmm", "cublas")))})

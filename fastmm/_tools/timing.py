@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+import time
 
 __all__ = ["L2_BYTES", "no_gpu", "rel_error", "time_per_call", "progress"]
 
@@ -35,8 +36,11 @@ def rel_error(c, ref) -> float:
     return float(cp.linalg.norm(c64 - ref)) / (denom or 1.0)
 
 
-def time_per_call(fn, n_sets: int, *, warmup: int = 2, runs: int = 7, min_seconds: float = 0.02) -> float:
-    """Median seconds per call of fn(i) over `runs` timed batches, with CUDA events on the current stream."""
+def time_per_call(fn, n_sets: int, *, warmup: int = 2, runs: int = 7, min_seconds: float = 0.02,
+                  host: list | None = None) -> float:
+    """Median seconds per call of fn(i) over `runs` timed batches, with CUDA events on the current stream. Where
+    `host` is a list, the median host seconds a call takes to return (the batch before its synchronize) is appended
+    to it: a call whose host time reaches its per-call time is bound by the host, not by its kernels."""
     import cupy as cp
 
     for i in range(warmup):
@@ -49,14 +53,18 @@ def time_per_call(fn, n_sets: int, *, warmup: int = 2, runs: int = 7, min_second
     end.synchronize()
     one = max(cp.cuda.get_elapsed_time(start, end) * 1e-3, 1e-6)
     inner = max(1, min(1000, int(min_seconds / one)))
-    times = []
+    times, host_times = [], []
     for _ in range(runs):
+        began = time.perf_counter()
         start.record()
         for i in range(inner):
             fn(i % n_sets)
         end.record()
+        host_times.append((time.perf_counter() - began) / inner)
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 / inner)
+    if host is not None:
+        host.append(statistics.median(host_times))
     return statistics.median(times)
 
 
