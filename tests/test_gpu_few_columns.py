@@ -104,6 +104,26 @@ def test_unaligned_columns_of_a_vector_matrix_product(kernel, k, n, offset, rng)
     assert bool((fastmm.matmul(v, a, kernel=kernel) == c).all())
 
 
+@pytest.mark.parametrize("kernel,n", [("fewcol_n4", 3), ("fewcol_n4_c4", 4), ("fewcol_n16", 7), ("fewcol_n16", 16),
+                                      ("fewcol_n16_c2", 13), ("fewcol_n32_s3", 30), ("fewcol_n64_s3_c8", 50)], ids=str)
+@pytest.mark.parametrize("m,k,offset", [(97, 1, 1), (300, 131, 2), (1001, 1000, 3), (33, 2049, 1), (5000, 77, 0)],
+                         ids=str)
+def test_unaligned_columns_of_a_transposed_a(kernel, n, m, k, offset, rng):
+    """A with unit stride along m (a transposed view) whose columns start 1-3 floats past a 16-byte boundary, with 3 to
+    50 columns of C: each column of A copied as aligned pieces and read at its shift; NaN-poisoned, against float64,
+    the same on every run."""
+    width = m + 4 if m % 2 == 0 else m + 5  # odd: consecutive columns of A start at every misalignment in turn
+    base = cp.asarray(rng.uniform(-1, 1, (k, width)).astype(np.float32))
+    a = base[:, offset:offset + m].T
+    b = cp.asarray(rng.uniform(-1, 1, (k, n)).astype(np.float32))
+    want = a.astype(cp.float64) @ b.astype(cp.float64)
+    c = cp.full((m, n), cp.nan, cp.float32)
+    fastmm.matmul(a, b, out=c, kernel=kernel)
+    err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
+    assert err < 1e-5, err
+    assert bool((fastmm.matmul(a, b, kernel=kernel) == c).all())
+
+
 WIDE = ["fewcol_n32_s3", "fewcol_n32_s3_c4", "fewcol_n64_s3", "fewcol_n64_s3_c8"]
 
 

@@ -57,10 +57,11 @@
 #define KPITCH (STEP + 4)
 #define LANE_ROWS (A_T == 1 || NMAX > 16)
 #define JPITCH (NMAX == 1 ? 1 : NMAX % 4 == 0 ? NMAX + 4 : NMAX + 1)
-// The transposed product's matrix-vector case (v . A: A_T = 1) with columns of A not 16-byte aligned: each k's 32 rows
-// are copied as 9 aligned 16-byte pieces from the column's last 16-byte boundary, into a row of APITCH = 36 floats of
-// which the rows start at the column's shift (see issue_step). 4-byte copies ran v . 4097^2 at 0.66x cuBLAS.
-#define WINDOW_T (A_T == 1 && NMAX == 1 && VEC == 1)
+// A with unit stride along m (A_T = 1) whose columns are not 16-byte aligned: each k's 32 rows are copied as 9 aligned
+// 16-byte pieces from the column's last 16-byte boundary, into a row of APITCH = 36 floats of which the rows start at
+// the column's shift (see issue_step). 4-byte copies ran v . 4097^2 at 0.66x cuBLAS, and issued 32 copies per k where
+// these issue 9: with 16-32 columns, 9787x30x1523 (Fortran) ran at 0.48x (docs/kernels/few-columns.md).
+#define WINDOW_T (A_T == 1 && VEC == 1)
 #define APITCH (ROWS_PER_BLOCK + (WINDOW_T ? 4 : A_T == 0 && LANE_ROWS ? 1 : 0))
 #define A_FLOATS (APITCH * STEP)
 // A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies

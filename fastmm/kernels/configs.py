@@ -418,8 +418,8 @@ class FewColumns(KernelConfig):
     def _slot_floats(self) -> int:
         jpitch = 1 if self.nmax == 1 else self.nmax + 4 if self.nmax % 4 == 0 else self.nmax + 1
         b = max(self.nmax * (self.STEP + 4), self.STEP * jpitch, 4 * 256 if self.nmax == 1 else 0)
-        # rows of 36 for v . A on unaligned columns; of 33 for a row-major A staged k-major (more than 16 columns)
-        a = (self.ROWS + (4 if self.nmax == 1 else 1 if self.nmax > 16 else 0)) * self.STEP
+        # rows of 36 where A's columns are unaligned (A_T = 1), of 33 for a row-major A staged k-major (past 16 columns)
+        a = (self.ROWS + 4) * self.STEP
         return a + -(-b // 4) * 4
 
     def _tile_macros(self) -> dict[str, int]:
@@ -443,7 +443,8 @@ class FewColumns(KernelConfig):
             return [f"stages must be at least 2, nmax at least 1, cluster 1 to 8 (got {self.stages}, {self.nmax}, "
                     f"{self.cluster})"]
         if self.nmax > 16:
-            # 7_few_columns.cu's end: the 8 warps' partial sums (rows of nmax + 1), then a cluster's block sums, in the ring
+            # 7_few_columns.cu's end: the 8 warps' partial sums (rows of nmax + 1), then a cluster's block sums, in the
+            # ring
             partials = 8 * self.ROWS * (self.nmax + 1)
             need = max(partials, self._slot_floats) + (self.ROWS * self.nmax if self.cluster > 1 else 0)
             if self.nmax % 4 or need > self.stages * self._slot_floats:
