@@ -775,7 +775,8 @@ def test_large_tiles_sum_long_k_in_runs():
     (3000, 3000, 8200, 520),       # ... on blocks across C's edges too
     (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and their sum), edge blocks too
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
-    (8192, 4, 8192, 256),          # few columns: 4 terms per lane and step, over 64 steps
+    (8192, 4, 8192, 32),           # up to 4 columns too (BLOCKED)
+    (8192, 16, 8192, 256),         # 16 columns: 4 terms per lane and step, over 64 steps
     (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run
     (804, 33, 7189, 29),           # split-k-idle: 28 slices and a shallow last launch
     (768, 768, 768, 16),           # split-k-mid: 6 slices of 128 on sums per 16-deep K-tile

@@ -8,9 +8,9 @@ from ..kernels.configs import FewColumns, WarpTile
 __all__ = ["run_of"]
 
 # The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where A has unit
-# stride along M: a warp takes every 8th k); a matrix-vector product restarts its sums every 8 steps (FOLD) and
-# adds those blocks in order.
-_STEP, _FOLD = 128, 8
+# stride along M: a warp takes every 8th k); up to 4 columns (BLOCKED) it restarts its sums every 8 steps (FOLD)
+# and adds those blocks in order.
+_STEP, _FOLD, _BLOCKED_NMAX = 128, 8, 4
 
 
 def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
@@ -22,7 +22,7 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
     if isinstance(config, FewColumns):
         per_step = 16 if a_t or config.nmax > 16 else 4  # past 16 columns a warp takes every 8th k in every layout
         steps = -(-k // (_STEP * config.cluster))
-        if config.nmax == 1:
+        if config.nmax <= _BLOCKED_NMAX:
             return max(1, min(steps, _FOLD) * per_step, -(-steps // _FOLD))
         return max(1, steps * per_step)
     if isinstance(config, WarpTile) and config.flush and k > config.flush:

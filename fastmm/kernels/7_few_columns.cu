@@ -81,8 +81,10 @@
 // every FOLD steps those are added into a second set and restarted (a blocked sum: each addition then rounds a sum
 // of at most FOLD steps' terms, or of K / (FOLD x STEP) blocks, instead of one of K / 128 or K / 8 terms). One
 // running sum per lane over K / 8 terms gave A^T.v at 8192^2 a relative error of 5.8e-7 against cuBLAS gemv's 4.2e-7.
-// (Wider products keep one sum: their accumulators fill the registers, and their errors were at or below cuBLAS's.)
-#define BLOCKED (NMAX == 1)
+// Up to 4 columns too: one sum of K / 8 terms per lane gave 2 x 2580 x 6677 (B^T) 1.9x cuBLAS's error and
+// 2 x 812 x 11345 1.2x (the random sweep, 2026-11-28). (Wider products keep one sum: their accumulators fill the
+// registers.)
+#define BLOCKED (NMAX <= 4)
 #define FOLD 8
 #define PARTS (NMAX == 1 ? 4 : 1)
 #define B_FLOATS (PRIVATE_B ? THREADS * 4 : !LANE_ROWS ? NMAX * KPITCH : STEP * JPITCH)
