@@ -82,6 +82,7 @@ class RuleName(str, enum.Enum):
     the name `explain` prints, so that a name read back from `explain` or a log compares too."""
 
     EMPTY = "empty"
+    SMALL = "small"
     SHORT_K = "short-k"
     FEW_COLUMNS = "few-columns"
     WIDE_FEW_COLUMNS = "wide-few-columns"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..kernels.configs import FewColumns, WarpTile
+from ..kernels.configs import FewColumns, Naive, WarpTile
 
 __all__ = ["run_of"]
 
@@ -17,6 +17,8 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
     """The longest run of terms one accumulator of `config` adds, over a K of `k` (an upper bound); `edges`: some of
     its blocks cross C's edges and `config` leaves them to the unrolled path's one running sum (a sub-tile loop, but
     where `WarpTile.loops_edges`)."""
+    if isinstance(config, Naive) and config.f64_sums:
+        return 1  # float64 sums: the one float32 rounding is C's
     if isinstance(config, WarpTile) and config.sub_k and (edges or k % config.bk and not config.ragged):
         return k  # (a loop forced or tuned onto a ragged K leaves every block to the unrolled path)
     if isinstance(config, FewColumns):

@@ -18,7 +18,7 @@ from .forced import OZAKI
 from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision, _hopper, _macs, _ozaki, _tensor, _wgmma,
                         current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
-from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
+from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
                     WT256_LOOP16, WT256_LOOP16_RAGGED, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP,
                     _few_tiles, _fill, _few_columns_for, _looped, _useful)
 from .runs import run_of
@@ -29,6 +29,10 @@ _log = logging.getLogger("fastmm")
 __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "wave_splits",
            "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
            "after_out_of_memory", "interior"]
+
+# Products this small are bound by their launch: one thread per element of C summing in float64 costs them nothing
+# and rounds C once (docs/kernels/heuristic.md, section 'The heuristic's break-even points', small).
+_SMALL_MACS, _SMALL_K = 1 << 20, 512
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
@@ -431,6 +435,9 @@ def _peeled_kernel(problem: Problem, device: Device) -> str:
 RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
+    Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's), K <= {_SMALL_K}: "
+         "bound by the launch; one thread per element of C sums in float64, C is the exact product rounded once",
+         lambda p, d: p.batch * p.m * p.n * p.k <= _SMALL_MACS and p.k <= _SMALL_K, NAIVE_F64),
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
          _short_k_few, WT64),
@@ -519,7 +526,7 @@ def _lighter(choice: Choice, device: Device) -> Choice:
 
 
 # The table's answers that are not a choice of one configuration, which the tuner therefore never times.
-_NOT_TUNED = (RuleName.EMPTY, RuleName.TENSOR, RuleName.TENSOR_WGMMA, RuleName.OZAKI, RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE,
+_NOT_TUNED = (RuleName.EMPTY, RuleName.SMALL, RuleName.TENSOR, RuleName.TENSOR_WGMMA, RuleName.OZAKI, RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE,
               RuleName.ALIGNED_COPY)
 
 
@@ -529,7 +536,7 @@ def _in_precision(choice: Choice, problem: Problem, device: Device, precision: s
         return choice
     if precision == "high" and _ozaki(problem, device):
         return Choice(OZAKI_INT8, problem.variant, RuleName.OZAKI, ozaki_reason(problem))
-    if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS):  # memory-bound or split: the FP32 paths
+    if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS, RuleName.SMALL):  # bound by memory or launches
         return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                    "uses FP32 FMAs here)")
     if precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):

@@ -5,20 +5,38 @@
 // those rows are contiguous). Every operand element is read from global memory K times over: the kernel
 // is bound by load traffic, which is what the shared-memory kernel (2_smem.cu) fixes.
 //
+// F64_SUMS: each product of two floats is exact in float64 and so, nearly, is their sum: C is the exact product
+// rounded once, below any float32 running sum's error. The plan's `small` rule runs it where the launch, not the
+// arithmetic (float64 at half the FP32 rate, two conversions per term), sets the time of a call.
+//
 // Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment).
-// Macros: BLOCK_X, BLOCK_Y.
+// Macros: BLOCK_X, BLOCK_Y, F64_SUMS.
 
 extern "C" __global__ void __launch_bounds__(BLOCK_X * BLOCK_Y)
 fastmm_naive(FASTMM_GEMM_PARAMS)
 {
     const int n = blockIdx.x * BLOCK_X + threadIdx.x;
-    const int m = blockIdx.y * BLOCK_Y + threadIdx.y;
-    if (m >= M || n >= N) return;
+    if (n >= N) return;
     const int z = z0 + blockIdx.z;
-    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
-    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k)
-        acc += a[k * a_sk] * b[k * b_sk];
-    C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = acc;
+    // Rows past the grid's y limit (65535 blocks) come round again.
+    for (int m = blockIdx.y * BLOCK_Y + threadIdx.y; m < M; m += gridDim.y * BLOCK_Y) {
+        const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
+        const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
+#if F64_SUMS
+        double even = 0.0, odd = 0.0;  // two chains: a float64 FMA's latency, not the loads, would bound one
+        int k = 0;
+        for (; k + 1 < K; k += 2) {
+            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
+            odd = fma((double)a[(k + 1) * a_sk], (double)b[(k + 1) * b_sk], odd);
+        }
+        if (k < K)
+            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
+        const float acc = (float)(even + odd);
+#else
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k)
+            acc += a[k * a_sk] * b[k * b_sk];
+#endif
+        C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = acc;
+    }
 }

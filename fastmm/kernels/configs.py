@@ -20,73 +20,11 @@ from typing import ClassVar
 from .base import MAX_GRID_Y, MAX_GRID_Z, Variant, KernelConfig
 from .int8 import INT8_WG, Int8Tile, Warpgroups
 from .passes import AUXILIARY, REPITCH, SLICE_SUM, SPLIT, Repitch, SliceSum, Split
+from .simple import Naive, Smem
 
 __all__ = ["KernelConfig", "MAX_GRID_Y", "MAX_GRID_Z", "Naive", "Smem", "RegTile", "WarpTile", "TensorTile", "WgTile",
            "FewColumns", "Int8Tile", "INT8_WG", "SliceSum", "Split", "SPLIT", "SLICE_SUM", "Repitch", "REPITCH",
            "AUXILIARY", "Variant", "CONFIGS", "FAMILIES", "current_name", "get_config", "validate"]
-
-@dataclasses.dataclass(frozen=True)
-class Naive(KernelConfig):
-    """One thread per element of C."""
-
-    block_x: int = 32
-    block_y: int = 8
-    family: ClassVar[str] = "naive"
-    source: ClassVar[str] = "1_naive.cu"
-
-    @property
-    def name(self) -> str:
-        return f"naive_{self.block_x}x{self.block_y}"
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.block_x, self.block_y, 1)
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.block_y, self.block_x)
-
-    @property
-    def smem_bytes(self) -> int:
-        return 0
-
-    def _tile_macros(self) -> dict[str, int]:
-        return {"BLOCK_X": self.block_x, "BLOCK_Y": self.block_y}
-
-    def _check(self) -> list[str]:
-        return []
-
-
-@dataclasses.dataclass(frozen=True)
-class Smem(KernelConfig):
-    """Shared-memory tiling over K with TILE x TILE tiles, one thread per element of C."""
-
-    tile_size: int = 32
-    family: ClassVar[str] = "smem"
-    source: ClassVar[str] = "2_smem.cu"
-
-    @property
-    def name(self) -> str:
-        return f"smem_{self.tile_size}"
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.tile_size, self.tile_size, 1)
-
-    @property
-    def tile(self) -> tuple[int, int]:
-        return (self.tile_size, self.tile_size)
-
-    @property
-    def smem_bytes(self) -> int:
-        return 2 * self.tile_size * self.tile_size * 4
-
-    def _tile_macros(self) -> dict[str, int]:
-        return {"TILE": self.tile_size}
-
-    def _check(self) -> list[str]:
-        return []
-
 
 @dataclasses.dataclass(frozen=True)
 class RegTile(KernelConfig):
@@ -455,6 +393,8 @@ class FewColumns(KernelConfig):
 
 # The configurations the plan names (fastmm/_plan/tiles.py), built once here; CONFIGS below lists them all.
 NAIVE = Naive(block_x=32, block_y=8)
+# the small rule's: C rounded once from float64 sums
+NAIVE_F64 = Naive(block_x=32, block_y=8, f64_sums=True)
 SMEM16, SMEM32 = Smem(tile_size=16), Smem(tile_size=32)
 # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
 RT128 = RegTile(bm=128, bn=128, bk=8, tm=8, tn=8, min_blocks=2)
@@ -512,7 +452,7 @@ FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3,
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[KernelConfig, ...] = (
-    NAIVE, SMEM16, SMEM32, RT128, RT128x64, RT64,
+    NAIVE, NAIVE_F64, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
     WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,

@@ -1,0 +1,75 @@
+"""The first two rungs of the ladder as configurations: one thread per element of C (`Naive`, also the small
+rule's kernel with float64 sums), and shared-memory tiles (`Smem`). Pure Python, like configs.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from .base import KernelConfig
+
+__all__ = ["Naive", "Smem"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Naive(KernelConfig):
+    """One thread per element of C."""
+
+    block_x: int = 32
+    block_y: int = 8
+    f64_sums: bool = False  # sums in float64: C is the exact product rounded once
+    family: ClassVar[str] = "naive"
+    source: ClassVar[str] = "1_naive.cu"
+
+    @property
+    def name(self) -> str:
+        return f"naive_{self.block_x}x{self.block_y}{'_f64sum' if self.f64_sums else ''}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.block_x, self.block_y, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.block_y, self.block_x)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"BLOCK_X": self.block_x, "BLOCK_Y": self.block_y, "F64_SUMS": int(self.f64_sums)}
+
+    def _check(self) -> list[str]:
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Smem(KernelConfig):
+    """Shared-memory tiling over K with TILE x TILE tiles, one thread per element of C."""
+
+    tile_size: int = 32
+    family: ClassVar[str] = "smem"
+    source: ClassVar[str] = "2_smem.cu"
+
+    @property
+    def name(self) -> str:
+        return f"smem_{self.tile_size}"
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.tile_size, self.tile_size, 1)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.tile_size, self.tile_size)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * self.tile_size * self.tile_size * 4
+
+    def _tile_macros(self) -> dict[str, int]:
+        return {"TILE": self.tile_size}
+
+    def _check(self) -> list[str]:
+        return []
