@@ -18,9 +18,9 @@ from .forced import OZAKI
 from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision, _hopper, _macs, _ozaki, _tensor, _wgmma,
                         current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
-from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, TF32X3_TILES, WT64, WT256, WT256_32, WT256_LOOP,
-                    WT256_LOOP16, WT256_LOOP16_RAGGED, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP,
-                    _few_tiles, _fill, _few_columns_for, _looped, _useful)
+from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES,
+                    WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _few_columns_for, _lighter,
+                    _looped, _useful)
 from .runs import run_of
 from .tuned import tune_bucket, tuned_entries
 
@@ -30,9 +30,16 @@ __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", 
            "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
            "after_out_of_memory", "interior"]
 
-# Products this small are bound by their launch: one thread per element of C summing in float64 costs them nothing
-# and rounds C once (docs/kernels/heuristic.md, section 'The heuristic's break-even points', small).
-_SMALL_MACS, _SMALL_K = 1 << 20, 512
+# Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per element
+# of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it (docs/kernels/heuristic.md,
+# section 'The heuristic's break-even points', small).
+_SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 4096
+
+
+def _small(problem: Problem, device: Device) -> bool:
+    p = problem
+    return p.batch * p.m * p.n * p.k <= _SMALL_MACS and (_SMALL_THREAD_K < p.k <= _SMALL_K or p.batch * p.m * p.n
+                                                        <= _SMALL_OUTPUTS and p.k <= _SMALL_THREAD_K)
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
@@ -435,9 +442,10 @@ def _peeled_kernel(problem: Problem, device: Device) -> str:
 RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
-    Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's), K <= {_SMALL_K}: "
-         "bound by the launch; one thread per element of C sums in float64, C is the exact product rounded once",
-         lambda p, d: p.batch * p.m * p.n * p.k <= _SMALL_MACS and p.k <= _SMALL_K, NAIVE_F64),
+    Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's), K <= {_SMALL_K}: bound "
+         f"by the launch; sums in float64 (C is the exact product rounded once), a thread per element of C up to K = "
+         f"{_SMALL_THREAD_K} (and 2^{_SMALL_OUTPUTS.bit_length() - 1} elements), else a warp per element", _small,
+         lambda p, d: NAIVE_F64 if p.k <= _SMALL_THREAD_K else NAIVE_F64_DOT),
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
          _short_k_few, WT64),
@@ -499,30 +507,6 @@ def _by_rules(problem: Problem, device: Device, rules: tuple[Rule, ...]) -> Choi
             config = get_config(name)
             return Choice(config, problem.variant_for(config), rule.name, rule.reason, splits, peel, rule.pad)
     raise AssertionError("the last rule applies to every problem")
-
-
-# Where a GPU cannot give a block the table's configuration's shared memory (Hopper: 227 KiB; A100: 163 KiB; Ada:
-# 99 KiB), the same block tile with 16-deep stages (half the bytes) runs instead: the table's choices stay the
-# measured ones on Hopper, and no GPU that runs the warp tiles meets a configuration it cannot launch.
-_LIGHTER = {
-    WT256_LOOP: WT256_LOOP16,      # 196 KiB -> 98 KiB
-    WT256_32: WT256,               # 196 KiB -> 98 KiB
-    WT256_SLICES: WT256_LOOP16,    # 226 KiB (the partial sums' slots) -> 98 KiB: one running sum
-    WT256_SLICES_RAGGED: WT256_LOOP16_RAGGED,  # ... on a ragged K
-    TF32X3_TILES[0]: TF32X3_TILES[1],  # 102 KiB -> 51 KiB
-}
-
-
-def _lighter(choice: Choice, device: Device) -> Choice:
-    """`choice`, or the lighter configuration of the same tile where the device lacks the shared memory for it."""
-    config = choice.config
-    if config.smem_bytes <= device.max_smem_optin or config.name not in _LIGHTER:
-        return choice
-    lighter = get_config(_LIGHTER[config.name])
-    return dataclasses.replace(
-        choice, config=lighter,
-        reason=f"{choice.reason} (this GPU allows {device.max_smem_optin / 1024:.0f} KiB of shared memory per block, "
-               f"fewer than {config.name}'s {config.smem_bytes / 1024:.0f} KiB: {lighter.name})")
 
 
 # The table's answers that are not a choice of one configuration, which the tuner therefore never times.

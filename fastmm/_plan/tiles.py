@@ -3,17 +3,18 @@ that gives half the SMs a block with little padding, past one wave no mostly idl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from ..kernels import configs
 from ..kernels.configs import KernelConfig, get_config
-from .problem import Device, Problem, few_rows
+from .problem import Choice, Device, Problem, few_rows
 
 __all__ = ["wave_efficiency"]
 
 # The table's configurations by name: the objects are built once, in kernels/configs.py.
 NAIVE, SMEM16, SMEM32 = configs.NAIVE.name, configs.SMEM16.name, configs.SMEM32.name
-NAIVE_F64 = configs.NAIVE_F64.name
+NAIVE_F64, NAIVE_F64_DOT = configs.NAIVE_F64.name, configs.NAIVE_F64_DOT.name
 RT128, RT128x64, RT64 = configs.RT128.name, configs.RT128x64.name, configs.RT64.name
 WT256_LOOP, WT256_32, WT256 = configs.WT256_LOOP.name, configs.WT256_32.name, configs.WT256.name
 WT256_LOOP16, WT256_SLICES = configs.WT256_LOOP16.name, configs.WT256_SLICES.name
@@ -171,3 +172,27 @@ def _few_columns_for(problem: Problem, device: Device) -> str:
     names = FEW_COLUMNS if few_rows(problem) else (*FEW_COLUMNS, FEW_COLUMNS_32)
     # (Forced on a wider product, the 16-column one: its blocks then cover the columns 16 at a time.)
     return next((name for name in names if get_config(name).nmax >= few), FEW_COLUMNS[-1])
+
+
+# Where a GPU cannot give a block the table's configuration's shared memory (Hopper: 227 KiB; A100: 163 KiB; Ada:
+# 99 KiB), the same block tile with 16-deep stages (half the bytes) runs instead: the table's choices stay the
+# measured ones on Hopper, and no GPU that runs the warp tiles meets a configuration it cannot launch.
+_LIGHTER = {
+    WT256_LOOP: WT256_LOOP16,      # 196 KiB -> 98 KiB
+    WT256_32: WT256,               # 196 KiB -> 98 KiB
+    WT256_SLICES: WT256_LOOP16,    # 226 KiB (the partial sums' slots) -> 98 KiB: one running sum
+    WT256_SLICES_RAGGED: WT256_LOOP16_RAGGED,  # ... on a ragged K
+    TF32X3_TILES[0]: TF32X3_TILES[1],  # 102 KiB -> 51 KiB
+}
+
+
+def _lighter(choice: Choice, device: Device) -> Choice:
+    """`choice`, or the lighter configuration of the same tile where the device lacks the shared memory for it."""
+    config = choice.config
+    if config.smem_bytes <= device.max_smem_optin or config.name not in _LIGHTER:
+        return choice
+    lighter = get_config(_LIGHTER[config.name])
+    return dataclasses.replace(
+        choice, config=lighter,
+        reason=f"{choice.reason} (this GPU allows {device.max_smem_optin / 1024:.0f} KiB of shared memory per block, "
+               f"fewer than {config.name}'s {config.smem_bytes / 1024:.0f} KiB: {lighter.name})")

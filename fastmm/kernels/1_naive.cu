@@ -9,9 +9,41 @@
 // rounded once, below any float32 running sum's error. The plan's `small` rule runs it where the launch, not the
 // arithmetic (float64 at half the FP32 rate, two conversions per term), sets the time of a call.
 //
+// K_LANES (with F64_SUMS, BLOCK_X = 32): one warp per element of C instead, its lanes taking every 32nd k and their
+// sums added in a shuffle tree: K a warp's lanes share walks 32 times fewer steps in a row, for few elements of C.
+//
 // Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment).
-// Macros: BLOCK_X, BLOCK_Y, F64_SUMS.
+// Macros: BLOCK_X, BLOCK_Y, F64_SUMS, K_LANES.
 
+#if K_LANES
+static_assert(BLOCK_X == 32 && F64_SUMS, "K_LANES: a warp's 32 lanes share K, summing in float64");
+
+extern "C" __global__ void __launch_bounds__(BLOCK_X * BLOCK_Y)
+fastmm_naive(FASTMM_GEMM_PARAMS)
+{
+    const int n = blockIdx.x * BLOCK_Y + threadIdx.y;  // one column of C per warp: the warp leaves as a whole
+    if (n >= N) return;
+    const int lane = threadIdx.x, z = z0 + blockIdx.z;
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {
+        const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
+        const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
+        double even = 0.0, odd = 0.0;
+        int k = lane;
+#pragma unroll 4
+        for (; k + 32 < K; k += 64) {
+            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
+            odd = fma((double)a[(k + 32) * a_sk], (double)b[(k + 32) * b_sk], odd);
+        }
+        if (k < K)
+            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
+        double sum = even + odd;
+        for (int step = 16; step > 0; step >>= 1)
+            sum += __shfl_down_sync(0xffffffffu, sum, step);
+        if (lane == 0)
+            C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = (float)sum;
+    }
+}
+#else
 extern "C" __global__ void __launch_bounds__(BLOCK_X * BLOCK_Y)
 fastmm_naive(FASTMM_GEMM_PARAMS)
 {
@@ -25,6 +57,7 @@ fastmm_naive(FASTMM_GEMM_PARAMS)
 #if F64_SUMS
         double even = 0.0, odd = 0.0;  // two chains: a float64 FMA's latency, not the loads, would bound one
         int k = 0;
+#pragma unroll 4
         for (; k + 1 < K; k += 2) {
             even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
             odd = fma((double)a[(k + 1) * a_sk], (double)b[(k + 1) * b_sk], odd);
@@ -40,3 +73,4 @@ fastmm_naive(FASTMM_GEMM_PARAMS)
         C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = acc;
     }
 }
+#endif

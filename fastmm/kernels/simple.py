@@ -18,12 +18,14 @@ class Naive(KernelConfig):
     block_x: int = 32
     block_y: int = 8
     f64_sums: bool = False  # sums in float64: C is the exact product rounded once
+    k_lanes: bool = False  # a warp per element of C, its lanes sharing K (with f64_sums)
     family: ClassVar[str] = "naive"
     source: ClassVar[str] = "1_naive.cu"
 
     @property
     def name(self) -> str:
-        return f"naive_{self.block_x}x{self.block_y}{'_f64sum' if self.f64_sums else ''}"
+        sums = ("_f64dot" if self.k_lanes else "_f64sum") if self.f64_sums else ""
+        return f"naive_{self.block_x}x{self.block_y}{sums}"
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -31,16 +33,19 @@ class Naive(KernelConfig):
 
     @property
     def tile(self) -> tuple[int, int]:
-        return (self.block_y, self.block_x)
+        return (1, self.block_y) if self.k_lanes else (self.block_y, self.block_x)
 
     @property
     def smem_bytes(self) -> int:
         return 0
 
     def _tile_macros(self) -> dict[str, int]:
-        return {"BLOCK_X": self.block_x, "BLOCK_Y": self.block_y, "F64_SUMS": int(self.f64_sums)}
+        return {"BLOCK_X": self.block_x, "BLOCK_Y": self.block_y, "F64_SUMS": int(self.f64_sums),
+                "K_LANES": int(self.k_lanes)}
 
     def _check(self) -> list[str]:
+        if self.k_lanes and (self.block_x != 32 or not self.f64_sums):
+            return [f"k_lanes needs block_x 32 (a warp) and f64_sums (got {self.block_x}, {self.f64_sums})"]
         return []
 
 
