@@ -14,7 +14,7 @@ from fastmm import _plan
 from fastmm._runtime import cuda as _cuda  # noqa: E402
 
 SHAPES = [(4096, 1, 8192), (3000, 3, 777), (2049, 16, 4100), (1, 4096, 8192), (8, 3000, 5000), (16, 16, 65536),
-          (1, 1, 100000), (129, 5, 31)]
+          (1, 1, 100000), (16513, 5, 31)]
 
 
 def _operand(rng, rows, cols, transposed):

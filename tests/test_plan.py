@@ -40,9 +40,10 @@ def test_unknown_kernel_lists_valid_names():
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
-    (16, 16, 16, 1, "short-k"), (16, 16, 17, 1, "few-columns"), (1000, 1, 1000, 1, "few-columns"), (1, 4096, 4096, 1, "few-columns"),
-    (17, 17, 17, 1, "tiled"), (16, 17, 4096, 1, "few-columns"), (17, 4096, 4096, 1, "split-k"),
-    (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"), (64, 64, 64, 1, "tiled"),
+    (16, 16, 16, 1, "small"), (1000, 1, 1000, 1, "small"), (64, 64, 64, 1, "small"), (8, 4, 3, 64, "small"),
+    (65536, 16, 16, 1, "short-k"), (65536, 16, 17, 1, "few-columns"), (10000, 1, 1000, 1, "few-columns"),
+    (1, 4096, 4096, 1, "few-columns"), (1700, 170, 17, 1, "tiled"), (16, 17, 4096, 1, "few-columns"),
+    (17, 4096, 4096, 1, "split-k"), (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"),
     (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
     (1, 1, 1 << 20, 1, "few-columns"), (32, 32, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
@@ -591,7 +592,7 @@ def test_explain_names_the_mode():
     (8192, 1, 8192, "fewcol_n1", 1),        # 256 blocks of 32 rows: 0.97 of a wave of 264 as they are
     (4096, 16, 4096, "fewcol_n16_c2", 1),   # 128 blocks: a cluster of two fills one wave (two blocks per SM)
     (4096, 3, 4096, "fewcol_n4", 1),        # up to 4 columns, one block per SM: 256 would be two
-    (64, 1, 64, "fewcol_n1", 1),            # never slices thinner than 512
+    (6400, 1, 640, "fewcol_n1", 1),         # never slices thinner than 512
     (1, 8192, 8192, "fewcol_n1", 1),        # few rows: the same kernel on the transposed product
     (16, 16, 1 << 20, "fewcol_n16", 264),   # one block of rows: K cut for two blocks per SM
     (100, 4, 4096, "fewcol_n4_c8", 1),      # 4 blocks of rows, each over a cluster of 8
@@ -607,7 +608,7 @@ def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits)
 @pytest.mark.parametrize("m,n,k,batch,a_t,b_t,name", [
     (14, 10, 12973, 48, True, True, "fewcol_n16_c8"),  # Fortran order: one lane's run of K / 8 over 8 blocks
     (14, 10, 12973, 48, False, False, "fewcol_n16_c2"),
-    (741, 2, 7835, 4, True, True, "fewcol_n4_c4"),
+    (741, 2, 7835, 4, True, True, "fewcol_n4"),  # up to 4 columns sums restart every 8 steps: runs of 128
     (1000, 8, 3000, 10, False, False, "fewcol_n16"),  # runs within 384 terms: no cluster
 ])
 def test_batched_few_columns_sum_a_long_k_over_a_cluster(m, n, k, batch, a_t, b_t, name):
@@ -861,7 +862,7 @@ def test_narrow_outputs_on_a_mid_k_run_on_the_few_column_kernel(m, n, k):
     (4096, 32, 4096, "fewcol_n32_s3_c2"),
     (1848, 19, 7157, "fewcol_n32_s3_c4"),   # 58 blocks, 4 each: 232 of an H100's 264 slots
     (804, 32, 7189, "fewcol_n32_s3_c8"),
-    (38, 22, 820, "fewcol_n32_s3_c2"),      # slices of 410
+    (380, 22, 820, "fewcol_n32_s3_c2"),     # slices of 410
 ])
 def test_17_to_32_columns_run_on_the_32_column_kernel(m, n, k, name):
     """17 to 32 columns against as many rows or more, K from 448: the 32-column kernel, K split over a cluster where
@@ -983,3 +984,44 @@ def test_a_swapped_medium_product_counts_the_blocks_it_launches_and_k_of_one_is_
     from fastmm._plan import precision
 
     assert precision._maps(_plan.Problem(16384, 16384, 1, aligned=True, a_aligned=True, b_aligned=True)) == "a"
+
+
+@pytest.mark.parametrize("m,n,k,batch,name", [
+    (1, 1, 1, 1, "naive_32x8_f64sum"), (1, 8299, 10, 1, "naive_32x8_f64sum"), (442, 258, 17, 1, "naive_32x8_f64sum"),
+    (64, 8, 3, 64, "naive_32x8_f64sum"), (30, 51, 96, 1, "naive_32x8_f64sum"),
+    (7, 16, 97, 1, "naive_32x8_f64dot"), (2, 25, 766, 1, "naive_32x8_f64dot"), (1, 1, 2048, 1, "naive_32x8_f64dot"),
+    (8, 59, 1612, 1, "naive_32x8_f64dot"),
+])
+def test_small_products_sum_in_float64(m, n, k, batch, name):
+    """At most 2^21 multiply-adds and K <= 2048: bound by the launch, so float64 sums cost nothing and C is the exact
+    product rounded once; a thread per element of C up to K = 96, a warp (its lanes sharing K) past it."""
+    c = choose(m, n, k, batch)
+    assert (c.rule, c.name, c.splits) == ("small", name, 1)
+    assert _plan.serial_run(c, _plan.Problem(m, n, k, batch)) == 1  # one float32 rounding, C's
+    for precision in ("high", "medium"):  # tensor cores gain nothing on a launch-bound product
+        assert _plan.choose(_plan.Problem(m, n, k, batch), H100, precision=precision).name == name
+
+
+@pytest.mark.parametrize("m,n,k,batch,rule", [
+    (1, 1, 2049, 1, "few-columns"),        # K past 2048: a warp's lanes would walk over 64 steps each
+    (1024, 1024, 2, 1, "tiled"),            # 2^21 multiply-adds, but 2^20 elements of C: the tiles store C faster
+    (1025, 1024, 2, 1, "tiled"),
+    (128, 128, 129, 1, "tiled"),            # just past 2^21 multiply-adds
+    (64, 64, 64, 9, "tiled"),               # the batch counts
+])
+def test_larger_products_are_not_small(m, n, k, batch, rule):
+    c = choose(m, n, k, batch)
+    assert c.rule != "small" and c.rule == rule, (c.rule, c.name)
+
+
+def test_the_small_rule_is_not_tuned_away(monkeypatch):
+    """An autotuned entry times speed alone; the small rule's float64 sums are its accuracy, kept."""
+    from fastmm._plan import table
+    monkeypatch.setattr(table, "tuned_entries", lambda device: {table.tune_bucket(_plan.Problem(30, 30, 30)): {
+        "kernel": "warptile_64x64x16_32x32_8x4_s4_tsum", "tflops": 9.0, "heuristic_tflops": 1.0,
+        "heuristic": "naive_32x8_f64sum"}})
+    _plan.tuned._memo.clear()
+    try:
+        assert choose(30, 30, 30).name == "naive_32x8_f64sum"
+    finally:
+        _plan.tuned._memo.clear()

@@ -48,7 +48,7 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           "cuBLAS; from 2^34 on aligned copies, K padded and summed in runs, 3001^3 0.93x, 4097^3 1.09x; below it, with "
           "a ragged edge of at most 16 rows or columns peeled off instead, 2049^3 1.05x)",
           lambda p, c, d: c.variant.vec == 1 and p.blocks(c.config) >= d.sm_count
-          and c.rule not in (RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE, RuleName.ALIGNED_COPY)),
+          and c.rule not in (RuleName.FEW_COLUMNS, RuleName.RAGGED_EDGE, RuleName.ALIGNED_COPY, RuleName.SMALL)),
 )
 
 

@@ -33,7 +33,7 @@ __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", 
 # Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per element
 # of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it (docs/kernels/heuristic.md,
 # section 'The heuristic's break-even points', small).
-_SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 4096
+_SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 2048
 
 
 def _small(problem: Problem, device: Device) -> bool:
