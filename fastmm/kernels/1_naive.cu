@@ -15,6 +15,16 @@
 // Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment).
 // Macros: BLOCK_X, BLOCK_Y, F64_SUMS, K_LANES.
 
+#if F64_SUMS
+// One term of a float64 sum. A float32 product that overflows is inf in every float32 GEMM (NumPy's, cuBLAS's), and
+// so in C: here too, where the float64 product would stay finite.
+__device__ __forceinline__ double fastmm_f64_term(float x, float y, double acc)
+{
+    const float p = x * y;
+    return isinf(p) ? acc + (double)p : fma((double)x, (double)y, acc);
+}
+#endif
+
 #if K_LANES
 static_assert(BLOCK_X == 32 && F64_SUMS, "K_LANES: a warp's 32 lanes share K, summing in float64");
 
@@ -31,11 +41,11 @@ fastmm_naive(FASTMM_GEMM_PARAMS)
         int k = lane;
 #pragma unroll 4
         for (; k + 32 < K; k += 64) {
-            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
-            odd = fma((double)a[(k + 32) * a_sk], (double)b[(k + 32) * b_sk], odd);
+            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
+            odd = fastmm_f64_term(a[(k + 32) * a_sk], b[(k + 32) * b_sk], odd);
         }
         if (k < K)
-            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
+            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
         double sum = even + odd;
         for (int step = 16; step > 0; step >>= 1)
             sum += __shfl_down_sync(0xffffffffu, sum, step);
@@ -59,11 +69,11 @@ fastmm_naive(FASTMM_GEMM_PARAMS)
         int k = 0;
 #pragma unroll 4
         for (; k + 1 < K; k += 2) {
-            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
-            odd = fma((double)a[(k + 1) * a_sk], (double)b[(k + 1) * b_sk], odd);
+            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
+            odd = fastmm_f64_term(a[(k + 1) * a_sk], b[(k + 1) * b_sk], odd);
         }
         if (k < K)
-            even = fma((double)a[k * a_sk], (double)b[k * b_sk], even);
+            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
         const float acc = (float)(even + odd);
 #else
         float acc = 0.0f;
