@@ -23,6 +23,23 @@ __device__ __forceinline__ double fastmm_f64_term(float x, float y, double acc)
     const float p = x * y;
     return isinf(p) ? acc + (double)p : fma((double)x, (double)y, acc);
 }
+
+// The float64 sum of a[k] * b[k] over k = first, first + stride, ... below K, in two chains: one float64 FMA's
+// latency, not the loads, would bound a single chain.
+__device__ __forceinline__ double fastmm_f64_dot(const float* a, long long a_sk, const float* b, long long b_sk,
+                                                 int K, int first, int stride)
+{
+    double even = 0.0, odd = 0.0;
+    int k = first;
+#pragma unroll 4
+    for (; k + stride < K; k += 2 * stride) {
+        even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
+        odd = fastmm_f64_term(a[(k + stride) * a_sk], b[(k + stride) * b_sk], odd);
+    }
+    if (k < K)
+        even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
+    return even + odd;
+}
 #endif
 
 #if K_LANES
@@ -37,16 +54,7 @@ fastmm_naive(FASTMM_GEMM_PARAMS)
     for (int m = blockIdx.y; m < M; m += gridDim.y) {
         const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
         const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
-        double even = 0.0, odd = 0.0;
-        int k = lane;
-#pragma unroll 4
-        for (; k + 32 < K; k += 64) {
-            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
-            odd = fastmm_f64_term(a[(k + 32) * a_sk], b[(k + 32) * b_sk], odd);
-        }
-        if (k < K)
-            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
-        double sum = even + odd;
+        double sum = fastmm_f64_dot(a, a_sk, b, b_sk, K, lane, 32);
         for (int step = 16; step > 0; step >>= 1)
             sum += __shfl_down_sync(0xffffffffu, sum, step);
         if (lane == 0)
@@ -65,16 +73,7 @@ fastmm_naive(FASTMM_GEMM_PARAMS)
         const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
         const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
 #if F64_SUMS
-        double even = 0.0, odd = 0.0;  // two chains: a float64 FMA's latency, not the loads, would bound one
-        int k = 0;
-#pragma unroll 4
-        for (; k + 1 < K; k += 2) {
-            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
-            odd = fastmm_f64_term(a[(k + 1) * a_sk], b[(k + 1) * b_sk], odd);
-        }
-        if (k < K)
-            even = fastmm_f64_term(a[k * a_sk], b[k * b_sk], even);
-        const float acc = (float)(even + odd);
+        const float acc = (float)fastmm_f64_dot(a, a_sk, b, b_sk, K, 0, 1);
 #else
         float acc = 0.0f;
         for (int k = 0; k < K; ++k)
