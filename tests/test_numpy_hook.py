@@ -714,7 +714,8 @@ def test_staged_refuses_what_cannot_fit(lazy_gpu):
 
 @pytest.mark.parametrize("shape,view", [((3, 150, 100), lambda x: x), ((1, 300, 100), lambda x: x[:, ::-1]),
                                         ((2, 200, 150), lambda x: x.swapaxes(-1, -2)),
-                                        ((5, 3000, 7), lambda x: x[:, ::2])], ids=str)
+                                        ((5, 3000, 7), lambda x: x[:, ::2])],
+                         ids=["c", "reversed-rows", "transposed", "every-other-row"])  # (same ids in every xdist worker)
 def test_staging_threads_copy_any_layout_exactly(lazy_gpu, shape, view, rng):
     src = view(rng.standard_normal(shape).astype(np.float32))
     dev = _staged.to_device(src)
