@@ -44,6 +44,9 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
     run = serial_run(choice, problem, device)
     sums = f"\n  sums    at most {run} terms in one FP32 running sum (K = {problem.k})"
     mode = PRECISIONS[choice.config.precision]
+    if getattr(choice.config, "f64_sums", False):
+        mode = "float64 sums on the SIMT cores (exact products of the float32 operands; C rounded once)"
+        sums = f"\n  sums    in float64 (K = {problem.k}); one float32 rounding per element of C"
     if choice.config is OZAKI_INT8:
         mode = "Ozaki scheme II on the INT8 tensor cores (int8 residues of A and B, exact products; FP32 accuracy)"
         sums = "\n  sums    exact in int32 (one product per modulus); one rounding per element of C"

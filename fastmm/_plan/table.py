@@ -443,8 +443,8 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's), K <= {_SMALL_K}: bound "
-         f"by the launch; sums in float64 (C is the exact product rounded once), a thread per element of C up to K = "
-         f"{_SMALL_THREAD_K} (and 2^{_SMALL_OUTPUTS.bit_length() - 1} elements), else a warp per element", _small,
+         f"by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for K <= "
+         f"{_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements), a warp per element past it", _small,
          lambda p, d: NAIVE_F64 if p.k <= _SMALL_THREAD_K else NAIVE_F64_DOT),
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
@@ -521,8 +521,9 @@ def _in_precision(choice: Choice, problem: Problem, device: Device, precision: s
     if precision == "high" and _ozaki(problem, device):
         return Choice(OZAKI_INT8, problem.variant, RuleName.OZAKI, ozaki_reason(problem))
     if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS, RuleName.SMALL):  # bound by memory or launches
+        arithmetic = "float64 sums" if choice.rule == RuleName.SMALL else "FP32 FMAs"
         return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
-                                   "uses FP32 FMAs here)")
+                                   f"uses {arithmetic} here)")
     if precision == "high" and _hopper(device) and not _wgmma(problem, device, precision):
         return dataclasses.replace(choice, reason=choice.reason + " (in 'high' precision: FP32 FMAs, as accurate as "
                                    f"3xTF32 and faster than it below {_macs(_WG_MIN_MACS['high'])} multiply-adds "

@@ -16,8 +16,8 @@
 // Macros: BLOCK_X, BLOCK_Y, F64_SUMS, K_LANES.
 
 #if F64_SUMS
-// One term of a float64 sum. A float32 product that overflows is inf in every float32 GEMM (NumPy's, cuBLAS's), and
-// so in C: here too, where the float64 product would stay finite.
+// One term of a float64 sum. A float32 product that overflows is inf in NumPy's float32 products (and so is C): here
+// too, where the float64 product would stay finite.
 __device__ __forceinline__ double fastmm_f64_term(float x, float y, double acc)
 {
     const float p = x * y;
