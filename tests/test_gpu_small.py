@@ -12,27 +12,14 @@ cp = pytest.importorskip("cupy", reason="GPU tests need CuPy")
 import fastmm  # noqa: E402
 from fastmm import _plan  # noqa: E402
 from fastmm._runtime import cuda as _cuda  # noqa: E402
+from fastmm._tools import sweep  # noqa: E402
 
-LAYOUTS = ("c", "a_t", "b_t", "fortran", "strided", "offset")
-
-
-def _operand(rng, shape, transposed: bool, layout: str):
-    """Uniform [-1, 1) float32 of `shape` on the GPU: transposed (unit stride along rows), rows with 3 floats between
-    them, or starting one float past an aligned address."""
-    rows, cols = shape[-2], shape[-1]
-    if transposed:
-        return cp.asarray(rng.uniform(-1, 1, shape[:-2] + (cols, rows)).astype(np.float32)).swapaxes(-1, -2)
-    if layout == "strided":
-        return cp.asarray(rng.uniform(-1, 1, shape[:-1] + (cols + 3,)).astype(np.float32))[..., :cols]
-    if layout == "offset":
-        flat = cp.asarray(rng.uniform(-1, 1, int(np.prod(shape)) + 1).astype(np.float32))
-        return flat[1:].reshape(shape)
-    return cp.asarray(rng.uniform(-1, 1, shape).astype(np.float32))
+LAYOUTS = sweep.LAYOUTS  # transposed, Fortran order, rows 3 floats apart, a start one float past alignment
 
 
-def _operands(rng, m, n, k, layout, batch=()):
-    return (_operand(rng, batch + (m, k), layout in ("a_t", "fortran"), layout),
-            _operand(rng, batch + (k, n), layout in ("b_t", "fortran"), layout))
+def _operands(rng, m, n, k, layout):
+    """Uniform [-1, 1) float32 operands on the GPU in `layout`, made as the random sweep makes them."""
+    return sweep.SweepProblem(m, n, k, 1, layout).make(rng, cp)
 
 
 def _rounded_once(a, b, c):

@@ -30,16 +30,17 @@ __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", 
            "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
            "after_out_of_memory", "interior"]
 
-# Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per element
-# of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it (docs/kernels/heuristic.md,
-# section 'The heuristic's break-even points', small).
+# Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per
+# element of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', small).
 _SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 2048
 
 
 def _small(problem: Problem, device: Device) -> bool:
-    p = problem
-    return p.batch * p.m * p.n * p.k <= _SMALL_MACS and (_SMALL_THREAD_K < p.k <= _SMALL_K or p.batch * p.m * p.n
-                                                        <= _SMALL_OUTPUTS and p.k <= _SMALL_THREAD_K)
+    outputs = problem.batch * problem.m * problem.n
+    if outputs * problem.k > _SMALL_MACS or problem.k > _SMALL_K:
+        return False
+    return problem.k > _SMALL_THREAD_K or outputs <= _SMALL_OUTPUTS  # (a thread per element: at most so many)
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
