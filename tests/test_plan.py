@@ -167,7 +167,13 @@ def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel
     if k % 16 and not problem.aligned:  # scalar loads and a ragged K: the 16-deep loop's twin, in runs of 512
         assert interior.name == "warptile_128x256x16_64x64_8x16_s4_spread_sub16_f512_ragged"
     text = fastmm.explain((m, k), (k, n))
-    assert f"on the {m - peel[0]}x{n - peel[1]} interior; the last {peel[0]} rows and {peel[1]} columns" in text
+    assert f"on the {m - peel[0]}x{n - peel[1]} interior; the last " in text
+    for count, side, edge in ((peel[1], "columns", (m - peel[0], peel[1])), (peel[0], "rows", (peel[0], n))):
+        if count:  # each edge planned as a product of its own, and named so
+            edge_plan = _plan.choose(dataclasses.replace(problem, m=edge[0], n=edge[1]), H100)
+            assert f"the last {count} {side} on {edge_plan.name}" in text
+        else:
+            assert f" {side} on " not in text
 
 
 @pytest.mark.parametrize("m,n,k,batch", [
@@ -1012,6 +1018,29 @@ def test_small_products_sum_in_float64(m, n, k, batch, name):
 def test_larger_products_are_not_small(m, n, k, batch, rule):
     c = choose(m, n, k, batch)
     assert c.rule != "small" and c.rule == rule, (c.rule, c.name)
+
+
+@pytest.mark.parametrize("m,n,k,batch", [
+    (131072, 1, 16, 1),  # 2^21 multiply-adds in 2^17 elements, but 32 threads a row: 4M threads
+    (4096, 1, 500, 1),   # under 2^21 multiply-adds, but a warp per element: 32K warps
+])
+def test_the_small_rule_stays_within_the_threads_it_was_measured_on(m, n, k, batch):
+    """The small rule counts what its kernels launch (a thread per element in blocks of 8 x 32, a warp per element
+    in blocks of 8 columns), not only the elements of C: past what the probe found free it does not apply."""
+    from fastmm._plan import table
+
+    assert m * n * k <= table._SMALL_MACS and m * n <= table._SMALL_OUTPUTS
+    assert choose(m, n, k, batch).rule != "small"
+
+
+def test_the_small_rule_shrinks_where_float64_is_slow():
+    """On GPUs whose float64 runs at 1/32-1/64 of float32 (GeForce, L4, T4) the float64 sums take 1/8 of the
+    multiply-adds: 256x256x16 (2^20) is small on an H100, not on an L4 (compute capability 8.9)."""
+    l4 = dataclasses.replace(H100, compute_capability=(8, 9), name="L4-like")
+    problem = _plan.Problem(256, 256, 16)
+    assert _plan.choose(problem, H100).rule == "small"
+    assert _plan.choose(problem, l4).rule != "small"
+    assert _plan.choose(_plan.Problem(64, 64, 16), l4).rule == "small"  # 2^16: still small there
 
 
 def test_the_small_rule_is_not_tuned_away(monkeypatch):

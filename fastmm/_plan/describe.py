@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from .cublas_ahead import _yield
 from .accuracy import serial_run
 from .forced import _forced, kernels_on
@@ -17,6 +19,18 @@ def settings() -> tuple:
     """What the plan of a product depends on besides its operands, in one call (a small product's replay key reads
     it on every call): the forced kernel, the float32 precision, and whether to yield to cuBLAS."""
     return _forced.get(), current_precision(), _yield.get()
+
+
+def _edges(peel: tuple[int, int], problem: Problem, device: Device) -> str:
+    """Where a peeled product's last rows and columns run: each edge is planned as a product of its own."""
+    rows, cols = peel
+    edges = []
+    if cols:
+        edge = dataclasses.replace(problem, m=problem.m - rows, n=cols)
+        edges.append(f"the last {cols} columns on {choose(edge, device, 'auto').name}")
+    if rows:
+        edges.append(f"the last {rows} rows on {choose(dataclasses.replace(problem, m=rows), device, 'auto').name}")
+    return " and ".join(edges)
 
 
 def describe(choice: Choice, problem: Problem, device: Device) -> str:
@@ -38,9 +52,9 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
     if getattr(choice.config, "cluster", 1) > 1:
         split = f", K split over a cluster of {choice.config.cluster} blocks that sums it"
     if choice.peel != (0, 0):
+        split = f" on the {problem.m - choice.peel[0]}x{problem.n - choice.peel[1]} interior; " + _edges(choice.peel,
+                                                                                                     problem, device)
         problem = interior(problem, choice.peel)
-        split = (f" on the {problem.m}x{problem.n} interior; the last {choice.peel[0]} rows and {choice.peel[1]} "
-                 "columns on the few-column kernel")
     run = serial_run(choice, problem, device)
     sums = f"\n  sums    at most {run} terms in one FP32 running sum (K = {problem.k})"
     mode = PRECISIONS[choice.config.precision]

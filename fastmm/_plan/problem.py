@@ -73,6 +73,12 @@ class Device:
     driver_version: int = 0  # CUDA driver version (e.g. 13000); part of the autotune cache's key
 
     @property
+    def full_rate_fp64(self) -> bool:
+        """Whether float64 runs at half the float32 rate (the data-centre parts: P100, V100, A100, H100/H200, B200),
+        not at 1/32-1/64 of it."""
+        return self.compute_capability in ((6, 0), (7, 0), (8, 0), (9, 0), (10, 0))
+
+    @property
     def arch(self) -> str:
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 

@@ -31,16 +31,24 @@ __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", 
            "after_out_of_memory", "interior"]
 
 # Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per
-# element of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it
-# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', small).
+# element of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it, at most the
+# threads and warps the probe found free (docs/kernels/heuristic.md, section 'The heuristic's break-even points',
+# small). GPUs whose float64 runs at 1/32 or 1/64 of float32 (most GeForce, L4, T4) take 1/8 of the multiply-adds.
 _SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 2048
+_SMALL_THREADS, _SMALL_WARPS, _SMALL_SLOW_F64_MACS = 576 << 10, 24 << 10, 1 << 18
 
 
 def _small(problem: Problem, device: Device) -> bool:
     outputs = problem.batch * problem.m * problem.n
-    if outputs * problem.k > _SMALL_MACS or problem.k > _SMALL_K:
+    most = _SMALL_MACS if device.full_rate_fp64 else _SMALL_SLOW_F64_MACS
+    if outputs * problem.k > most or problem.k > _SMALL_K:
         return False
-    return problem.k > _SMALL_THREAD_K or outputs <= _SMALL_OUTPUTS  # (a thread per element: at most so many)
+    if problem.k > _SMALL_THREAD_K:  # a warp per element of C, 8 columns a block
+        return problem.batch * problem.m * -(-problem.n // 8) * 8 <= _SMALL_WARPS
+    # a thread per element, blocks of 8 rows x 32 columns
+    return (outputs <= _SMALL_OUTPUTS
+            and problem.batch * -(-problem.m // 8) * 8 * -(-problem.n // 32) * 32 <= _SMALL_THREADS)
+
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
@@ -470,7 +478,8 @@ RULES: tuple[Rule, ...] = (
          pad=True),
     Rule(RuleName.RAGGED_EDGE, f"a product of >= 2^{_PEEL_MIN_MACS.bit_length() - 1} multiply-adds whose rows or columns run "
          f"1 to {_PEEL_MAX} past a multiple of 128: the interior on whole tiles (its own rule's kernel), the last rows "
-         "and columns on the few-column kernel, instead of a row of mostly empty tiles and a mostly idle last wave "
+         "and columns as products of their own (the few-column kernel; the small rule's where they are that small), "
+         "instead of a row of mostly empty tiles and a mostly idle last wave "
          f"(where the interior's own plan gives >= {_IDLE_SMS:.0%} of the SMs a block)",
          lambda p, d: peel_edges(p, d) != (0, 0), _peeled_kernel, peel=peel_edges),
     Rule(RuleName.SPLIT_K_MID, f"the tiled rule's tile would give fewer than {_IDLE_SMS:.0%} of the SMs a block: K split "

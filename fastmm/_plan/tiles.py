@@ -20,6 +20,7 @@ WT256_LOOP, WT256_32, WT256 = configs.WT256_LOOP.name, configs.WT256_32.name, co
 WT256_LOOP16, WT256_SLICES = configs.WT256_LOOP16.name, configs.WT256_SLICES.name
 WT128x64_LOOP, WT128x64, WT128x64_RUNS = configs.WT128x64_LOOP.name, configs.WT128x64.name, configs.WT128x64_RUNS.name
 WT128x64_SUMS, WT64 = configs.WT128x64_SUMS.name, configs.WT64.name
+WT32x128, WT128x32 = configs.WT32x128.name, configs.WT128x32.name
 WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED = configs.WT256_LOOP16_RAGGED.name, configs.WT256_SLICES_RAGGED.name
 # Each sub-tile loop's twin for a K that is not a multiple of its K-tile (the last K % 16 terms after the loop).
 _RAGGED = {WT256_LOOP16: WT256_LOOP16_RAGGED, WT256_SLICES: WT256_SLICES_RAGGED,

@@ -12,7 +12,8 @@
 // K_LANES (with F64_SUMS, BLOCK_X = 32): one warp per element of C instead, its lanes taking every 32nd k and their
 // sums added in a shuffle tree: K a warp's lanes share walks 32 times fewer steps in a row, for few elements of C.
 //
-// Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment).
+// Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment). Rows past the grid's
+// y limit are launched again with A and C offset (the runtime's chunks, common.cuh).
 // Macros: BLOCK_X, BLOCK_Y, F64_SUMS, K_LANES.
 
 #if F64_SUMS
@@ -48,38 +49,33 @@ static_assert(BLOCK_X == 32 && F64_SUMS, "K_LANES: a warp's 32 lanes share K, su
 extern "C" __global__ void __launch_bounds__(BLOCK_X * BLOCK_Y)
 fastmm_naive(FASTMM_GEMM_PARAMS)
 {
-    const int n = blockIdx.x * BLOCK_Y + threadIdx.y;  // one column of C per warp: the warp leaves as a whole
-    if (n >= N) return;
+    const int n = blockIdx.x * BLOCK_Y + threadIdx.y, m = blockIdx.y;  // one element of C per warp
+    if (n >= N || m >= M) return;  // (the warp leaves as a whole)
     const int lane = threadIdx.x, z = z0 + blockIdx.z;
-    for (int m = blockIdx.y; m < M; m += gridDim.y) {
-        const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
-        const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
-        double sum = fastmm_f64_dot(a, a_sk, b, b_sk, K, lane, 32);
-        for (int step = 16; step > 0; step >>= 1)
-            sum += __shfl_down_sync(0xffffffffu, sum, step);
-        if (lane == 0)
-            C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = (float)sum;
-    }
+    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
+    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
+    double sum = fastmm_f64_dot(a, a_sk, b, b_sk, K, lane, 32);
+    for (int step = 16; step > 0; step >>= 1)
+        sum += __shfl_down_sync(0xffffffffu, sum, step);
+    if (lane == 0)
+        C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = (float)sum;
 }
 #else
 extern "C" __global__ void __launch_bounds__(BLOCK_X * BLOCK_Y)
 fastmm_naive(FASTMM_GEMM_PARAMS)
 {
-    const int n = blockIdx.x * BLOCK_X + threadIdx.x;
-    if (n >= N) return;
+    const int n = blockIdx.x * BLOCK_X + threadIdx.x, m = blockIdx.y * BLOCK_Y + threadIdx.y;
+    if (n >= N || m >= M) return;
     const int z = z0 + blockIdx.z;
-    // Rows past the grid's y limit (65535 blocks) come round again.
-    for (int m = blockIdx.y * BLOCK_Y + threadIdx.y; m < M; m += gridDim.y * BLOCK_Y) {
-        const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
-        const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
+    const float* a = A + fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1) + m * a_sm;
+    const float* b = B + fastmm_batch_offset(z, batch_inner, b_sb0, b_sb1) + n * b_sn;
 #if F64_SUMS
-        const float acc = (float)fastmm_f64_dot(a, a_sk, b, b_sk, K, 0, 1);
+    const float acc = (float)fastmm_f64_dot(a, a_sk, b, b_sk, K, 0, 1);
 #else
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k)
-            acc += a[k * a_sk] * b[k * b_sk];
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k)
+        acc += a[k * a_sk] * b[k * b_sk];
 #endif
-        C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = acc;
-    }
+    C[fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1) + m * c_sm + n * c_sn] = acc;
 }
 #endif

@@ -429,6 +429,9 @@ WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RA
     dataclasses.replace(c, ragged=True) for c in (WT256_LOOP16, WT256_SLICES, WT128x64_LOOP, WT128x64_RUNS))
 # small and narrow products, split-K slices
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
+# ... of 17-32 rows or columns: half the 64x64 tile's padding rows (docs/kernels/split-k.md, section 'Narrow tiles')
+WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
+WT128x32 = WarpTile(bm=128, bn=32, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
 # 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
 # the kernel past 255 registers and it spilled.
@@ -454,7 +457,7 @@ FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3,
 CONFIGS: tuple[KernelConfig, ...] = (
     NAIVE, NAIVE_F64, NAIVE_F64_DOT, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
-    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64,
+    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT32x128, WT128x32,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
