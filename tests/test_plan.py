@@ -116,9 +116,13 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     # ... unless K has no even cut into 16-deep steps: then slices about 512 deep, as on 64x64 tiles.
     assert choose(300, 300, 65537).splits == 128
     assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
-    # Products with an output side of 17 to 31 and a long K split for accuracy too, on the 64x64 tile.
+    # Products with an output side of 17 to 31 and a long K split for accuracy too, on the narrow tiles (32 rows or
+    # columns: less padding than 64x64's), as many slices as on 64x64 tiles; 64 or more on the other side.
     narrow = choose(8192, 24, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 16)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_128x32x16_32x32_8x4_s4_tsum", 16)
+    narrow = choose(24, 8192, 8192)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_32x128x16_32x32_8x4_s4_tsum", 16)
+    assert choose(24, 48, 8192).name == "warptile_64x64x16_32x32_8x4_s4_tsum"
     assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
@@ -681,7 +685,7 @@ def test_former_kernel_names_still_work_with_a_warning(old, new):
 
 @pytest.mark.parametrize("m,n,k,splits,depth", [
     (804, 33, 7189, 28, 256),   # 13 tiles of 64x64: 28 slices of 256 and a last launch 21 deep
-    (2, 5, 2392, 9, 256),       # one tile: slices no shallower than 256
+    (20, 40, 2392, 9, 256),     # one tile (too few columns for 32x128 ones): slices no shallower than 256
     (64, 4096, 4096, 8, 512),   # 64 rows: 64 tiles of 64x64 (128x64 ones would be half padding), one wave of 512
     (4944, 97, 52685, 3, None),  # 156 tiles, K over 4x the output's sides: three blocks' worth per SM
 ])
