@@ -591,7 +591,7 @@ def plan_matmul(a, b, device: _plan.Device, kernel=None,
             x.strides = x.strides[:-2] + (x.shape[-1] * 4, 4)
     problem, _ = problem_for(ma, mb, c)
     choice = _plan.choose(problem, device, kernel, precision=precision)
-    if isinstance(choice.config, FewColumns) and _plan.few_rows(problem):
+    if isinstance(choice.config, FewColumns) and _plan.few_rows(problem, choice.config):
         # The launch's layout: that of the transposed product's own arguments, as `gemm` computes it.
         swapped, _ = problem_for(mb.swapaxes(-1, -2), ma.swapaxes(-1, -2), c.swapaxes(-1, -2))
         choice = dataclasses.replace(choice, variant=swapped.variant_for(choice.config))

@@ -33,9 +33,9 @@ class Ahead:
 _NARROW_MIN_ELEMENTS = 1 << 22
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K on 64x64 tiles, which ran "
-          "4096x16x4096 at 0.50x cuBLAS before the few-column kernel took N <= 16",
-          lambda p, c, d: _narrow_output(p) and c.rule == RuleName.SPLIT_K
+    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K on the narrow 32x128 tiles "
+          "(18x3622x9839 0.73x cuBLAS, 23x3567x11324 0.81x; on 64x64 tiles 0.48x and 0.49x)",
+          lambda p, c, d: _narrow_output(p) and c.rule in (RuleName.SPLIT_K, RuleName.NARROW_TILES)
           and p.k * max(p.m, p.n) * p.batch >= _NARROW_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",

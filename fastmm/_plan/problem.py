@@ -40,7 +40,7 @@ class Problem:
         """The layout variant `config` runs: the few-column kernel needs only A aligned for its wide loads, and
         for few rows it runs the transposed product, whose A is B^T and whose B is A^T."""
         if isinstance(config, FewColumns):
-            if few_rows(self):
+            if few_rows(self, config):
                 return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned else 1)
             return Variant(self.a_t, self.b_t, 4 if self.a_aligned else 1)
         return self.variant
@@ -48,7 +48,7 @@ class Problem:
     def blocks(self, config: KernelConfig) -> int:
         """Blocks of `config` one launch needs (the transposed product's, for few rows on the few-column kernel)."""
         if isinstance(config, FewColumns):  # each block of rows over a cluster's blocks (split K) or one
-            problem = dataclasses.replace(self, m=self.n, n=self.m) if few_rows(self) else self
+            problem = dataclasses.replace(self, m=self.n, n=self.m) if few_rows(self, config) else self
             return problem.tiles(config) * config.cluster
         if getattr(config, "maps", "") == "rb" and not (self.a_t or self.b_t):  # (run as C^T = B^T A^T)
             return dataclasses.replace(self, m=self.n, n=self.m).tiles(config)
@@ -93,6 +93,7 @@ class RuleName(str, enum.Enum):
     FEW_COLUMNS = "few-columns"
     WIDE_FEW_COLUMNS = "wide-few-columns"
     SPLIT_K = "split-k"
+    NARROW_TILES = "narrow-tiles"
     ALIGNED_COPY = "aligned-copy"
     RAGGED_EDGE = "ragged-edge"
     SPLIT_K_MID = "split-k-mid"
@@ -143,7 +144,11 @@ class Rule:
 _FEW = 16
 
 
-def few_rows(problem: Problem) -> bool:
-    """Few rows against more columns: the few-column kernel runs on the transposed product C^T = B^T A^T (3x9 as
-    its mirror 9x3 does; not on 64x64 split-K tiles, whose two launches cost such a product 1.3x its time)."""
-    return problem.m <= _FEW and problem.n > problem.m
+def few_rows(problem: Problem, config: KernelConfig | None = None) -> bool:
+    """Few rows against more columns: the few-column kernel runs on the transposed product C^T = B^T A^T. Up to
+    _FEW rows on any few-column configuration (3x9 as its mirror 9x3 does), up to 32 on those that hold as many
+    columns (the wide-few-columns rule's 17 to 32 rows); past that, a forced few-column kernel's blocks cover the
+    columns 16 at a time, untransposed."""
+    if problem.n <= problem.m:
+        return False
+    return problem.m <= _FEW or getattr(config, "nmax", 0) >= problem.m

@@ -11,30 +11,34 @@ import dataclasses
 import logging
 import math
 
-from ..kernels.configs import BY_NAME, FAMILIES, KernelConfig, WgTile, get_config
+from ..kernels.configs import BY_NAME, FAMILIES, WgTile, get_config
 from . import tuned as _tuned
 from .forced import _FAMILY_DEFAULT, _check_name, _forced, validated
 from .forced import OZAKI
 from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision, _hopper, _macs, _ozaki, _tensor, _wgmma,
                         current_precision, ozaki_fallback, ozaki_reason)
-from .problem import _FEW, Choice, Device, Problem, Rule, RuleName, few_rows
+from .problem import _FEW, Choice, Device, Problem, Rule, RuleName
+from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_MAX_OTHER, _WIDE_FEW_MAX_SLICE,
+                  _FEW_SUM_MIN_MACS, _few, _few_columns_kernel, _narrow_few, _short_k_few, _wide_few,
+                  _wide_few_kernel, few_columns_splits)
+from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
+                     split_cut)
 from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES,
-                    WT256_SLICES_RAGGED, WT32x128, WT128x32, WT128x64, WT128x64_LOOP, _few_tiles, _fill,
-                    _few_columns_for, _lighter, _looped, _slices_tile, _useful)
-from .runs import run_of
+                    WT256_SLICES_RAGGED, WT32x128, WT128x32, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter,
+                    _looped, _slices_tile, _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
 
 __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "wave_splits",
            "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
-           "after_out_of_memory", "interior"]
+           "after_out_of_memory", "interior", "narrow_splits"]
 
 # Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per
 # element of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it, at most the
 # threads and warps the probe found free (docs/kernels/heuristic.md, section 'The heuristic's break-even points',
 # small). GPUs whose float64 runs at 1/32 or 1/64 of float32 (most GeForce, L4, T4) take 1/8 of the multiply-adds.
-_SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 2048
+_SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 4096
 _SMALL_THREADS, _SMALL_WARPS, _SMALL_SLOW_F64_MACS = 576 << 10, 24 << 10, 1 << 18
 
 
@@ -48,13 +52,6 @@ def _small(problem: Problem, device: Device) -> bool:
     # a thread per element, blocks of 8 rows x 32 columns
     return (outputs <= _SMALL_OUTPUTS
             and problem.batch * -(-problem.m // 8) * 8 * -(-problem.n // 32) * 32 <= _SMALL_THREADS)
-
-
-# Split-K: only worth its workspace and extra pass when K dwarfs the output.
-_SPLIT_MIN_K = 4096
-_SPLIT_K_OVER_MN = 16
-_SPLIT_SLICE = 512
-_SPLIT_MIN_SLICE = 256
 
 
 # Narrow products (an output side below this) with a long K are split too, for accuracy as much as speed
@@ -90,12 +87,6 @@ def _split_for(problem: Problem, device: Device) -> str:
     return WT128x64_LOOP if side >= 128 else _slices_tile(problem)
 
 
-def _even_splits(problem: Problem, config: KernelConfig, most: int, min_depth: int) -> list[int]:
-    """Slice counts from 2 to `most` that cut K into whole K-tile steps, slices at least `min_depth` deep: the split
-    then runs as one batched launch (an uneven last slice runs as a launch of its own, at a fraction of the SMs)."""
-    return [s for s in range(2, most + 1) if problem.k % (config.bk * s) == 0 and problem.k // s >= min_depth]
-
-
 def split_count(problem: Problem, device: Device) -> int:
     """Slices of K for split-K. On the 128x256 and 128x64 tiles, the most that keep all blocks in one wave, in whole
     16-deep steps (see below); otherwise (64x64 tiles, or no even cut) about _SPLIT_SLICE deep, deeper only where
@@ -116,151 +107,22 @@ def split_count(problem: Problem, device: Device) -> int:
             return max(even)
         if name in (WT256_SLICES, WT256_SLICES_RAGGED) and most >= 2 and problem.k // most >= _SPLIT_MIN_SLICE:
             return most  # no even cut fills the slots: the rest (under 16 x most deep) runs as one shallow launch
-    wave = -(-config.min_blocks * device.sm_count // tiles)
-    slices = max(problem.k // _SPLIT_SLICE, min(wave, problem.k // _SPLIT_MIN_SLICE))
-    return max(2, slices)
+    return slices_of(problem, device, config)
 
 
 
 
-def split_cut(k: int, splits: int) -> tuple[int, int, int]:
-    """How split-K cuts K into `splits` slices: (depth, full slices of that depth, the K left over). Slices are
-    whole 16-deep steps (every tile's K-tile divides 16), so that they run as one batched launch; the rest runs as
-    one shallow launch of its own (docs/kernels/split-k.md, section 'Ragged edges: peeled off as few-row and
-    few-column products')."""
-    depth = max(8, k // splits // 16 * 16)
-    full = min(splits, k // depth)
-    return depth, full, k - full * depth
+def _narrow_tiles(problem: Problem, device: Device) -> bool:
+    """17-32 rows (columns) against more than the wide-few-columns rule takes of the other side, K from
+    _NARROW_FEW_MIN_K: the narrow tiles, whose blocks share the large operand's reads over 32 rows (columns)."""
+    few, other = sorted((problem.m, problem.n))
+    return (problem.batch == 1 and _FEW < few <= _WIDE_FEW and other > _WIDE_FEW_MAX_OTHER
+            and problem.k >= _NARROW_FEW_MIN_K)
 
 
-def _few_columns(problem: Problem) -> bool:
-    return problem.n <= _FEW and problem.m >= problem.n
-
-
-def _few(problem: Problem, device: Device) -> bool:
-    """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
-    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles)."""
-    return ((_few_columns(problem) or few_rows(problem))
-            and get_config(_few_columns_for(problem, device)).smem_bytes <= device.max_smem_optin)
-
-
-def _short_k_few(problem: Problem, device: Device) -> bool:
-    """Few columns or rows on a K of at most _SHORT_K: bound by writing C, where the few-column kernel's lanes (K spread
-    over them) idle and its blocks of 32 rows store C slowly (docs/kernels/heuristic.md, section 'The heuristic's
-    break-even points', short-k)."""
-    return problem.k <= _SHORT_K and _few(problem, device)
-
-
-# A lane of the few-column kernel adds at most this many terms in one running sum, in single products (they take
-# slices of K, over a cluster or summed by the slice-sum kernel, to keep it): 6457x15x13544 with A m-contiguous,
-# 1693 terms a lane, had 1.9x cuBLAS's error; the 32-column kernel's lanes kept at most cuBLAS's up to 384
-# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns).
-_FEW_MAX_RUN = 384
-# Few-column products below this many multiply-adds take a cluster's slices (one launch) rather than more slices summed
-# by the slice-sum kernel (a second launch, which costs them more than the deeper slices; docs/kernels/heuristic.md,
-# section 'The heuristic's break-even points', few-columns).
-_FEW_SUM_MIN_MACS = 1 << 24
-
-
-def _few_columns_count(problem: Problem, device: Device) -> int:
-    """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up
-    to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit one per SM
-    for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
-    than 16 slices would fill the SMs take those, summed by the slice-sum kernel: of the counts that fill min_blocks
-    blocks per SM, the one whose blocks fill their waves best (time ~ waves / slices; the fewest on a tie).
-
-    Rounded up to fill the SMs, a count can leave a mostly idle last wave: 4096x16x4096 has 128 blocks of rows,
-    and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
-    make 256, one wave; 8192 rows (256 blocks) need no slices at all."""
-    config = get_config(_few_columns_for(problem, device))
-    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms.
-    need = -(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN)
-    if problem.batch != 1:
-        # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
-        # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).
-        if need <= 1 or not _clusters(device):
-            return 1
-        return next((c for c in _CLUSTERS if c >= need and problem.k // c >= _SPLIT_MIN_SLICE),
-                    max((c for c in _CLUSTERS if problem.k // c >= _SPLIT_MIN_SLICE), default=1))
-    rows = problem.n if few_rows(problem) else problem.m
-    blocks = -(-rows // config.tile[0])
-    slots = config.min_blocks * device.sm_count
-    most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
-    count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
-    small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
-    need = min(need, max(1, problem.k // _SPLIT_MIN_SLICE))  # (each slice at least _SPLIT_MIN_SLICE deep)
-    if not _clusters(device) or (max(count, need) > 2 * _CLUSTERS[-1] and not small):
-        return max(count, need)
-    per_sm = config.min_blocks if config.nmax > 4 else 1
-    fits = max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
-               and problem.k // c >= _SPLIT_SLICE)
-    # (past the clusters that fit one wave: the smallest that is enough, over more waves; else that many slices)
-    return fits if fits >= need else next((c for c in _CLUSTERS if c >= need), max(count, need))
-
-
-# Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
-# (7_few_columns.cu; docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns).
-_CLUSTERS = (2, 4, 8)
-
-
-def _clusters(device: Device) -> bool:
-    return device.compute_capability >= (9, 0)
-
-
-def _few_columns_kernel(problem: Problem, device: Device) -> str:
-    """The few-column configuration, split over a cluster where its count of slices is one."""
-    name, count = _few_columns_for(problem, device), _few_columns_count(problem, device)
-    return f"{name}_c{count}" if count in _CLUSTERS and _clusters(device) else name
-
-
-def few_columns_splits(problem: Problem, device: Device) -> int:
-    """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
-    count = _few_columns_count(problem, device)
-    return 1 if count in _CLUSTERS and _clusters(device) else count
-
-
-# 17 to 32 columns against at least as many rows, on a K from _NARROW_FEW_MIN_K (any K past it, before the split-K
-# rules): the 32-column few-column kernel (a lane per row of C, the large operand read once), K split over a cluster of
-# as many blocks as fit one wave, each slice at least _SPLIT_MIN_SLICE deep (docs/kernels/heuristic.md, section 'The
-# heuristic's break-even points', wide-few-columns). Up to the second constant's slice: deeper ones (a lane's running sum
-# of K / 8 terms) had up to 1.5x cuBLAS's error, and go to the split-K rules.
-_WIDE_FEW = 32
-_WIDE_FEW_MAX_SLICE = 3072
-
-
-def _wide_few(problem: Problem, device: Device) -> bool:
-    if problem.batch != 1 or not _FEW < problem.n <= _WIDE_FEW or problem.m < problem.n:
-        return False
-    config = get_config(_few_columns_for(problem, device))
-    return (_NARROW_FEW_MIN_K <= problem.k <= _WIDE_FEW_MAX_SLICE * _wide_few_count(problem, device)
-            and config.nmax == _WIDE_FEW and config.smem_bytes <= device.max_smem_optin)
-
-
-def _wide_few_count(problem: Problem, device: Device) -> int:
-    """The blocks of a cluster over which K is split: the most that fit one wave with slices >= _SPLIT_MIN_SLICE."""
-    config = get_config(_few_columns_for(problem, device))
-    blocks = -(-problem.m // config.tile[0])
-    return max(c for c in (1, *_CLUSTERS) if c == 1 or _clusters(device) and problem.k // c >= _SPLIT_MIN_SLICE
-               and blocks * c <= config.min_blocks * device.sm_count)
-
-
-def _wide_few_kernel(problem: Problem, device: Device) -> str:
-    name, count = _few_columns_for(problem, device), _wide_few_count(problem, device)
-    return f"{name}_c{count}" if count > 1 else name
-
-
-# An output side from 17 to below this, on a K from the second constant up to split-k's: the few-column kernel's blocks
-# (16 columns each, K spread over a warp's lanes) beat a handful of 64x64 tiles walking K latency-bound
-# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', narrow-few-columns).
-_NARROW_FEW = 48
-_NARROW_FEW_MIN_K = 448
-
-
-def _narrow_few(problem: Problem, device: Device) -> bool:
-    if problem.batch != 1 or not _FEW < min(problem.m, problem.n) < _NARROW_FEW:
-        return False
-    widest = get_config(FEW_COLUMNS[-1])
-    return _NARROW_FEW_MIN_K <= problem.k < _SPLIT_MIN_K and widest.smem_bytes <= device.max_smem_optin
+def narrow_splits(problem: Problem, device: Device) -> int:
+    """Slices of K on the narrow tiles: as split-K's on small tiles from K = _IDLE_MIN_K, none below."""
+    return slices_of(problem, device, get_config(_slices_tile(problem))) if problem.k >= _IDLE_MIN_K else 1
 
 
 # Split-K over a short K where the tiled rule's tile gives fewer than this fraction of the SMs a block, in products
@@ -466,6 +328,11 @@ RULES: tuple[Rule, ...] = (
          f"rows, K >= {_NARROW_FEW_MIN_K} (at most {_WIDE_FEW_MAX_SLICE} a slice): the {_WIDE_FEW}-column few-column kernel, a lane per row of C, the large "
          "operand read once; K split over a cluster of 2, 4 or 8 blocks where those fit one wave, each slice >= "
          f"{_SPLIT_MIN_SLICE} deep", _wide_few, _wide_few_kernel),
+    Rule(RuleName.NARROW_TILES, f"{_FEW + 1} to {_WIDE_FEW} rows (columns) against more than "
+         f"{_WIDE_FEW_MAX_OTHER} columns (rows), K >= {_NARROW_FEW_MIN_K}: 32x128 (128x32) tiles with sums per "
+         f"K-tile, their blocks sharing the large operand's reads over 32 rows; from K = {_IDLE_MIN_K} K split into "
+         f"slices about {_SPLIT_SLICE} deep (at least a wave of blocks), then summed in a fixed order",
+         _narrow_tiles, lambda p, d: _slices_tile(p), narrow_splits),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..kernels import configs
 from ..kernels.configs import KernelConfig, get_config
-from .problem import _FEW, Choice, Device, Problem, few_rows
+from .problem import _FEW, Choice, Device, Problem
 
 __all__ = ["wave_efficiency"]
 
@@ -182,10 +182,10 @@ def _smem_for(problem: Problem, device: Device) -> str:
 
 
 def _few_columns_for(problem: Problem, device: Device) -> str:
-    """The narrowest few-column configuration that holds the product's few columns (or rows) in one block: up to 16
-    either way, 17 to 32 columns (not rows: those run untransposed)."""
-    few = problem.m if few_rows(problem) else problem.n
-    names = FEW_COLUMNS if few_rows(problem) else (*FEW_COLUMNS, FEW_COLUMNS_32)
+    """The narrowest few-column configuration that holds the product's few columns (or rows, computed transposed) in
+    one block: up to 32 either way."""
+    few = problem.m if problem.n > problem.m else problem.n
+    names = (*FEW_COLUMNS, FEW_COLUMNS_32)
     # (Forced on a wider product, the 16-column one: its blocks then cover the columns 16 at a time.)
     return next((name for name in names if get_config(name).nmax >= few), FEW_COLUMNS[-1])
 

@@ -150,7 +150,7 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
         return _peeled(a, b, c, choice.peel, record, runs)
     if choice.splits > 1:
         return _split_k(a, b, c, choice, device_id, record, runs)
-    swapped = _plan.few_rows(problem) and isinstance(choice.config, FewColumns)
+    swapped = isinstance(choice.config, FewColumns) and _plan.few_rows(problem, choice.config)
     if swapped:
         # Few rows: the few-column kernel on C^T = B^T A^T (it writes C through both strides).
         a, b, c = b.swapaxes(-1, -2), a.swapaxes(-1, -2), c.swapaxes(-1, -2)

@@ -1,0 +1,146 @@
+"""The few-column kernel's rules: which products it takes (few columns, or few rows computed transposed; 17 to 32
+of them against up to a few thousand of the other side; 17 to 47 on a mid K), its configuration, and how K is split
+over a cluster's blocks or in slices (docs/kernels/few-columns.md)."""
+
+from __future__ import annotations
+
+from ..kernels.configs import get_config
+from .problem import _FEW, Device, Problem, few_rows
+from .runs import run_of
+from .splits import _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE
+from .tiles import _SHORT_K, FEW_COLUMNS, _few_columns_for
+
+__all__ = ["few_columns_splits"]
+
+
+def _few_columns(problem: Problem) -> bool:
+    return problem.n <= _FEW and problem.m >= problem.n
+
+
+def _few(problem: Problem, device: Device) -> bool:
+    """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
+    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles)."""
+    return ((_few_columns(problem) or few_rows(problem))
+            and get_config(_few_columns_for(problem, device)).smem_bytes <= device.max_smem_optin)
+
+
+def _short_k_few(problem: Problem, device: Device) -> bool:
+    """Few columns or rows on a K of at most _SHORT_K: bound by writing C, where the few-column kernel's lanes (K spread
+    over them) idle and its blocks of 32 rows store C slowly (docs/kernels/heuristic.md, section 'The heuristic's
+    break-even points', short-k)."""
+    return problem.k <= _SHORT_K and _few(problem, device)
+
+
+# A lane of the few-column kernel adds at most this many terms in one running sum, in single products (they take
+# slices of K, over a cluster or summed by the slice-sum kernel, to keep it): 6457x15x13544 with A m-contiguous,
+# 1693 terms a lane, had 1.9x cuBLAS's error; the 32-column kernel's lanes kept at most cuBLAS's up to 384
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns).
+_FEW_MAX_RUN = 384
+# Few-column products below this many multiply-adds take a cluster's slices (one launch) rather than more slices summed
+# by the slice-sum kernel (a second launch, which costs them more than the deeper slices; docs/kernels/heuristic.md,
+# section 'The heuristic's break-even points', few-columns).
+_FEW_SUM_MIN_MACS = 1 << 24
+
+
+def _few_columns_count(problem: Problem, device: Device) -> int:
+    """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up
+    to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit one per SM
+    for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
+    than 16 slices would fill the SMs take those, summed by the slice-sum kernel: of the counts that fill min_blocks
+    blocks per SM, the one whose blocks fill their waves best (time ~ waves / slices; the fewest on a tie).
+
+    Rounded up to fill the SMs, a count can leave a mostly idle last wave: 4096x16x4096 has 128 blocks of rows,
+    and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
+    make 256, one wave; 8192 rows (256 blocks) need no slices at all."""
+    config = get_config(_few_columns_for(problem, device))
+    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms.
+    need = -(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN)
+    if problem.batch != 1:
+        # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
+        # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).
+        if need <= 1 or not _clusters(device):
+            return 1
+        return next((c for c in _CLUSTERS if c >= need and problem.k // c >= _SPLIT_MIN_SLICE),
+                    max((c for c in _CLUSTERS if problem.k // c >= _SPLIT_MIN_SLICE), default=1))
+    rows = problem.n if few_rows(problem) else problem.m
+    blocks = -(-rows // config.tile[0])
+    slots = config.min_blocks * device.sm_count
+    most = max(1, min(-(-slots // blocks), problem.k // _SPLIT_SLICE))
+    count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
+    small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
+    need = min(need, max(1, problem.k // _SPLIT_MIN_SLICE))  # (each slice at least _SPLIT_MIN_SLICE deep)
+    if not _clusters(device) or (max(count, need) > 2 * _CLUSTERS[-1] and not small):
+        return max(count, need)
+    per_sm = config.min_blocks if config.nmax > 4 else 1
+    fits = max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
+               and problem.k // c >= _SPLIT_SLICE)
+    # (past the clusters that fit one wave: the smallest that is enough, over more waves; else that many slices)
+    return fits if fits >= need else next((c for c in _CLUSTERS if c >= need), max(count, need))
+
+
+# Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
+# (7_few_columns.cu; docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns).
+_CLUSTERS = (2, 4, 8)
+
+
+def _clusters(device: Device) -> bool:
+    return device.compute_capability >= (9, 0)
+
+
+def _few_columns_kernel(problem: Problem, device: Device) -> str:
+    """The few-column configuration, split over a cluster where its count of slices is one."""
+    name, count = _few_columns_for(problem, device), _few_columns_count(problem, device)
+    return f"{name}_c{count}" if count in _CLUSTERS and _clusters(device) else name
+
+
+def few_columns_splits(problem: Problem, device: Device) -> int:
+    """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
+    count = _few_columns_count(problem, device)
+    return 1 if count in _CLUSTERS and _clusters(device) else count
+
+
+# 17 to 32 columns (rows, computed transposed) against more rows (columns) up to the third constant, on a K from
+# _NARROW_FEW_MIN_K (any K past it, before the split-K rules): the 32-column few-column kernel (a lane per row of C,
+# the large operand read once), K split over a cluster of as many blocks as fit one wave, each slice at least
+# _SPLIT_MIN_SLICE deep (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns). Up
+# to the second constant's slice: deeper ones (a lane's running sum of K / 8 terms) had up to 1.5x cuBLAS's error, and
+# go to the split-K rules. Past the third, the narrow tiles (the narrow-tiles rule) are faster.
+_WIDE_FEW = 32
+_WIDE_FEW_MAX_SLICE = 3072
+_WIDE_FEW_MAX_OTHER = 3072
+
+
+def _wide_few(problem: Problem, device: Device) -> bool:
+    few, other = sorted((problem.m, problem.n))
+    if problem.batch != 1 or not _FEW < few <= _WIDE_FEW or other > _WIDE_FEW_MAX_OTHER:
+        return False
+    config = get_config(_few_columns_for(problem, device))
+    return (_NARROW_FEW_MIN_K <= problem.k <= _WIDE_FEW_MAX_SLICE * _wide_few_count(problem, device)
+            and config.nmax == _WIDE_FEW and config.smem_bytes <= device.max_smem_optin)
+
+
+def _wide_few_count(problem: Problem, device: Device) -> int:
+    """The blocks of a cluster over which K is split: the most that fit one wave with slices >= _SPLIT_MIN_SLICE."""
+    config = get_config(_few_columns_for(problem, device))
+    blocks = -(-max(problem.m, problem.n) // config.tile[0])  # (rows of C, or of C^T)
+    return max(c for c in (1, *_CLUSTERS) if c == 1 or _clusters(device) and problem.k // c >= _SPLIT_MIN_SLICE
+               and blocks * c <= config.min_blocks * device.sm_count)
+
+
+def _wide_few_kernel(problem: Problem, device: Device) -> str:
+    name, count = _few_columns_for(problem, device), _wide_few_count(problem, device)
+    return f"{name}_c{count}" if count > 1 else name
+
+
+# An output side from 17 to below this, on a K from the second constant up to split-k's: the few-column kernel's blocks
+# (16 columns each, K spread over a warp's lanes) beat a handful of 64x64 tiles walking K latency-bound
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', narrow-few-columns).
+_NARROW_FEW = 48
+_NARROW_FEW_MIN_K = 448
+
+
+def _narrow_few(problem: Problem, device: Device) -> bool:
+    if problem.batch != 1 or not _FEW < min(problem.m, problem.n) < _NARROW_FEW:
+        return False
+    widest = get_config(FEW_COLUMNS[-1])
+    return _NARROW_FEW_MIN_K <= problem.k < _SPLIT_MIN_K and widest.smem_bytes <= device.max_smem_optin
