@@ -553,7 +553,7 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     """On a GPU without thread-block clusters (before Hopper), slices of K are a batch summed by the slice sum."""
     from fastmm import _plan
 
-    monkeypatch.setattr(_plan.table, "_clusters", lambda device: False)
+    monkeypatch.setattr(_plan.few, "_clusters", lambda device: False)
     monkeypatch.setattr(_plan.tuned, "_memo", {})  # plans made with clusters must not answer (nor outlive the test)
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
@@ -649,10 +649,31 @@ def test_the_copies_product_and_its_pieces_sum_k_in_runs(launched, monkeypatch):
     monkeypatch.setattr(_plan.table, "_PAD_MIN_MACS", 1 << 20)
     monkeypatch.setattr(_plan.tuned, "_memo", {})
     a = _fastmm(np.zeros((1000, 1031), np.float32))
-    b = _fastmm(np.zeros((1031, 1000), np.float32))
+    b = _fastmm(np.zeros((1031, 1001), np.float32))  # B's rows unaligned (A's alone: copied 4 bytes at a time anyway)
     _dispatch.matmul(a, b)
     products = [name for name in launched if name != "repitch"]
     assert products == ["warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"], launched  # (its edge blocks in runs too)
     launched.clear()
     _dispatch.matmul(_fastmm(np.zeros((1000, 1040), np.float32)), _fastmm(np.zeros((1040, 1000), np.float32)))
     assert launched == ["warptile_128x64x16_32x64_8x8_s4_sub8"]  # aligned: no copies, one running sum
+
+
+def test_only_the_operands_the_tiles_copy_16_bytes_at_a_time_need_aligned_rows(launched):
+    """The tiles copy a row-major A and a transposed B 4 bytes at a time, transposing, so their rows' alignment does
+    not matter: a K that is not a multiple of 4 keeps a row-major B's 16-byte copies (v4). A transposed A is copied
+    16 bytes at a time and needs its own; the register tiles load both operands 16 bytes at a time and need both."""
+    from fastmm import _plan
+
+    a = _fastmm(np.zeros((300, 301), np.float32))
+    b = _fastmm(np.zeros((301, 300), np.float32))
+    _dispatch.matmul(a, b)
+    ((name, variant, _),) = launched.args
+    assert name.startswith("warptile") and variant == "nn_v4", (name, variant)
+    launched.args.clear()
+    at = _fastmm(np.zeros((301, 301), np.float32))[:, :300].T  # A^T with rows of 301 floats: unaligned, copied so
+    _dispatch.matmul(at, b)
+    assert [variant for _, variant, _ in launched.args] == ["tn_v1"], launched.args
+    launched.args.clear()
+    with _plan.use_kernel("regtile_128x128x8_8x8"):
+        _dispatch.matmul(a, b)
+    assert [variant for _, variant, _ in launched.args] == ["nn_v1"], launched.args

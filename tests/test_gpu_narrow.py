@@ -27,11 +27,12 @@ def _plan_of(a, b) -> tuple[str, str]:
     (18, 398, 2875, "wide-few-columns", "fewcol_n32"),
     (32, 1438, 1187, "wide-few-columns", "fewcol_n32"),
     (17, 3072, 600, "wide-few-columns", "fewcol_n32"),
+    (324, 26, 14637, "wide-few-columns", "fewcol_n32"),  # few blocks: up to 2048 of K a block
     (397, 26, 8784, "wide-few-columns", "fewcol_n32"),   # its mirror: few columns
     (18, 3622, 9839, "narrow-tiles", "warptile_32x128"),  # past 3072 columns: the narrow tiles, K split
-    (30, 3100, 600, "narrow-tiles", "warptile_32x128"),   # (K below 1024: one launch)
+    (30, 9000, 900, "narrow-tiles", "warptile_32x128"),   # (K below 1024: one launch)
     (20, 5000, 4100, "narrow-tiles", "warptile_32x128"),
-    (4000, 24, 1500, "narrow-tiles", "warptile_128x32"),
+    (6000, 24, 1500, "narrow-tiles", "warptile_128x32"),
     (9787, 30, 1523, "narrow-tiles", "warptile_128x32"),
 ], ids=str)
 def test_17_to_32_rows_or_columns_are_right_and_deterministic(m, n, k, rule, family, layout, rng, launches):

@@ -42,8 +42,8 @@ def test_unknown_kernel_lists_valid_names():
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
     (16, 16, 16, 1, "small"), (1000, 1, 1000, 1, "small"), (64, 64, 64, 1, "small"), (8, 4, 3, 64, "small"),
     (65536, 16, 16, 1, "short-k"), (65536, 16, 17, 1, "few-columns"), (10000, 1, 1000, 1, "few-columns"),
-    (1, 4096, 4096, 1, "few-columns"), (1700, 170, 17, 1, "tiled"), (16, 17, 4096, 1, "few-columns"),
-    (17, 4096, 4096, 1, "split-k"), (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"),
+    (1, 4096, 4096, 1, "few-columns"), (1700, 170, 17, 1, "tiled"), (16, 17, 8192, 1, "few-columns"),
+    (17, 4096, 4096, 1, "narrow-tiles"), (24, 48, 65536, 1, "split-k"), (20, 40, 4200, 1, "wide-few-columns"), (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"),
     (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
     (1, 1, 1 << 20, 1, "few-columns"), (32, 32, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
@@ -116,13 +116,14 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     # ... unless K has no even cut into 16-deep steps: then slices about 512 deep, as on 64x64 tiles.
     assert choose(300, 300, 65537).splits == 128
     assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
-    # Products with an output side of 17 to 31 and a long K split for accuracy too, on the narrow tiles (32 rows or
-    # columns: less padding than 64x64's), as many slices as on 64x64 tiles; 64 or more on the other side.
+    # Products with an output side of 17 to 31 and a long K split for accuracy too: on the narrow tiles (32 rows or
+    # columns: less padding than 64x64's) against 64 or more of the other side, as many slices as on 64x64 tiles.
     narrow = choose(8192, 24, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_128x32x16_32x32_8x4_s4_tsum", 16)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_128x32x16_32x32_8x4_s4_tsum", 16)
     narrow = choose(24, 8192, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_32x128x16_32x32_8x4_s4_tsum", 16)
-    assert choose(24, 48, 8192).name == "warptile_64x64x16_32x32_8x4_s4_tsum"
+    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_32x128x16_32x32_8x4_s4_tsum", 16)
+    narrow = choose(24, 48, 65536)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 256)
     assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
@@ -605,7 +606,7 @@ def test_explain_names_the_mode():
     (6400, 1, 640, "fewcol_n1", 1),         # never slices thinner than 512
     (1, 8192, 8192, "fewcol_n1", 1),        # few rows: the same kernel on the transposed product
     (16, 16, 1 << 20, "fewcol_n16", 264),   # one block of rows: K cut for two blocks per SM
-    (100, 4, 4096, "fewcol_n4_c8", 1),      # 4 blocks of rows, each over a cluster of 8
+    (100, 4, 8192, "fewcol_n4_c8", 1),      # 4 blocks of rows, each over a cluster of 8
     (2048, 1, 16384, "fewcol_n1_c2", 1),    # 64 blocks: clusters of two, one block per SM
     (9600, 4, 4096, "fewcol_n4", 1),        # 300 blocks: more than the SMs hold at once, so no slices
 ])
@@ -685,7 +686,7 @@ def test_former_kernel_names_still_work_with_a_warning(old, new):
 
 @pytest.mark.parametrize("m,n,k,splits,depth", [
     (804, 33, 7189, 28, 256),   # 13 tiles of 64x64: 28 slices of 256 and a last launch 21 deep
-    (20, 40, 2392, 9, 256),     # one tile (too few columns for 32x128 ones): slices no shallower than 256
+    (48, 60, 2392, 9, 256),     # one tile: slices no shallower than 256
     (64, 4096, 4096, 8, 512),   # 64 rows: 64 tiles of 64x64 (128x64 ones would be half padding), one wave of 512
     (4944, 97, 52685, 3, None),  # 156 tiles, K over 4x the output's sides: three blocks' worth per SM
 ])
@@ -856,9 +857,10 @@ def test_small_few_column_products_split_over_one_cluster(m, n, k, a_t, name):
     assert big.splits > 8  # 2^28 multiply-adds: the slices and their sum
 
 
-@pytest.mark.parametrize("m,n,k", [(32, 9598, 2655), (462, 40, 704), (200, 47, 1000)])
+@pytest.mark.parametrize("m,n,k", [(33, 9598, 2655), (462, 40, 704), (200, 47, 1000)])
 def test_narrow_outputs_on_a_mid_k_run_on_the_few_column_kernel(m, n, k):
-    """Few rows (17 to 47) or 33 to 47 columns: the 16-column kernel, its blocks covering them 16 at a time."""
+    """33 to 47 rows or columns: the 16-column kernel, its blocks covering them 16 at a time (17 to 32 take the
+    32-column kernel or the narrow tiles, below)."""
     p, c = _planned(m, n, k)
     assert (c.rule, c.name, c.splits) == ("narrow-few-columns", "fewcol_n16", 1)
     assert _planned(719, 36, 267)[1].rule != "narrow-few-columns"  # K short: the tiles won
@@ -866,24 +868,39 @@ def test_narrow_outputs_on_a_mid_k_run_on_the_few_column_kernel(m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k,name", [
-    (9787, 30, 1523, "fewcol_n32_s3"),      # 306 blocks of rows: past a wave, K whole
     (2925, 18, 477, "fewcol_n32_s3"),       # K under two slices of 256
-    (7479, 17, 2706, "fewcol_n32_s3"),      # 234 blocks: two each would pass a wave
-    (4096, 32, 4096, "fewcol_n32_s3_c2"),
-    (1848, 19, 7157, "fewcol_n32_s3_c4"),   # 58 blocks, 4 each: 232 of an H100's 264 slots
-    (804, 32, 7189, "fewcol_n32_s3_c8"),
+    (3000, 20, 700, "fewcol_n32_s3_c2"),    # 94 blocks of 2: 350 of K each
+    (4096, 32, 1536, "fewcol_n32_s3_c2"),   # 768 a block
+    (804, 32, 7189, "fewcol_n32_s3_c8"),    # 26 blocks of 8: 899 a block, at most 1024 rows
+    (324, 26, 14637, "fewcol_n32_s3_c8"),   # 1830 a block
     (380, 22, 820, "fewcol_n32_s3_c2"),     # slices of 410
 ])
 def test_17_to_32_columns_run_on_the_32_column_kernel(m, n, k, name):
-    """17 to 32 columns against as many rows or more, K from 448: the 32-column kernel, K split over a cluster where
-    its blocks fit one wave, slices at least 256 deep and at most 3072 (a lane's run of 384 terms)."""
-    p, c = _planned(m, n, k)
-    assert (c.rule, c.name, c.splits) == ("wide-few-columns", name, 1)
-    assert _plan.serial_run(c, p) <= 384
-    assert _planned(n, m, k)[1].rule != "wide-few-columns"  # few rows: not transposed onto it
+    """17 to 32 columns against more rows (or rows against more columns, computed transposed), K from 448: the
+    32-column kernel, K split over a cluster where its blocks fit one wave, slices at least 256 deep, where a block
+    walks at most 768 of K (2048 against at most 1024 rows): a lane's run of at most 256 terms."""
+    for p, c in (_planned(m, n, k), _planned(n, m, k)):
+        assert (c.rule, c.name, c.splits) == ("wide-few-columns", name, 1)
+        assert _plan.serial_run(c, p) <= 256
     assert _planned(m, n, k, batch=2)[1].rule != "wide-few-columns"  # single products only
-    assert _planned(100000, 20, 100000)[1].rule == "split-k"  # slices deeper than 3072 even over 8 blocks
     assert _planned(2925, 18, 400)[1].rule != "wide-few-columns"  # K short
+
+
+@pytest.mark.parametrize("m,n,k,name,splits", [
+    (9787, 30, 1523, "warptile_128x32x16_32x32_8x4_s4_tsum", 5),   # 306 blocks of 32 rows: 1523 of K each
+    (7479, 17, 2706, "warptile_128x32x16_32x32_8x4_s4_tsum", 9),
+    (1848, 19, 7157, "warptile_128x32x16_32x32_8x4_s4_tsum", 27),  # 58 blocks of 4: 1789 each
+    (18, 3622, 9839, "warptile_32x128x16_32x32_8x4_s4_tsum", 19),
+    (30, 9000, 900, "warptile_32x128x16_32x32_8x4_s4_tsum", 1),    # K under 1024: one launch
+    (100000, 20, 100000, "warptile_128x32x16_32x32_8x4_s4_tsum", 195),
+])
+def test_17_to_32_rows_or_columns_past_the_32_column_kernel_run_on_narrow_tiles(m, n, k, name, splits):
+    """Where a block of the 32-column kernel would walk more of K, the narrow tiles (32 rows or columns against 128),
+    K split as split-K's on small tiles from K = 1024 (about 512 deep, at least a wave)."""
+    p, c = _planned(m, n, k)
+    assert (c.rule, c.name, c.splits) == ("narrow-tiles", name, splits)
+    mirror = _planned(n, m, k)[1]
+    assert (mirror.rule, mirror.config.tile, mirror.splits) == ("narrow-tiles", c.config.tile[::-1], splits)
 
 
 @pytest.mark.parametrize("m,n,k,splits", [(3144, 161, 10725, 4), (112, 5606, 8639, 4), (3026, 175, 2675, 4),
@@ -1013,7 +1030,7 @@ def test_small_products_sum_in_float64(m, n, k, batch, name):
 
 
 @pytest.mark.parametrize("m,n,k,batch,rule", [
-    (1, 1, 2049, 1, "few-columns"),        # K past 2048: a warp's lanes would walk over 64 steps each
+    (1, 1, 4097, 1, "few-columns"),        # K past 4096: a warp's lanes would walk over 128 steps each
     (1024, 1024, 2, 1, "tiled"),            # 2^21 multiply-adds, but 2^20 elements of C: the tiles store C faster
     (1025, 1024, 2, 1, "tiled"),
     (128, 128, 129, 1, "tiled"),            # just past 2^21 multiply-adds

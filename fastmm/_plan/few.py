@@ -99,24 +99,26 @@ def few_columns_splits(problem: Problem, device: Device) -> int:
     return 1 if count in _CLUSTERS and _clusters(device) else count
 
 
-# 17 to 32 columns (rows, computed transposed) against more rows (columns) up to the third constant, on a K from
-# _NARROW_FEW_MIN_K (any K past it, before the split-K rules): the 32-column few-column kernel (a lane per row of C,
-# the large operand read once), K split over a cluster of as many blocks as fit one wave, each slice at least
-# _SPLIT_MIN_SLICE deep (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns). Up
-# to the second constant's slice: deeper ones (a lane's running sum of K / 8 terms) had up to 1.5x cuBLAS's error, and
-# go to the split-K rules. Past the third, the narrow tiles (the narrow-tiles rule) are faster.
+# 17 to 32 columns (rows, computed transposed) against more rows (columns), on a K from _NARROW_FEW_MIN_K: the 32-column
+# few-column kernel (a lane per row of C, the large operand read once), K split over a cluster of as many blocks as fit
+# one wave, each slice at least _SPLIT_MIN_SLICE deep, where a block walks at most the second constant's K (the third's
+# where the other side is at most the fourth: few blocks, whose narrow tiles are few too); deeper, the narrow tiles'
+# slices of about 512 are faster (the narrow-tiles rule; docs/kernels/heuristic.md, section 'The heuristic's
+# break-even points', wide-few-columns). A lane's running sum then has at most 256 terms (up to 384 kept cuBLAS's
+# accuracy; runs of K / 8 past 3072 had 1.5x its error).
 _WIDE_FEW = 32
-_WIDE_FEW_MAX_SLICE = 3072
-_WIDE_FEW_MAX_OTHER = 3072
+_WIDE_FEW_DEPTH, _WIDE_FEW_SHORT_DEPTH, _WIDE_FEW_SHORT_OTHER = 768, 2048, 1024
 
 
 def _wide_few(problem: Problem, device: Device) -> bool:
     few, other = sorted((problem.m, problem.n))
-    if problem.batch != 1 or not _FEW < few <= _WIDE_FEW or other > _WIDE_FEW_MAX_OTHER:
+    if problem.batch != 1 or not _FEW < few <= _WIDE_FEW or problem.k < _NARROW_FEW_MIN_K:
         return False
     config = get_config(_few_columns_for(problem, device))
-    return (_NARROW_FEW_MIN_K <= problem.k <= _WIDE_FEW_MAX_SLICE * _wide_few_count(problem, device)
-            and config.nmax == _WIDE_FEW and config.smem_bytes <= device.max_smem_optin)
+    if config.nmax != _WIDE_FEW or config.smem_bytes > device.max_smem_optin:
+        return False
+    depth = problem.k / _wide_few_count(problem, device)
+    return depth <= (_WIDE_FEW_SHORT_DEPTH if other <= _WIDE_FEW_SHORT_OTHER else _WIDE_FEW_DEPTH)
 
 
 def _wide_few_count(problem: Problem, device: Device) -> int:

@@ -7,7 +7,7 @@ import dataclasses
 import enum
 from typing import Callable
 
-from ..kernels.configs import FewColumns, Variant, KernelConfig
+from ..kernels.configs import FewColumns, KernelConfig, RegTile, Variant
 
 __all__ = ["Problem", "Device", "Choice", "Rule", "RuleName", "few_rows"]
 
@@ -22,8 +22,10 @@ class Problem:
     batch: int = 1
     a_t: bool = False      # A has unit stride along m (e.g. ``a.T`` of a C-ordered array)
     b_t: bool = False      # B has unit stride along k
-    aligned: bool = True   # A's and B's rows start 16-byte aligned: 128-bit copies are legal (C's rows decide only
-    #                        the kernels' stores, which each block checks)
+    # The tiles' 16-byte copies are legal: the rows of the operands they copy so (A with unit stride along M, B along N;
+    # the others they copy 4 bytes at a time, transposing) start 16-byte aligned. C's rows decide only the stores,
+    # which each block checks.
+    aligned: bool = True
     a_aligned: bool = True  # ... in A alone (the few-column kernel reads only A in 16-byte pieces)
     b_aligned: bool = True  # ... in B alone (A of the transposed product, for few rows)
     runs: bool = False  # sum K in runs of 512 where a kernel does (the product on aligned copies: see aligned_copies)
@@ -39,6 +41,8 @@ class Problem:
     def variant_for(self, config: KernelConfig) -> Variant:
         """The layout variant `config` runs: the few-column kernel needs only A aligned for its wide loads, and
         for few rows it runs the transposed product, whose A is B^T and whose B is A^T."""
+        if isinstance(config, RegTile):  # 16-byte loads along either operand's unit stride: both aligned
+            return Variant(self.a_t, self.b_t, 4 if self.a_aligned and self.b_aligned else 1)
         if isinstance(config, FewColumns):
             if few_rows(self, config):
                 return Variant(not self.b_t, not self.a_t, 4 if self.b_aligned else 1)

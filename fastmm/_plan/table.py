@@ -18,12 +18,12 @@ from .forced import OZAKI
 from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision, _hopper, _macs, _ozaki, _tensor, _wgmma,
                         current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName
-from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_MAX_OTHER, _WIDE_FEW_MAX_SLICE,
-                  _FEW_SUM_MIN_MACS, _few, _few_columns_kernel, _narrow_few, _short_k_few, _wide_few,
+from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _WIDE_FEW_SHORT_DEPTH,
+                  _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _few, _few_columns_kernel, _narrow_few, _short_k_few, _wide_few,
                   _wide_few_kernel, few_columns_splits)
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
                      split_cut)
-from .tiles import (_MIN_USEFUL, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES,
+from .tiles import (_MIN_USEFUL, _NARROW_TILE_OTHER, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES,
                     WT256_SLICES_RAGGED, WT32x128, WT128x32, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter,
                     _looped, _slices_tile, _useful)
 from .tuned import tune_bucket, tuned_entries
@@ -113,10 +113,11 @@ def split_count(problem: Problem, device: Device) -> int:
 
 
 def _narrow_tiles(problem: Problem, device: Device) -> bool:
-    """17-32 rows (columns) against more than the wide-few-columns rule takes of the other side, K from
-    _NARROW_FEW_MIN_K: the narrow tiles, whose blocks share the large operand's reads over 32 rows (columns)."""
+    """17-32 rows (columns) against at least _NARROW_TILE_OTHER columns (rows), K from _NARROW_FEW_MIN_K, that the
+    wide-few-columns rule (before it) leaves: the narrow tiles, their blocks sharing the large operand's reads over 32
+    rows (columns)."""
     few, other = sorted((problem.m, problem.n))
-    return (problem.batch == 1 and _FEW < few <= _WIDE_FEW and other > _WIDE_FEW_MAX_OTHER
+    return (problem.batch == 1 and _FEW < few <= _WIDE_FEW and other >= _NARROW_TILE_OTHER
             and problem.k >= _NARROW_FEW_MIN_K)
 
 
@@ -324,12 +325,15 @@ RULES: tuple[Rule, ...] = (
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
          f"summed in a fixed order; below 2^{_FEW_SUM_MIN_MACS.bit_length() - 1} multiply-adds at most a cluster's)",
          _few, _few_columns_kernel, few_columns_splits),
-    Rule(RuleName.WIDE_FEW_COLUMNS, f"a single product of {_FEW + 1} to {_WIDE_FEW} columns against at least as many "
-         f"rows, K >= {_NARROW_FEW_MIN_K} (at most {_WIDE_FEW_MAX_SLICE} a slice): the {_WIDE_FEW}-column few-column kernel, a lane per row of C, the large "
-         "operand read once; K split over a cluster of 2, 4 or 8 blocks where those fit one wave, each slice >= "
-         f"{_SPLIT_MIN_SLICE} deep", _wide_few, _wide_few_kernel),
-    Rule(RuleName.NARROW_TILES, f"{_FEW + 1} to {_WIDE_FEW} rows (columns) against more than "
-         f"{_WIDE_FEW_MAX_OTHER} columns (rows), K >= {_NARROW_FEW_MIN_K}: 32x128 (128x32) tiles with sums per "
+    Rule(RuleName.WIDE_FEW_COLUMNS, f"a single product of {_FEW + 1} to {_WIDE_FEW} columns (or rows, computed "
+         f"transposed) against more of the other side, K >= {_NARROW_FEW_MIN_K}: the {_WIDE_FEW}-column few-column "
+         "kernel, a lane per row of C, the large operand read once; K split over a cluster of 2, 4 or 8 blocks where "
+         f"those fit one wave, each slice >= {_SPLIT_MIN_SLICE} deep, a block walking at most {_WIDE_FEW_DEPTH} of K "
+         f"({_WIDE_FEW_SHORT_DEPTH} against at most {_WIDE_FEW_SHORT_OTHER} of the other side)", _wide_few,
+         _wide_few_kernel),
+    Rule(RuleName.NARROW_TILES, f"{_FEW + 1} to {_WIDE_FEW} rows (columns) against at least "
+         f"{_NARROW_TILE_OTHER} columns (rows), K >= {_NARROW_FEW_MIN_K}, that wide-few-columns leaves (a block "
+         "would walk too much of K): 32x128 (128x32) tiles with sums per "
          f"K-tile, their blocks sharing the large operand's reads over 32 rows; from K = {_IDLE_MIN_K} K split into "
          f"slices about {_SPLIT_SLICE} deep (at least a wave of blocks), then summed in a fixed order",
          _narrow_tiles, lambda p, d: _slices_tile(p), narrow_splits),

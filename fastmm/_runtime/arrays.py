@@ -171,7 +171,10 @@ def problem_for(a, b, c, runs: bool = False) -> tuple[_plan.Problem, dict]:
     a_aligned, b_aligned = (ptrs[i] % 16 == 0 and all(s % 4 == 0 for s in (strides[i], s0[i], s1[i],
                                                                             *(st[i] for _, st in outer)))
                             for i in (0, 1))
-    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, a_aligned and b_aligned, a_aligned, b_aligned, runs)
+    # The tiles copy 16 bytes at a time only the operands whose unit stride runs along M or N (A transposed, B
+    # row-major); the others they copy 4 bytes at a time, transposing, whatever their alignment (pipeline.cuh).
+    tiles_aligned = (a_aligned or not a_t) and (b_aligned or b_t)
+    problem = _plan.Problem(m, n, k, n0 * n1, a_t, b_t, tiles_aligned, a_aligned, b_aligned, runs)
     # C's stride along n: 1 for every kernel but the few-column one, which also writes C^T (for few rows).
     c_sn = c.strides[-1] // 4 if n > 1 else 1
     args = dict(m=m, n=n, k=k, a=ptrs[0], a_sm=a_sm, a_sk=a_sk, b=ptrs[1], b_sk=b_sk, b_sn=b_sn,
