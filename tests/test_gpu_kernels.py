@@ -174,7 +174,9 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
 @pytest.mark.parametrize("m,n,k", [(128, 128, 65536), (64, 100, 10000), (33, 65, 8191), (40, 200, 5003),
                                    (256, 300, 20000),
                                    # split-k-idle, K with no even cut (a shallow last launch); a few-row output
-                                   (804, 40, 7189), (2, 5, 2392), (64, 4096, 4096),
+                                   (804, 40, 7189), (48, 60, 2392), (64, 4096, 4096),
+                                   # split-K's slices on the narrow tiles (17-32 rows or columns)
+                                   (24, 48, 65536), (3000, 24, 12000),
                                    # split-k on 128x256 tiles in runs of 512, K with no even cut into a wave's slices
                                    (1000, 1000, 20008)])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -204,12 +206,12 @@ def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     assert rel_error(fresh, a2.astype(np.float64) @ b.astype(np.float64)) < 1e-5
 
 
-@pytest.mark.parametrize("m,n,k", [(804, 32, 7189), (26, 18, 3002), (792, 27, 8083), (9787, 30, 1523), (380, 22, 820)],
+@pytest.mark.parametrize("m,n,k", [(804, 32, 7189), (18, 804, 7189), (792, 27, 8083), (3000, 20, 700), (380, 22, 820)],
                          ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_wide_few_columns_are_correct_and_deterministic(m, n, k, layout, rng):
-    """17 to 32 columns on the 32-column kernel, K summed by a cluster's blocks in slices: right, and bitwise the
-    same every run (the cluster adds its slices in a fixed order)."""
+    """17 to 32 columns (or rows, as the transposed product) on the 32-column kernel, K summed by a cluster's blocks
+    in slices: right, and bitwise the same every run (the cluster adds its slices in a fixed order)."""
     import fastmm
     from fastmm import _plan
     from fastmm._runtime import cuda as _cuda

@@ -255,7 +255,8 @@ _PAD_SHORT_K_MIN_OUTPUT = 1 << 26
 
 def pads(problem: Problem, device: Device) -> bool:
     """A large single product whose A or B rows are not 16-byte aligned runs on aligned copies of them (see above)."""
-    if problem.batch != 1 or problem.aligned or _narrow_output(problem):
+    # (Both operands' rows, not only those the tiles copy 16 bytes at a time: the copies also pad K for the loops' runs.)
+    if problem.batch != 1 or (problem.aligned and problem.a_aligned and problem.b_aligned) or _narrow_output(problem):
         return False
     if problem.k <= _SHORT_K:  # B^T's rows are K floats: the copies' are 16 (measured with B^T's rows unaligned; the
         # rule also takes a product whose only unaligned operand is A, which was not measured)

@@ -69,8 +69,10 @@ _ONE_CHAIN_MAX_K = 1536
 # about 512 (`accuracy.SERIAL_RUN_BOUND` x 16).
 _TILE_SUMS_MAX_K = 65536
 # Past this K (the running-sum bound, `accuracy.SERIAL_RUN_BOUND`) the 128x64 tile sums K in runs of 512; below it,
-# one chain: its runs cost 3-8% (5-7% on the aligned copies), more than the 2% we spend on accuracy.
-_RUNS_128x64_MIN_K = 4096
+# one chain, whose runs cost 3-8% (5-7% on the aligned copies)... except from _ONE_CHAIN_MAX_K on fewer than the
+# second constant's waves of blocks, where cuBLAS (splitting K, we infer) had 1.4-2.8x less error than one chain
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+_RUNS_128x64_MIN_K, _RUNS_128x64_WAVES = 4096, 2.5
 # Past one wave, a large tile whose last wave leaves more than 1 - this of the SMs' time idle gives way to the
 # 128x64 tile, three blocks to an SM (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _MIN_WAVE_EFFICIENCY = 0.85
@@ -147,7 +149,9 @@ def _fill(problem: Problem, device: Device) -> str:
         if (_ONE_CHAIN_MAX_K <= problem.k <= _TILE_SUMS_MAX_K and one_wave and problem.k % 16 and problem.batch == 1
                 and min(problem.m, problem.n) >= 128):
             return WT64  # sums per K-tile on four times the blocks
-        if problem.k > _RUNS_128x64_MIN_K or problem.runs and long_k:
+        few_waves = problem.tiles(loop) < _RUNS_128x64_WAVES * loop.min_blocks * device.sm_count
+        if (problem.k > _RUNS_128x64_MIN_K or problem.k >= _ONE_CHAIN_MAX_K and few_waves
+                or problem.runs and long_k):
             return _looped(problem, WT128x64_RUNS)  # K in runs of 512
         if not one_wave or problem.k % 16 and problem.k < _LOOP_MIN_K:
             return WT128x64  # a short ragged K: one chain is as accurate, and the loop's twin ran 7% slower (1000^3)
