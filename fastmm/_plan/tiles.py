@@ -32,7 +32,8 @@ TF32_WG, TF32X3_WG = configs.TF32_WG.name, configs.TF32X3_WG.name
 
 # Outputs of 17 to this many rows (columns) against at least _NARROW_TILE_OTHER columns (rows) take split-K's slices
 # on 32x128 (128x32) tiles instead of 64x64, a third of the padding or less: 18x3622x9839 0.48x -> 0.73x cuBLAS,
-# 28x15383x10694 0.58x -> 0.99x (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k).
+# 28x15383x10694 0.58x -> 0.99x (docs/kernels/heuristic.md, section 'The heuristic's break-even points', 17 to 32
+# rows or columns).
 _NARROW_TILE, _NARROW_TILE_OTHER = 32, 64
 
 

@@ -429,7 +429,8 @@ WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RA
     dataclasses.replace(c, ragged=True) for c in (WT256_LOOP16, WT256_SLICES, WT128x64_LOOP, WT128x64_RUNS))
 # small and narrow products, split-K slices
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
-# ... of 17-32 rows or columns: half the 64x64 tile's padding rows (docs/kernels/split-k.md, section 'Narrow tiles')
+# ... of 17-32 rows or columns: a third of the 64x64 tile's padding rows or less (docs/kernels/heuristic.md, '17 to
+# 32 rows or columns')
 WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 WT128x32 = WarpTile(bm=128, bn=32, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
