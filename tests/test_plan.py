@@ -1079,3 +1079,39 @@ def test_the_small_rule_is_not_tuned_away(monkeypatch):
         assert choose(30, 30, 30).name == "naive_32x8_f64sum"
     finally:
         _plan.tuned._memo.clear()
+
+
+def test_17_to_32_rows_or_columns_keep_their_fp32_plan_in_every_precision():
+    """The narrow tiles and the 32-column kernel are bound by memory or by their split, as split-K and the few-column
+    kernel are: "high" and "medium" keep them (FP32 FMAs, their short sums), not one TF32 tile walking all of K."""
+    for m, n, k, rule in ((18, 3622, 9839, "narrow-tiles"), (20, 500, 5000, "wide-few-columns")):
+        for precision in ("high", "medium"):
+            c = _plan.choose(_plan.Problem(m, n, k), H100, precision=precision)
+            assert c.rule == rule and c.config.precision == "highest", (precision, c.rule, c.name)
+            assert _plan.serial_run(c, _plan.Problem(m, n, k)) <= 256
+
+
+@pytest.mark.parametrize("m,n,k,ahead", [
+    (18, 3622, 9839, True), (23, 3567, 11324, True),  # few rows, short of 4096 columns: cuBLAS ahead
+    (8000, 20, 9000, True),                            # few columns (128x32 tiles)
+    (25, 4096, 4096, False), (19, 12000, 6000, False),  # few rows past 4096 columns and K: the narrow tiles ahead
+])
+def test_the_narrow_tiles_yield_to_cublas_where_it_was_measured_ahead(m, n, k, ahead):
+    problem = _plan.Problem(m, n, k)
+    choice = _plan.choose(problem)
+    assert choice.rule == "narrow-tiles"
+    why = _plan.cublas_ahead(problem, choice, _plan.Device())
+    assert (why is not None and why.startswith("narrow output")) == ahead, why
+
+
+def test_batches_of_few_columns_stay_within_the_running_sum_bound_without_clusters():
+    """A batch on a GPU without thread-block clusters walks K whole on the few-column kernel: where a lane's run would
+    pass the running-sum bound (5 x 8 x 57023, A of the transposed product m-contiguous: 16 terms a step), the tiles
+    take it; its mirror (4 terms a step) and a cluster GPU keep the kernel."""
+    a100 = dataclasses.replace(H100, compute_capability=(8, 0), name="A100-like", max_smem_optin=163 * 1024,
+                               sm_count=108)
+    for m, n, rule in ((5, 8, "tiled"), (8, 5, "few-columns")):
+        p = _plan.Problem(m, n, 57023, batch=5)
+        c = _plan.choose(p, a100)
+        assert c.rule == rule and _plan.serial_run(c, p, a100) <= _plan.SERIAL_RUN_BOUND, (c.rule, c.name)
+    assert _plan.choose(_plan.Problem(5, 8, 57023, batch=5), H100).rule == "few-columns"

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from ..kernels.configs import WarpTile
 from .problem import Choice, Device, Problem
+from .runs import SERIAL_RUN_BOUND
 from .runs import run_of as _run_of
 from .table import aligned_copies, choose, interior, split_cut
 
 __all__ = ["serial_run", "SERIAL_RUN_BOUND"]
-
-# A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
-SERIAL_RUN_BOUND = 4096
 
 def serial_run(choice: Choice, problem: Problem, device: Device = Device()) -> int:
     """The longest run of terms that `choice` adds into one FP32 accumulator for `problem`.

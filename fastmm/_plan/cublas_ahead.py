@@ -31,11 +31,17 @@ class Ahead:
 # Narrow products below this many multiply-adds per output column are bound by the per-call cost, where fastmm's
 # path is the cheaper one (docs/kernels/heuristic.md, section 'The heuristic's break-even points', cuBLAS-ahead classes).
 _NARROW_MIN_ELEMENTS = 1 << 22
+# The narrow tiles beat cuBLAS on few rows against at least this many columns and this K (32x128 tiles); short of
+# either, and on few columns (128x32), cuBLAS was ahead (docs/kernels/heuristic.md, section 'The heuristic's
+# break-even points', 17 to 32 rows or columns).
+_NARROW_TILES_AHEAD = 4096
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K on the narrow 32x128 tiles "
-          "(18x3622x9839 0.73x cuBLAS, 23x3567x11324 0.81x; on 64x64 tiles 0.48x and 0.49x)",
-          lambda p, c, d: _narrow_output(p) and c.rule in (RuleName.SPLIT_K, RuleName.NARROW_TILES)
+    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K, or the narrow tiles short of "
+          f"{_NARROW_TILES_AHEAD} columns and of K = {_NARROW_TILES_AHEAD} (18x3622x9839 0.73x cuBLAS, 23x3567x11324 "
+          "0.81x; columns: 8000x20x9000 0.79x; past both, rows: 19x12000x6000 1.52x, 25x4096x4096 1.09x)",
+          lambda p, c, d: _narrow_output(p) and (c.rule == RuleName.SPLIT_K or c.rule == RuleName.NARROW_TILES and not (
+              p.m < p.n and p.n >= _NARROW_TILES_AHEAD and p.k >= _NARROW_TILES_AHEAD))
           and p.k * max(p.m, p.n) * p.batch >= _NARROW_MIN_ELEMENTS),
     Ahead("partial wave", f"fewer 128x64 tiles than {_SUMS_BELOW_WAVE:g} of a wave on a K too short or a product too "
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",

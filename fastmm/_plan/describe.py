@@ -38,7 +38,7 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
     shape = f"{problem.m}x{problem.n}x{problem.k}" + (f", batch {problem.batch}" if problem.batch != 1 else "")
     wide = choice.variant.vec == 4
     layout = (f"A {'m' if problem.a_t else 'k'}-contiguous, B {'k' if problem.b_t else 'n'}-contiguous, "
-              f"{'16-byte aligned' if wide else 'not 16-byte aligned (scalar loads)'}")
+              f"{'16-byte copies' if wide else 'rows not 16-byte aligned (4-byte copies)'}")
     if choice.pad:
         padded = aligned_copies(problem)
         copies = " and ".join(x for x, ok in (("A", problem.a_aligned), ("B", problem.b_aligned))
@@ -51,11 +51,11 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
     split = f", split-K into {choice.splits} slices" if choice.splits > 1 else ""
     if getattr(choice.config, "cluster", 1) > 1:
         split = f", K split over a cluster of {choice.config.cluster} blocks that sums it"
+    run = serial_run(choice, problem, device)  # (of the interior, for a peeled product)
     if choice.peel != (0, 0):
         split = f" on the {problem.m - choice.peel[0]}x{problem.n - choice.peel[1]} interior; " + _edges(choice.peel,
                                                                                                      problem, device)
         problem = interior(problem, choice.peel)
-    run = serial_run(choice, problem, device)
     sums = f"\n  sums    at most {run} terms in one FP32 running sum (K = {problem.k})"
     mode = PRECISIONS[choice.config.precision]
     if getattr(choice.config, "f64_sums", False):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..kernels.configs import get_config
 from .problem import _FEW, Device, Problem, few_rows
-from .runs import run_of
+from .runs import SERIAL_RUN_BOUND, run_of
 from .splits import _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE
 from .tiles import _SHORT_K, FEW_COLUMNS, _few_columns_for
 
@@ -19,9 +19,16 @@ def _few_columns(problem: Problem) -> bool:
 
 def _few(problem: Problem, device: Device) -> bool:
     """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
-    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles)."""
-    return ((_few_columns(problem) or few_rows(problem))
-            and get_config(_few_columns_for(problem, device)).smem_bytes <= device.max_smem_optin)
+    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles), unless a batch on a GPU
+    without clusters (which walks K whole) would sum more than the running-sum bound in a lane (the tiles' per-tile sums
+    stay under it)."""
+    if not (_few_columns(problem) or few_rows(problem)):
+        return False
+    config = get_config(_few_columns_for(problem, device))
+    if problem.batch != 1 and not _clusters(device):
+        if run_of(config, problem.k, problem.variant_for(config).a_t) > SERIAL_RUN_BOUND:
+            return False
+    return config.smem_bytes <= device.max_smem_optin
 
 
 def _short_k_few(problem: Problem, device: Device) -> bool:

@@ -124,7 +124,7 @@ class Choice:
     rule: RuleName
     reason: str
     splits: int = 1  # split-K: K cut into this many slices, multiplied as a batch and summed in a fixed order
-    peel: tuple[int, int] = (0, 0)  # rows and columns of C's ragged bottom and right edges run as few-column products
+    peel: tuple[int, int] = (0, 0)  # rows and columns of C's ragged bottom and right edges run as products of their own
     pad: bool = False  # A and B (those not 16-byte aligned) copied into rows padded to 16 bytes, the product on those
 
     @property
@@ -150,9 +150,9 @@ _FEW = 16
 
 def few_rows(problem: Problem, config: KernelConfig | None = None) -> bool:
     """Few rows against more columns: the few-column kernel runs on the transposed product C^T = B^T A^T. Up to
-    _FEW rows on any few-column configuration (3x9 as its mirror 9x3 does), up to 32 on those that hold as many
-    columns (the wide-few-columns rule's 17 to 32 rows); past that, a forced few-column kernel's blocks cover the
-    columns 16 at a time, untransposed."""
+    _FEW rows on any few-column configuration (3x9 as its mirror 9x3 does), up to as many as a configuration holds
+    columns (32 or 64: the wide-few-columns rule's 17 to 32 rows); past that, a forced few-column kernel's blocks
+    cover the columns nmax at a time, untransposed."""
     if problem.n <= problem.m:
         return False
     return problem.m <= _FEW or getattr(config, "nmax", 0) >= problem.m

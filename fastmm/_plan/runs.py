@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from ..kernels.configs import FewColumns, Naive, WarpTile
 
-__all__ = ["run_of"]
+__all__ = ["run_of", "SERIAL_RUN_BOUND"]
+
+# A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
+SERIAL_RUN_BOUND = 4096
 
 # The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where A has unit
 # stride along M: a warp takes every 8th k); up to 4 columns (BLOCKED) it restarts its sums every 8 steps (FOLD)

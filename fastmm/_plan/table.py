@@ -76,15 +76,15 @@ def _long_k(problem: Problem, device: Device) -> bool:
 
 def _split_for(problem: Problem, device: Device) -> str:
     """The tile of split-K's slices: 128x256 where both sides of the output hold it with little padding, 128x64 where
-    they hold that, else 64x64 (32x128 or 128x32 for 17-32 rows or columns); the large tiles on their sub-tile loops
-    (slices are whole 16-deep steps).
+    they hold that, else 64x64; the large tiles on their sub-tile loops (slices are whole 16-deep steps). (17-32 rows or
+    columns against 64 or more take the narrow-tiles rule before this one.)
 
     The 128x256 slices sum K in runs of 512 (partial sums): cuBLAS's accuracy at the same speed. The measurements:
     docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k."""
     side = min(problem.m, problem.n)
     if side >= 256 and _useful(problem, get_config(WT256_SLICES)) >= _MIN_USEFUL:
         return _looped(problem, WT256_SLICES)  # (its twin where C's edges would leave blocks to one running sum)
-    return WT128x64_LOOP if side >= 128 else _slices_tile(problem)
+    return WT128x64_LOOP if side >= 128 else WT64
 
 
 def split_count(problem: Problem, device: Device) -> int:
@@ -98,7 +98,7 @@ def split_count(problem: Problem, device: Device) -> int:
     name = _split_for(problem, device)
     config = get_config(name)
     tiles = problem.tiles(config)
-    if name not in (WT64, WT32x128, WT128x32):
+    if name != WT64:
         # The large tiles: the most slices that keep every block in one wave, cut in whole 16-deep steps (an uneven
         # last slice runs as a launch of its own).
         most = config.min_blocks * device.sm_count // tiles
@@ -195,7 +195,7 @@ def _idle_slots(problem: Problem, device: Device) -> bool:
 def idle_splits(problem: Problem, device: Device) -> int:
     """Slices of K that fill one wave of the 64x64 tile's block slots, each at least _IDLE_MIN_SLICE deep (where K
     does not divide evenly, the rest runs as one shallow launch of its own)."""
-    config = get_config(_slices_tile(problem))
+    config = get_config(WT64)
     slots = config.min_blocks * device.sm_count
     return max(2, min(slots // problem.tiles(config), problem.k // _IDLE_MIN_SLICE))
 
@@ -213,7 +213,7 @@ def _wave_slots(problem: Problem, device: Device) -> bool:
 def wave_splits(problem: Problem, device: Device) -> int:
     """The power of two (2 or more) that brings the 64x64 tiles' blocks nearest one wave of the block slots (by ratio),
     no more than leave slices _IDLE_MIN_SLICE deep; 1 where K is too short for two."""
-    config = get_config(_slices_tile(problem))
+    config = get_config(WT64)
     slots, tiles = config.min_blocks * device.sm_count, problem.tiles(config)
     most = problem.k // _IDLE_MIN_SLICE
     counts = [s for s in (2, 4, 8, 16, 32) if s <= most]
@@ -314,9 +314,11 @@ def _peeled_kernel(problem: Problem, device: Device) -> str:
 RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
-    Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's), K <= {_SMALL_K}: bound "
+    Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's; "
+         f"2^{_SMALL_SLOW_F64_MACS.bit_length() - 1} where float64 runs at 1/32-1/64 of float32), K <= {_SMALL_K}: bound "
          f"by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for K <= "
-         f"{_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements), a warp per element past it", _small,
+         f"{_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements, {_SMALL_THREADS >> 10} Ki threads "
+         f"launched), a warp per element past it (at most {_SMALL_WARPS >> 10} Ki warps)", _small,
          lambda p, d: NAIVE_F64 if p.k <= _SMALL_THREAD_K else NAIVE_F64_DOT),
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
@@ -360,19 +362,17 @@ RULES: tuple[Rule, ...] = (
          _mid_kernel, mid_splits),
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} where even 64x64 tiles would leave SMs without a block (or, with "
          f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): "
-         "K cut into slices of 64x64 tiles (32x128 or 128x32 for 17-32 rows or columns; sums per K-tile) that fill "
-         "one wave of them, "
+         "K cut into slices of 64x64 tiles (sums per K-tile) that fill one wave of them, "
          f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound)",
-         _idle_slots, lambda p, d: _slices_tile(p), idle_splits),
+         _idle_slots, WT64, idle_splits),
     Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
          f"{_NARROW_FEW_MIN_K} <= K < {_SPLIT_MIN_K}: the few-column kernel, its blocks covering the columns "
          f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",
          _narrow_few, FEW_COLUMNS[-1]),
     Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
-         "(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles (32x128 or 128x32 for 17-32 rows or "
-         "columns; sums per K-tile), the count that brings "
+         "(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles (sums per K-tile), the count that brings "
          f"the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
-         _wave_slots, lambda p, d: _slices_tile(p), wave_splits),
+         _wave_slots, WT64, wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (64x64 for small and narrow products, and with sums per K-tile "
          "under a wave on a long K not a multiple of 16)", lambda p, d: True, _fill),
@@ -403,7 +403,8 @@ def _in_precision(choice: Choice, problem: Problem, device: Device, precision: s
         return choice
     if precision == "high" and _ozaki(problem, device):
         return Choice(OZAKI_INT8, problem.variant, RuleName.OZAKI, ozaki_reason(problem))
-    if choice.rule in (RuleName.SPLIT_K, RuleName.FEW_COLUMNS, RuleName.SMALL):  # bound by memory or launches
+    if choice.rule in (RuleName.SPLIT_K, RuleName.NARROW_TILES, RuleName.FEW_COLUMNS, RuleName.WIDE_FEW_COLUMNS,
+                       RuleName.SMALL):  # bound by memory or launches
         arithmetic = "float64 sums" if choice.rule == RuleName.SMALL else "FP32 FMAs"
         return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                    f"uses {arithmetic} here)")

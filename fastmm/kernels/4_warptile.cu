@@ -46,7 +46,9 @@
 // spreads banks), BM, BN, BK, WM, WN, TM, TN, STAGES, MIN_BLOCKS, SPREAD, TILE_SUMS, SUB_K, FLUSH (steps of k per
 // partial sum, a multiple of BK, or 0), RAGGED (1: the sub-tile loop for any K and any block), and the layout as in
 // rung 3: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies
-// of A and B are legal (else 4-byte copies; C's 16-byte stores are decided per block, see fastmm_c_vec4).
+// of the operands copied along their unit stride (A where A_T = 1, B where B_T = 0) are legal (else 4-byte copies; the
+// other layouts are copied 4 bytes at a time, transposing, either way; C's 16-byte stores are decided per block, see
+// fastmm_c_vec4).
 
 #define LX (WN / TN)             // lanes of a warp along n
 #define LY (WM / TM)             // ... and along m

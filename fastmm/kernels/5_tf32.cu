@@ -33,7 +33,8 @@
 //
 // Macros: THREADS, PAD, BM, BN, BK, WM, WN, STAGES, MIN_BLOCKS, PASSES (1 or 3), SUB_K (0: no sub-slices), and the
 // layout: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte
-// copies of A and B are legal (else 4-byte copies); C's 8-byte stores are decided per block (fastmm_c_vec4).
+// copies of the operands copied along their unit stride (A where A_T = 1, B where B_T = 0) are legal (else 4-byte
+// copies; pipeline.cuh copies the others 4 bytes at a time, transposing); C's 8-byte stores are decided per block.
 
 #define MT (WM / 16)   // mma tiles per warp along m
 #define NT (WN / 8)    // ... along n

@@ -3,8 +3,8 @@
 // memory bandwidth, not by FMAs, and tiles built for FMA reuse waste their time (a 64 x 64 tile computes 64 columns
 // of which one is wanted). So: read each element of A exactly once, in wide coalesced copies, with enough bytes in
 // flight per SM to cover the memory latency; reduce in a fixed order (the same result every run).
-// Few rows (M <= 16) run the same kernel on the transposed product C^T = B^T A^T (fastmm/_runtime/gemm.py), which is why
-// C is written through both of its strides.
+// Few rows (M <= 16, or up to NMAX below more columns) run the same kernel on the transposed product C^T = B^T A^T
+// (fastmm/_runtime/gemm.py), which is why C is written through both of its strides.
 //
 // Who computes what: a block computes ROWS_PER_BLOCK = 32 rows of C, all NMAX columns from blockIdx.x * NMAX, over
 // the whole of K (long K is split into slices by the plan, as a batch of products summed afterwards). K is walked

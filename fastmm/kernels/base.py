@@ -22,7 +22,8 @@ class Variant:
 
     a_t: A has unit stride along m (a transposed view) instead of along k.
     b_t: B has unit stride along k (a transposed view) instead of along n.
-    vec: 4 when every row start is 16-byte aligned, so 128-bit loads and stores are legal; else 1.
+    vec: 4 when the rows of the operands the kernel reads 16 bytes at a time start 16-byte aligned (the tiles: A
+        where a_t, B where not b_t, the others being copied 4 bytes at a time; the register tiles: both), else 1.
     """
 
     a_t: bool = False
@@ -92,7 +93,8 @@ class KernelConfig:
         return MAX_GRID_Z
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
-        """Launch grid; y and z are clamped to the hardware limits (the kernels loop over the rest)."""
+        """Launch grid; y and z are clamped to the hardware limits (the runtime launches again for the rest: `Launch`'s
+        chunks, fastmm/kernels/common.cuh)."""
         bm, bn = self.tile
         return (
             max(1, -(-n // bn)),
