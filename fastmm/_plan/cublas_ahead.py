@@ -37,9 +37,9 @@ _NARROW_MIN_ELEMENTS = 1 << 22
 _NARROW_TILES_AHEAD = 4096
 
 CUBLAS_AHEAD: tuple[Ahead, ...] = (
-    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K, or the narrow tiles short of "
-          f"{_NARROW_TILES_AHEAD} columns and of K = {_NARROW_TILES_AHEAD} (18x3622x9839 0.73x cuBLAS, 23x3567x11324 "
-          "0.81x; columns: 8000x20x9000 0.79x; past both, rows: 19x12000x6000 1.52x, 25x4096x4096 1.09x)",
+    Ahead("narrow output", f"an output side of 17 to {_NARROW - 1} with a long K: split-K, or the narrow tiles short "
+          f"of {_NARROW_TILES_AHEAD} columns and of K = {_NARROW_TILES_AHEAD} (18x3622x9839 0.73x cuBLAS, "
+          "23x3567x11324 0.81x; columns: 8000x20x9000 0.79x; past both, rows: 19x12000x6000 1.52x, 25x4096x4096 1.09x)",
           lambda p, c, d: _narrow_output(p) and (c.rule == RuleName.SPLIT_K or c.rule == RuleName.NARROW_TILES and not (
               p.m < p.n and p.n >= _NARROW_TILES_AHEAD and p.k >= _NARROW_TILES_AHEAD))
           and p.k * max(p.m, p.n) * p.batch >= _NARROW_MIN_ELEMENTS),
