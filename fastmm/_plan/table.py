@@ -19,13 +19,13 @@ from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision
                         current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName
 from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _WIDE_FEW_SHORT_DEPTH,
-                  _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _few, _few_columns_kernel, _narrow_few, _short_k_few, _wide_few,
-                  _wide_few_kernel, few_columns_splits)
+                  _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _few, _few_columns_kernel, _narrow_few, _short_k_few,
+                  _wide_few, _wide_few_kernel, few_columns_splits)
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
                      split_cut)
-from .tiles import (_MIN_USEFUL, _NARROW_TILE_OTHER, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES,
-                    WT256_SLICES_RAGGED, WT32x128, WT128x32, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter,
-                    _looped, _slices_tile, _useful)
+from .tiles import (_MIN_USEFUL, _NARROW_TILE_OTHER, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64,
+                    WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped,
+                    _narrow_tile, _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -123,7 +123,7 @@ def _narrow_tiles(problem: Problem, device: Device) -> bool:
 
 def narrow_splits(problem: Problem, device: Device) -> int:
     """Slices of K on the narrow tiles: as split-K's on small tiles from K = _IDLE_MIN_K, none below."""
-    return slices_of(problem, device, get_config(_slices_tile(problem))) if problem.k >= _IDLE_MIN_K else 1
+    return slices_of(problem, device, get_config(_narrow_tile(problem))) if problem.k >= _IDLE_MIN_K else 1
 
 
 # Split-K over a short K where the tiled rule's tile gives fewer than this fraction of the SMs a block, in products
@@ -255,7 +255,8 @@ _PAD_SHORT_K_MIN_OUTPUT = 1 << 26
 
 def pads(problem: Problem, device: Device) -> bool:
     """A large single product whose A or B rows are not 16-byte aligned runs on aligned copies of them (see above)."""
-    # (Both operands' rows, not only those the tiles copy 16 bytes at a time: the copies also pad K for the loops' runs.)
+    # (Both operands' rows, not only those the tiles copy 16 bytes at a time: the copies also pad K for the loops'
+    # runs.)
     if problem.batch != 1 or (problem.aligned and problem.a_aligned and problem.b_aligned) or _narrow_output(problem):
         return False
     if problem.k <= _SHORT_K:  # B^T's rows are K floats: the copies' are 16 (measured with B^T's rows unaligned; the
@@ -315,8 +316,8 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's; "
-         f"2^{_SMALL_SLOW_F64_MACS.bit_length() - 1} where float64 runs at 1/32-1/64 of float32), K <= {_SMALL_K}: bound "
-         f"by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for K <= "
+         f"2^{_SMALL_SLOW_F64_MACS.bit_length() - 1} where float64 runs at 1/32-1/64 of float32), K <= {_SMALL_K}: "
+         f"bound by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for K <= "
          f"{_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements, {_SMALL_THREADS >> 10} Ki threads "
          f"launched), a warp per element past it (at most {_SMALL_WARPS >> 10} Ki warps)", _small,
          lambda p, d: NAIVE_F64 if p.k <= _SMALL_THREAD_K else NAIVE_F64_DOT),
@@ -339,7 +340,7 @@ RULES: tuple[Rule, ...] = (
          "would walk too much of K): 32x128 (128x32) tiles with sums per "
          f"K-tile, their blocks sharing the large operand's reads over 32 rows; from K = {_IDLE_MIN_K} K split into "
          f"slices about {_SPLIT_SLICE} deep (at least a wave of blocks), then summed in a fixed order",
-         _narrow_tiles, lambda p, d: _slices_tile(p), narrow_splits),
+         _narrow_tiles, lambda p, d: _narrow_tile(p), narrow_splits),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
          "order", _long_k, _split_for, split_count),

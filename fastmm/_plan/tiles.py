@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..kernels import configs
 from ..kernels.configs import KernelConfig, get_config
-from .problem import _FEW, Choice, Device, Problem
+from .problem import Choice, Device, Problem
 
 __all__ = ["wave_efficiency"]
 
@@ -30,20 +30,16 @@ FEW_COLUMNS_32 = configs.FEW_COLUMNS_WIDE[0].name  # 17 to 32 columns, a lane pe
 TF32_TILES, TF32X3_TILES = tuple(c.name for c in configs.TF32_TILES), tuple(c.name for c in configs.TF32X3_TILES)
 TF32_WG, TF32X3_WG = configs.TF32_WG.name, configs.TF32X3_WG.name
 
-# Outputs of 17 to this many rows (columns) against at least _NARROW_TILE_OTHER columns (rows) take split-K's slices
+# Outputs of 17 to 32 rows (columns) against at least this many columns (rows) that the 32-column kernel leaves run
 # on 32x128 (128x32) tiles instead of 64x64, a third of the padding or less: 18x3622x9839 0.48x -> 0.73x cuBLAS,
 # 28x15383x10694 0.58x -> 0.99x (docs/kernels/heuristic.md, section 'The heuristic's break-even points', 17 to 32
 # rows or columns).
-_NARROW_TILE, _NARROW_TILE_OTHER = 32, 64
+_NARROW_TILE_OTHER = 64
 
 
-def _slices_tile(problem: Problem) -> str:
-    """The small tile of split-K's slices (split-k, split-k-idle, split-k-wave): 64x64, or the narrow ones (above)."""
-    if _FEW < problem.m <= _NARROW_TILE and problem.n >= _NARROW_TILE_OTHER:
-        return WT32x128
-    if _FEW < problem.n <= _NARROW_TILE and problem.m >= _NARROW_TILE_OTHER:
-        return WT128x32
-    return WT64
+def _narrow_tile(problem: Problem) -> str:
+    """The narrow-tiles rule's tile: 32x128 for few rows, 128x32 for few columns."""
+    return WT32x128 if problem.m < problem.n else WT128x32
 
 
 # A tile is worth taking when it gives at least half the SMs a block (its reuse beats idle SMs) and wastes little
