@@ -1,14 +1,14 @@
-"""Ozaki scheme II for float32 products: the arithmetic of the future INT8 kernels, as a NumPy reference.
+"""Ozaki scheme II for float32 products: the arithmetic of the INT8 kernels, as a NumPy reference.
 
 A (M x K) and B (K x N) are scaled, row by row and column by column, by powers of two and rounded to integers A',
-B' small enough that every sum of products in C' = A' B' stays below half the product M of a set of pairwise coprime
+B' small enough that every sum of products in C' = A' B' stays below half the product P of a set of pairwise coprime
 moduli m_1..m_n, each at most 256. Then C' is exact from its residues: each modulus's residues of A' and B' fit in
 int8, their product is exact in int32 (K below `MAX_EXACT_K`), and the Chinese remainder theorem puts the n
 products back together into C', which the scaling turns back into C. The only rounding is A's and B's to integers,
-so the number of moduli sets the accuracy: `choose_moduli` takes the fewest that keep `bits` bits of every row of
-A and column of B, and `BITS_BY_K` says how many bits float32 accuracy needs. Rows and columns holding NaN or an
-infinity take the FP32 path instead, so they come out as IEEE arithmetic says. The method is that of Ozaki, Uchino
-and Imamura (arXiv 2508.03984); this module is our own.
+so the number of moduli sets the accuracy. Each row of A' and column of B' is scaled to a 2-norm just below
+2^`side_bits`, so that |a' . b'| <= ||a'|| ||b'|| < P / 2 (Cauchy-Schwarz) holds for every element of C'. Rows and
+columns holding NaN or an infinity take the FP32 path instead, so they come out as IEEE arithmetic says. The method
+is that of Ozaki, Uchino and Imamura (arXiv 2508.03984), the norm bound their fast mode's; this module is our own.
 
 Pure NumPy and Python integers (no CUDA): it fixes what the kernels must compute, and the CPU tests check it
 against float64.
@@ -21,10 +21,10 @@ import math
 
 import numpy as np
 
-from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_RESIDUES
+from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_NORM_SLACK, OZAKI_RESIDUES
 
-__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "BITS_BY_K", "bits_for",
-           "choose_moduli", "scaled_integers", "symmetric_residues", "tiles", "crt_table", "crt_as_the_pass_does",
+__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "MODULI_BY_K", "NORM_SLACK",
+           "choose_moduli", "side_bits", "scaled_integers", "symmetric_residues", "tiles", "crt_table", "crt_as_the_pass_does",
            "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
@@ -36,42 +36,50 @@ MAX_EXACT_K = (2**31 - 1) // (128 * 128)
 TILE_K = 128
 
 
-# Bits kept of each row of A and column of B, by K (up to and including the first number): all that 8 moduli hold,
-# 2 bits + 1 + ceil(log2 K) <= 63 (their product is 2^63.6). They leave 0.01-0.11x the error of a float32 sum in
-# cuBLAS's SGEMM order on normal, random-sign, uniform and row-scaled data; 7 would leave 0.8-1.2x (2x on the worst
-# scaled row), and 9 buy bits that a float32 result rounds away (docs/kernels/ozaki.md, "How many moduli").
-BITS_BY_K = ((1024, 26), (4096, 25), (16384, 24), (65536, 23), (MAX_EXACT_K, 22))
+# Moduli by K (up to and including the first number). 7 (their product is 2^55.7: 2-norms below 2^27 a side) leave
+# 0.13-0.26x the error of a float32 sum in cuBLAS's SGEMM order on normal, random-sign and row-scaled data up to the
+# exact int32 range; rows with one value 256x the rest lose bits to it, 0.5x at K = 16384 but 1.1-2.4x at 1024, where
+# 8 keep 0.3-0.4x. 9 buy bits that a float32 result rounds away (docs/kernels/ozaki.md, "How many moduli").
+MODULI_BY_K = ((4096, 8), (MAX_EXACT_K, 7))
+# A row's 2-norm, summed in double, is taken this much larger: past the sum's rounding (K 2^-53), so that the bound holds.
+# (Defined beside the scaling pass, which compiles it in.)
+NORM_SLACK = OZAKI_NORM_SLACK
 
 
-def bits_for(k: int) -> int:
-    """Bits kept of each row of A and column of B in a K-long product (`BITS_BY_K`); a K past MAX_EXACT_K is summed in
-    slices of MAX_EXACT_K, so it keeps that K's bits."""
-    k = min(max(k, 1), MAX_EXACT_K)
-    return next(bits for most, bits in BITS_BY_K if k <= most)
+def choose_moduli(k: int, count: int | None = None) -> tuple[int, ...]:
+    """The moduli of a K-long product: the first `count` of MODULI (the largest: the most bits a product), by default
+    as many as `MODULI_BY_K` says. The bound they keep holds at every K up to MAX_EXACT_K (`side_bits`); a longer K is
+    summed in slices of that."""
+    if count is None:
+        k = min(max(k, 1), MAX_EXACT_K)
+        count = next(count for most, count in MODULI_BY_K if k <= most)
+    if not 2 <= count <= len(MODULI):
+        raise ValueError(f"Ozaki scheme II takes 2 to {len(MODULI)} moduli, not {count}")
+    return MODULI[:count]
 
 
-def choose_moduli(k: int, bits: int | None = None) -> tuple[int, ...]:
-    """The fewest moduli whose product keeps `bits` bits (by default `bits_for(k)`) of each row of A and column of B
-    in a K-long product: K * 2^bits * 2^bits < M / 2."""
-    bits = bits_for(k) if bits is None else bits
-    need = 2 * bits + 1 + math.ceil(math.log2(max(k, 1)))
-    product, chosen = 1, []
-    for m in MODULI:
-        chosen.append(m)
-        product *= m
-        if product.bit_length() - 1 >= need:
-            return tuple(chosen)
-    raise ValueError(f"{bits} bits over K = {k} need a modulus product of 2^{need}, more than {len(MODULI)} "
-                     f"moduli give; use fewer bits or split K")
+def side_bits(moduli: tuple[int, ...]) -> tuple[int, int]:
+    """The 2-norm bounds (as powers of two) of each row of A' and each column of B' under `moduli`: the largest
+    h_a + h_b with (2^h_a + r)(2^h_b + r) < P / 2, r = sqrt(MAX_EXACT_K) / 2 the most that rounding to integers adds
+    to a norm, split evenly; at most 30 each (the passes hold A' and B' in int32)."""
+    total = math.prod(moduli)
+    r = math.isqrt(MAX_EXACT_K) // 2 + 1
+    both = total.bit_length()
+    while (2 ** (both // 2) + r) * (2 ** (both - both // 2) + r) * 2 >= total:
+        both -= 1
+    h_a = min(both // 2, 30)
+    return h_a, min(both - both // 2, 30)
 
 
 def scaled_integers(x: np.ndarray, bits: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """x scaled along `axis` (1: each row, 0: each column) by a power of two so that its largest magnitude lies in
-    [2^(bits-1), 2^bits), and rounded to integers (int64); with the exponents to scale back by (x ~ ints * 2^-e)."""
-    largest = np.max(np.abs(x), axis=axis, keepdims=True)
-    _, exponent = np.frexp(largest)  # largest = f * 2^exponent, f in [0.5, 1)
-    shift = np.where(largest > 0, bits - exponent, 0).astype(np.int64)
-    return np.rint(np.ldexp(x.astype(np.float64), shift)).astype(np.int64), shift
+    """x scaled along `axis` (1: each row, 0: each column) by the power of two that puts its 2-norm (summed in double,
+    times NORM_SLACK) just below 2^bits, and rounded to integers (int64); with the exponents to scale back by
+    (x ~ ints * 2^-e). A row of zeros keeps a shift of 0."""
+    x64 = x.astype(np.float64)
+    norm = np.sqrt(np.sum(x64 * x64, axis=axis, keepdims=True)) * NORM_SLACK
+    _, exponent = np.frexp(norm)  # norm = f * 2^exponent, f in [0.5, 1): norm < 2^exponent
+    shift = np.where(norm > 0, bits - exponent, 0).astype(np.int64)
+    return np.rint(np.ldexp(x64, shift)).astype(np.int64), shift
 
 
 def symmetric_residues(x: np.ndarray, m: int) -> np.ndarray:
@@ -206,21 +214,21 @@ def _crt(residues: list[np.ndarray], moduli: tuple[int, ...]) -> np.ndarray:
     return np.where(acc >= total // 2, acc - total, acc)
 
 
-def matmul_reference(a: np.ndarray, b: np.ndarray, bits: int | None = None) -> np.ndarray:
-    """float32 A @ B by Ozaki scheme II, as the INT8 kernels are to compute it (float32 result), keeping `bits` bits
-    (by default `bits_for(K)`) of each row of A and column of B."""
+def matmul_reference(a: np.ndarray, b: np.ndarray, count: int | None = None) -> np.ndarray:
+    """float32 A @ B by Ozaki scheme II, as the INT8 kernels compute it (float32 result), over the first `count`
+    moduli (by default `choose_moduli`'s)."""
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul_reference multiplies (M, K) by (K, N) (got {a.shape} and {b.shape})")
     k = a.shape[1]
-    bits = bits_for(k) if bits is None else bits
+    moduli = choose_moduli(k, count)
+    h_a, h_b = side_bits(moduli)
     bad_rows = ~np.isfinite(a).all(axis=1)
     bad_cols = ~np.isfinite(b).all(axis=0)
     a_ok, b_ok = np.where(bad_rows[:, None], 0, a), np.where(bad_cols[None, :], 0, b)
-    ai, ea = scaled_integers(a_ok, bits, axis=1)
-    bi, eb = scaled_integers(b_ok, bits, axis=0)
-    moduli = choose_moduli(min(k, MAX_EXACT_K), bits)
+    ai, ea = scaled_integers(a_ok, h_a, axis=1)
+    bi, eb = scaled_integers(b_ok, h_b, axis=0)
     products = []
     for m in moduli:
         ra, rb = symmetric_residues(ai, m).astype(np.int64), symmetric_residues(bi, m).astype(np.int64)

@@ -54,16 +54,16 @@ def _ozaki(problem: Problem, device: Device) -> bool:
 
 def ozaki_reason(problem: Problem) -> str:
     """What `explain` says of an Ozaki scheme II product: the moduli and why that many."""
-    bits = ozaki.bits_for(problem.k)
-    moduli = ozaki.choose_moduli(min(problem.k, ozaki.MAX_EXACT_K), bits)
+    moduli = ozaki.choose_moduli(problem.k)
+    h_a, h_b = ozaki.side_bits(moduli)
     total = 1
     for m in moduli:
         total *= m
     why = ozaki.fits(problem.m, problem.n, problem.k)
     return (f"{len(moduli)} moduli ({moduli[0]}, {moduli[1]}, ..., {moduli[-1]}: product 2^{total.bit_length() - 1}) "
-            f"keep {bits} bits of every row of A and column of B over K = {problem.k}; A and B scaled by a power of two "
-            f"per row and column, their int8 residues multiplied exactly on the INT8 tensor cores ({OZAKI_INT8.name}, "
-            f"one product per modulus), C rebuilt by the Chinese remainder theorem; rows and columns holding NaN or an "
+            f"hold every element of C exactly: A's rows and B's columns scaled by powers of two to 2-norms below "
+            f"2^{h_a} and 2^{h_b} and rounded to integers, their int8 residues multiplied exactly on the INT8 tensor "
+            f"cores ({OZAKI_INT8.name}, one product per modulus), C rebuilt by the Chinese remainder theorem; rows and columns holding NaN or an "
             "infinity computed on 3xTF32" + (f" (here on 3xTF32 whole: {why})" if why else ""))
 
 

@@ -42,10 +42,10 @@ def _launch(config, device_id: int, **args):
     return _cuda.Launch(config, Variant(), device_id, **base)
 
 
-def ozaki_product(a, b, c, device_id: int, config: Int8Tile, bits: int | None = None):
-    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II, keeping `bits` bits (by
-    default `fastmm._plan.ozaki.bits_for(K)`) of each row of A and column of B; returns the rows of A and the columns
-    of B that hold NaN or an infinity, whose rows and columns of c the caller computes on the FP32 path.
+def ozaki_product(a, b, c, device_id: int, config: Int8Tile, count: int | None = None):
+    """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II over the first `count`
+    moduli (by default `fastmm._plan.ozaki.choose_moduli`'s); returns the rows of A and the columns of B that hold NaN or an infinity, whose rows and columns of c the
+    caller computes on the FP32 path.
 
     `config` must reduce its sums to residues (``config.residues``). Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
     shape is past what one sequence takes (`fastmm._plan.ozaki.fits`)."""
@@ -57,8 +57,8 @@ def ozaki_product(a, b, c, device_id: int, config: Int8Tile, bits: int | None = 
     if not config.residues:
         raise ValueError(f"{config.name} writes int32 sums; Ozaki scheme II's reconstruction reads residues (an "
                          "Int8Tile with residues=True)")
-    bits = _ozaki.bits_for(k) if bits is None else bits
-    moduli = _ozaki.choose_moduli(k, bits)
+    moduli = _ozaki.choose_moduli(k, count)
+    bits = _ozaki.side_bits(moduli)
     nm = len(moduli)
     bm, bn = config.bm, config.bn
     w = _ozaki.workspace(m, n, k, nm, bm, bn)  # (its K-tiles are the INT8 kernel's: config.BK)
@@ -71,10 +71,11 @@ def ozaki_product(a, b, c, device_id: int, config: Int8Tile, bits: int | None = 
     sa = [s // 4 for s in a.strides]
     sb = [s // 4 for s in b.strides]
     # A's rows and B^T's rows (B's columns): R x K with strides (along r, along k).
-    for x_ptr, rows, padded, (s_r, s_k), shifts, tiles, tile_rows in (
-            (a.data.ptr, m, mp, (sa[0], sa[1]), shifts_a, tiles_a, bm),
-            (b.data.ptr, n, np_, (sb[1], sb[0]), shifts_b, tiles_b, bn)):
-        _launch(OZAKI_SCALE, device_id, m=rows, k=k, a_sm=s_r, a_sk=s_k, c_sm=1, c_sn=bits)(x_ptr, 0, base + shifts)
+    for x_ptr, rows, padded, (s_r, s_k), shifts, tiles, tile_rows, norm_bits in (
+            (a.data.ptr, m, mp, (sa[0], sa[1]), shifts_a, tiles_a, bm, bits[0]),
+            (b.data.ptr, n, np_, (sb[1], sb[0]), shifts_b, tiles_b, bn, bits[1])):
+        _launch(OZAKI_SCALE, device_id, m=rows, k=k, a_sm=s_r, a_sk=s_k, c_sm=1, c_sn=norm_bits)(
+            x_ptr, 0, base + shifts)
         _launch(OZAKI_RESIDUES, device_id, m=rows, n=padded, k=k, a_sm=s_r, a_sk=s_k, b_sk=tile_rows, b_sn=nm,
                 c_sm=kp, batch_strides=(0, 0, 0, 0, padded * kp, 0))(x_ptr, base + shifts, base + tiles)
 

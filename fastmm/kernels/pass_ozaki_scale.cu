@@ -9,7 +9,7 @@
 // block's partial maxima meet in shared memory.
 //
 // Launched through the same runtime as the products (FASTMM_GEMM_PARAMS, reinterpreted): M = R, K = K, A and its
-// strides; C the shifts (int, one per row); c_sn = bits. Grid (R / 32 rounded up, 1, 1).
+// strides; C the shifts (int, one per row); c_sn = bits (the norm's bound). Grid (R / 32 rounded up, 1, 1).
 
 #define THREADS 256
 #define ROWS 32
@@ -19,6 +19,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 fastmm_ozakiscale(FASTMM_GEMM_PARAMS)
 {
     __shared__ unsigned largest[WARPS][ROWS];
+    __shared__ double squares[WARPS][ROWS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const long long r0 = (long long)blockIdx.x * ROWS;
     const bool along_k = a_sk == 1 || a_sm != 1;
@@ -26,24 +27,37 @@ fastmm_ozakiscale(FASTMM_GEMM_PARAMS)
         // Warp w takes rows w, w + 8, w + 16, w + 24 of the block's 32, its lanes every 32nd k.
         for (int i = warp; i < ROWS; i += WARPS) {
             unsigned most = 0;
+            double sq = 0.0;
             if (r0 + i < M)
-                for (int k = lane; k < K; k += 32)
-                    most = max(most, __float_as_uint(A[(r0 + i) * a_sm + (long long)k * a_sk]) & 0x7fffffffu);
-            for (int d = 16; d > 0; d /= 2) most = max(most, __shfl_xor_sync(0xffffffffu, most, d));
-            if (lane == 0) largest[0][i] = most;
+                for (int k = lane; k < K; k += 32) {
+                    const float x = A[(r0 + i) * a_sm + (long long)k * a_sk];
+                    most = max(most, __float_as_uint(x) & 0x7fffffffu);
+                    sq = fma((double)x, (double)x, sq);
+                }
+            for (int d = 16; d > 0; d /= 2) {
+                most = max(most, __shfl_xor_sync(0xffffffffu, most, d));
+                sq += __shfl_xor_sync(0xffffffffu, sq, d);
+            }
+            if (lane == 0) largest[0][i] = most, squares[0][i] = sq;
         }
     } else {
         // Lane l takes row l, warp w every 8th k from w: 32 consecutive rows per load where r has the unit stride.
         unsigned most = 0;
+        double sq = 0.0;
         if (r0 + lane < M)
-            for (int k = warp; k < K; k += WARPS)
-                most = max(most, __float_as_uint(A[(r0 + lane) * a_sm + (long long)k * a_sk]) & 0x7fffffffu);
+            for (int k = warp; k < K; k += WARPS) {
+                const float x = A[(r0 + lane) * a_sm + (long long)k * a_sk];
+                most = max(most, __float_as_uint(x) & 0x7fffffffu);
+                sq = fma((double)x, (double)x, sq);
+            }
         largest[warp][lane] = most;
+        squares[warp][lane] = sq;
         __syncthreads();
         if (warp == 0) {
 #pragma unroll
-            for (int w = 1; w < WARPS; ++w) most = max(most, largest[w][lane]);
+            for (int w = 1; w < WARPS; ++w) most = max(most, largest[w][lane]), sq += squares[w][lane];
             largest[0][lane] = most;
+            squares[0][lane] = sq;
         }
     }
     __syncthreads();
@@ -54,7 +68,7 @@ fastmm_ozakiscale(FASTMM_GEMM_PARAMS)
             shift = NONFINITE;
         } else if (most != 0u) {
             int exponent;
-            frexpf(__uint_as_float(most), &exponent);  // largest = f * 2^exponent, f in [0.5, 1)
+            frexp(sqrt(squares[0][threadIdx.x]) * NORM_SLACK, &exponent);  // norm = f * 2^exponent, f in [0.5, 1)
             shift = (int)c_sn - exponent;
         }
         reinterpret_cast<int*>(C)[r0 + threadIdx.x] = shift;

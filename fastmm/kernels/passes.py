@@ -9,8 +9,8 @@ from typing import ClassVar
 
 from .base import MAX_GRID_Y, KernelConfig
 
-__all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE", "OzakiScale",
-           "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT", "NonfiniteFix", "NONFINITE_FIX",
+__all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE", "OZAKI_NORM_SLACK",
+           "OzakiScale", "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT", "NonfiniteFix", "NONFINITE_FIX",
            "AUXILIARY"]
 
 
@@ -131,20 +131,24 @@ class Split(_SquareTile, _Auxiliary):
 OZAKI_MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 211, 199, 197, 193, 191, 181, 179, 173, 167)
 # The scaling pass's shift for a row or column that holds a NaN or an infinity (it takes the FP32 path instead).
 NONFINITE = -(1 << 30)
+# The scaling pass takes a row's 2-norm, summed in double, this much larger: past the sum's rounding (K 2^-53), so that
+# the bound it keeps holds.
+OZAKI_NORM_SLACK = 1 + 2.0**-30
 
 
 class _Ozaki(_Auxiliary):
     """An Ozaki scheme II pass: the moduli and the non-finite marker as macros."""
 
     def _tile_macros(self) -> dict[str, int | str]:
-        return {"NMODULI": len(OZAKI_MODULI), "MODULI": ", ".join(map(str, OZAKI_MODULI)), "NONFINITE": NONFINITE}
+        return {"NMODULI": len(OZAKI_MODULI), "MODULI": ", ".join(map(str, OZAKI_MODULI)), "NONFINITE": NONFINITE,
+                "NORM_SLACK": repr(OZAKI_NORM_SLACK)}
 
 
 @dataclasses.dataclass(frozen=True)
 class OzakiScale(_Ozaki):
     """Not a product's kernel: Ozaki scheme II's scaling pass (fastmm/kernels/pass_ozaki_scale.cu). One operand (R x K,
-    any strides; B as B^T) gets a shift per row: the power of two that puts its largest magnitude just below 2^bits,
-    or NONFINITE. M = R, K = K, C the shifts, c_sn = bits; a block per 32 rows."""
+    any strides; B as B^T) gets a shift per row: the power of two that puts its 2-norm just below 2^bits, or
+    NONFINITE. M = R, K = K, C the shifts, c_sn = bits; a block per 32 rows."""
 
     family: ClassVar[str] = "ozakiscale"
     source: ClassVar[str] = "pass_ozaki_scale.cu"
@@ -157,7 +161,7 @@ class OzakiScale(_Ozaki):
 
     @property
     def smem_bytes(self) -> int:
-        return 8 * self.ROWS * 4
+        return 8 * self.ROWS * (4 + 8)  # the warps' largest magnitudes and sums of squares
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         return (max(1, -(-m // self.ROWS)), 1, 1)
