@@ -60,8 +60,8 @@ def ozaki_reason(problem: Problem) -> str:
     for m in moduli:
         total *= m
     why = ozaki.fits(problem.m, problem.n, problem.k)
-    return (f"{len(moduli)} moduli ({moduli[0]}, {moduli[1]}, ..., {moduli[-1]}: product 2^{total.bit_length() - 1}) "
-            f"hold every element of C exactly: A's rows and B's columns scaled by powers of two to 2-norms below "
+    return (f"{len(moduli)} moduli for K = {problem.k} ({moduli[0]}, {moduli[1]}, ..., {moduli[-1]}: product "
+            f"2^{total.bit_length() - 1}) hold every element of C exactly: A's rows and B's columns scaled by powers of two to 2-norms below "
             f"2^{h_a} and 2^{h_b} and rounded to integers, their int8 residues multiplied exactly on the INT8 tensor "
             f"cores ({OZAKI_INT8.name}, one product per modulus), C rebuilt by the Chinese remainder theorem; rows and columns holding NaN or an "
             "infinity computed on 3xTF32" + (f" (here on 3xTF32 whole: {why})" if why else ""))
