@@ -24,7 +24,8 @@ import numpy as np
 from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_NORM_SLACK, OZAKI_RESIDUES
 
 __all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "MODULI_BY_K", "NORM_SLACK",
-           "choose_moduli", "side_bits", "scaled_integers", "symmetric_residues", "tiles", "crt_table", "crt_as_the_pass_does",
+           "choose_moduli", "side_bits", "scaled_integers", "symmetric_residues", "tiles", "crt_table",
+           "crt_as_the_pass_does",
            "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
@@ -41,8 +42,8 @@ TILE_K = 128
 # exact int32 range; rows with one value 256x the rest lose bits to it, 0.5x at K = 16384 but 1.1-2.4x at 1024, where
 # 8 keep 0.3-0.4x. 9 buy bits that a float32 result rounds away (docs/kernels/ozaki.md, "How many moduli").
 MODULI_BY_K = ((4096, 8), (MAX_EXACT_K, 7))
-# A row's 2-norm, summed in double, is taken this much larger: past the sum's rounding (K 2^-53), so that the bound holds.
-# (Defined beside the scaling pass, which compiles it in.)
+# A row's 2-norm, summed in double, is taken this much larger: past the sum's rounding (K 2^-53), so that the bound
+# holds. (Defined beside the scaling pass, which compiles it in.)
 NORM_SLACK = OZAKI_NORM_SLACK
 
 

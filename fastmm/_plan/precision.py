@@ -61,10 +61,11 @@ def ozaki_reason(problem: Problem) -> str:
         total *= m
     why = ozaki.fits(problem.m, problem.n, problem.k)
     return (f"{len(moduli)} moduli for K = {problem.k} ({moduli[0]}, {moduli[1]}, ..., {moduli[-1]}: product "
-            f"2^{total.bit_length() - 1}) hold every element of C exactly: A's rows and B's columns scaled by powers of two to 2-norms below "
-            f"2^{h_a} and 2^{h_b} and rounded to integers, their int8 residues multiplied exactly on the INT8 tensor "
-            f"cores ({OZAKI_INT8.name}, one product per modulus), C rebuilt by the Chinese remainder theorem; rows and columns holding NaN or an "
-            "infinity computed on 3xTF32" + (f" (here on 3xTF32 whole: {why})" if why else ""))
+            f"2^{total.bit_length() - 1}) hold every element of C exactly: A's rows and B's columns scaled by powers "
+            f"of two to 2-norms below 2^{h_a} and 2^{h_b} and rounded to integers, their int8 residues multiplied "
+            f"exactly on the INT8 tensor cores ({OZAKI_INT8.name}, one product per modulus), C rebuilt by the Chinese "
+            "remainder theorem; rows and columns holding NaN or an infinity computed on 3xTF32"
+            + (f" (here on 3xTF32 whole: {why})" if why else ""))
 
 
 def ozaki_fallback(problem: Problem, device: Device) -> str:

@@ -44,11 +44,12 @@ def _launch(config, device_id: int, **args):
 
 def ozaki_product(a, b, c, device_id: int, config: Int8Tile, count: int | None = None):
     """c = a @ b (float32 device arrays, 2-D; c with unit column stride) by Ozaki scheme II over the first `count`
-    moduli (by default `fastmm._plan.ozaki.choose_moduli`'s); returns the rows of A and the columns of B that hold NaN or an infinity, whose rows and columns of c the
-    caller computes on the FP32 path.
+    moduli (by default `fastmm._plan.ozaki.choose_moduli`'s); returns the rows of A and the columns of B that hold
+    NaN or an infinity, whose rows and columns of c the caller computes on the FP32 path.
 
-    `config` must reduce its sums to residues (``config.residues``). Raises fastmm's OutOfMemoryError where the workspace does not fit (the caller falls back), ValueError where the
-    shape is past what one sequence takes (`fastmm._plan.ozaki.fits`)."""
+    `config` must reduce its sums to residues (``config.residues``). Raises fastmm's OutOfMemoryError where the
+    workspace does not fit (the caller falls back), ValueError where the shape is past what one sequence takes
+    (`fastmm._plan.ozaki.fits`)."""
     cp = _cupy()
     (m, k), n = a.shape, b.shape[1]
     why = _ozaki.fits(m, n, k)

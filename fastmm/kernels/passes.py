@@ -9,8 +9,9 @@ from typing import ClassVar
 
 from .base import MAX_GRID_Y, KernelConfig
 
-__all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE", "OZAKI_NORM_SLACK",
-           "OzakiScale", "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT", "NonfiniteFix", "NONFINITE_FIX",
+__all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE",
+           "OZAKI_NORM_SLACK", "OzakiScale", "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT",
+           "NonfiniteFix", "NONFINITE_FIX",
            "AUXILIARY"]
 
 
