@@ -118,6 +118,40 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
         }
 }
 
+// C's rows not 16-byte aligned (an odd N, a view at an offset): scalar stores straight from the thread tiles write
+// 4-byte pieces 16 bytes apart, so each warp store touches 4 rows' 128-byte segments for a quarter of their bytes.
+// Instead the block tile goes through shared memory (the stages are free by then: row stride BN + 4 floats, the 16-byte
+// writes of a warp's 8 lanes along n conflict-free) and each warp store writes 32 consecutive floats of one row.
+// Where the stages are smaller than the tile (128 x 256 x 16), the direct stores.
+#define LDC_S (BN + 4)
+#define STAGED_C (BM * LDC_S <= STAGES * STAGE_FLOATS)
+
+__device__ __forceinline__ void store_staged(float* c, long long c_sm, int bm, int bn, int M, int N,
+                                             const float (&acc)[TM][TN], unsigned cs, int row0, int col0)
+{
+    __syncthreads();  // every warp's last reads of the stages are done
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int j = 0; j < RN; ++j)
+                sts128(cs + 4 * ((row0 + i * (WM / RM) + r) * LDC_S + col0 + j * (WN / RN)),
+                       make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1], acc[i * 4 + r][j * 4 + 2],
+                                   acc[i * 4 + r][j * 4 + 3]));
+    __syncthreads();
+    const int rows = min(M - bm, BM), cols = min(N - bn, BN);
+#pragma unroll 4
+    for (int e = threadIdx.x; e < BM * BN; e += THREADS) {
+        const int r = e / BN, col = e % BN;
+        if (r < rows && col < cols) {
+            float x;
+            asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(cs + 4 * (r * LDC_S + col)));
+            c[(long long)(bm + r) * c_sm + bn + col] = x;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fastmm_warptile(FASTMM_GEMM_PARAMS)
 {
@@ -450,5 +484,10 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
     if (FLUSH && flushed) add_sums(true, false);
-    store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, VEC == 4 && fastmm_c_vec4(c, c_sm));
+    const bool vec4 = fastmm_c_vec4(c, c_sm);  // (whatever A's and B's copies: C is the caller's, often aligned)
+    if (STAGED_C && !vec4) {
+        store_staged(c, c_sm, bm, bn, M, N, acc, smem_addr(smem), wm0 + ty * 4, wn0 + tx * 4);
+        return;
+    }
+    store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, vec4);
 }
