@@ -283,6 +283,31 @@ def _into_unaligned_out(da, db, ref):
     assert bool((fastmm.matmul(da, db) == first).all())
 
 
+_WARP_TILES = [c.name for c in CONFIGS if c.name.startswith("warptile_")]
+
+
+@pytest.mark.parametrize("m,n,k", [(300, 301, 3), (257, 515, 16), (129, 200, 1043), (64, 64, 64)], ids=str)
+@pytest.mark.parametrize("kernel", _WARP_TILES)
+def test_warp_tiles_store_unaligned_rows_of_c(kernel, m, n, k, rng):
+    """C's rows not 16-byte aligned: the warp tiles write C through shared memory (whole rows of the block tile per
+    warp store) where their stages hold the tile, else directly; either way every element of the view once, none
+    outside it, on every tile of the family, whole and ragged, short K and long."""
+    import fastmm
+
+    a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    da, db = device(a), device(b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    base = cp.full((m, n + 8), cp.nan, cp.float32)
+    out = base[:, 3:3 + n]
+    fastmm.matmul(da, db, out=out, kernel=kernel)
+    assert rel_error(out, ref) < TOL
+    assert int(cp.isnan(base).sum()) == base.size - out.size
+    pitch = n if n % 2 else n + 1  # an odd row pitch: rows aligned four different ways
+    odd = cp.full((m, pitch), cp.nan, cp.float32)[:, : n - 1]
+    fastmm.matmul(da, db[:, : n - 1], out=odd, kernel=kernel)
+    assert rel_error(odd, ref[:, : n - 1]) < TOL
+
+
 @pytest.mark.parametrize("m,n,k", [(256, 512, 512), (256, 512, 528), (300, 600, 1040), (256, 256, 4096)], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_partial_sums_in_runs_of_k(m, n, k, layout, rng):
