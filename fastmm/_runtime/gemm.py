@@ -214,8 +214,9 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     (m, k), n = a.shape, b.shape[1]
     # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
     depth, full, tail = _plan.split_cut(k, choice.splits)
-    # Rows of the workspace padded to 16 bytes, so that the slices' tiles store C 16 bytes at a time whatever N.
-    pitch = -(-n // 4) * 4
+    # Rows of the workspace padded to 16 bytes, so that the slices' warp tiles store 16 bytes at a time whatever N (the
+    # few-column kernel stores a column at a time: its rows stay N long).
+    pitch = n if isinstance(choice.config, FewColumns) else -(-n // 4) * 4
     whole = empty((full + (tail > 0), m, pitch))
     ws = whole[:, :, :n]
     strided = cp.lib.stride_tricks.as_strided
