@@ -570,23 +570,6 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     assert launched == ["fewcol_n1", "fewcol_n1", "slicesum"]
 
 
-def test_split_k_workspace_rows_are_padded_to_16_bytes_for_the_tiles(launched, monkeypatch):
-    """Split-K on warp tiles with N = 115: the slices write rows of 116 floats (16-byte aligned, so the tiles store 16
-    bytes at a time), and the slice sum reads them at that pitch into C's own rows of 115."""
-    from fastmm import _plan
-
-    strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
-    monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
-                        raising=False)
-    a, b = _fastmm(np.zeros((64, 10335), np.float32)), _fastmm(np.zeros((10335, 115), np.float32))
-    assert _plan.choose(_plan.Problem(64, 115, 10335), _plan.Device()).splits > 1
-    _dispatch.matmul(a, b)
-    *slices, (total, _, sums) = launched.args
-    assert total == "slicesum" and all(name.startswith("warptile_") for name, _, _ in slices)
-    assert all(args["c_sm"] == 116 and args["n"] == 115 for _, _, args in slices)
-    assert (sums["n"], sums["a_sm"], sums["a_sk"], sums["c_sm"]) == (115, 116, 64 * 116, 115)
-
-
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):
     """Dask calls every chunk's einsum with dtype=None: that must not send it to CuPy's einsum."""
     seen = _numpy_gemm(monkeypatch)

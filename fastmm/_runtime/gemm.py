@@ -188,14 +188,12 @@ class _SplitKReplay:
 
 
 def _slice_sum(ws, c, device_id: int):
-    """The launch that adds the workspace's slices (ws: (slices, m, n), unit column stride) into c (m, n) in slice
-    order."""
+    """The launch that adds the workspace's slices (ws: (slices, m, n), C-ordered) into c (m, n) in slice order."""
     from . import cuda as _cuda
 
     slices, m, n = ws.shape
     c_sm, c_sn = (s // 4 for s in c.strides)
-    ws_sk, ws_sm = ws.strides[0] // 4, ws.strides[1] // 4
-    return _cuda.Launch(SLICE_SUM, Variant(), device_id, m=m, n=n, k=slices, a_sm=ws_sm, a_sk=ws_sk, b_sk=0, b_sn=0,
+    return _cuda.Launch(SLICE_SUM, Variant(), device_id, m=m, n=n, k=slices, a_sm=n, a_sk=m * n, b_sk=0, b_sn=0,
                         c_sm=c_sm if m > 1 else 0, c_sn=c_sn if n > 1 else 1, batch=1, batch_inner=1,
                         batch_strides=(0,) * 6)
 
@@ -214,11 +212,7 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     (m, k), n = a.shape, b.shape[1]
     # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
     depth, full, tail = _plan.split_cut(k, choice.splits)
-    # Rows of the workspace padded to 16 bytes, so that the slices' warp tiles store 16 bytes at a time whatever N (the
-    # few-column kernel stores a column at a time: its rows stay N long).
-    pitch = n if isinstance(choice.config, FewColumns) else -(-n // 4) * 4
-    whole = empty((full + (tail > 0), m, pitch))
-    ws = whole[:, :, :n]
+    ws = empty((full + (tail > 0), m, n))
     strided = cp.lib.stride_tricks.as_strided
     a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))
     b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
@@ -234,7 +228,7 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
             record.append(None)
         else:
             offsets = tuple(x.data.ptr - base for x, base in zip((a, b, c), record.base))
-            record.append(_SplitKReplay(tuple(sub), whole.shape, total, offsets))
+            record.append(_SplitKReplay(tuple(sub), ws.shape, total, offsets))
 
 
 class _Repitch:

@@ -118,14 +118,15 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
         }
 }
 
-// C's rows not 16-byte aligned (an odd N, a view at an offset) and K within one K-tile, where writing C is the product's
-// time: scalar stores straight from the thread tiles write 4-byte pieces 16 bytes apart, so each warp store touches 4
-// rows' 128-byte segments for a quarter of their bytes. Instead the block tile goes through shared memory (the stages
-// are free by then: row stride BN + 4 floats, the 16-byte writes of a warp's 8 lanes along n conflict-free) and each
-// warp store writes 32 consecutive floats of one row. On a longer K the direct stores measured faster (K = 17-256
-// 0.87-0.95x with the staged ones); where the stages are smaller than the tile (128 x 256 x 16), the direct stores.
+// STAGED_C (a configuration of its own, for K within one K-tile, where writing C is the product's time): where C's
+// stores cannot be 16 bytes (rows not 16-byte aligned: an odd N, a view at an offset; or the 4-byte variant), scalar
+// stores straight from the thread tiles write 4-byte pieces 16 bytes apart, so each warp store touches 4 rows'
+// 128-byte segments for a quarter of their bytes. Instead the block tile goes through shared memory (the stages are
+// free by then: row stride BN + 4 floats, the 16-byte writes of a warp's 8 lanes along n conflict-free) and each warp
+// store writes 32 consecutive floats of one row. A longer K keeps the direct stores (the staged ones measured no
+// faster there); the other configurations do not compile the path, so their schedules stay as tuned.
 #define LDC_S (BN + 4)
-#define STAGED_C (BM * LDC_S <= STAGES * STAGE_FLOATS)
+static_assert(!STAGED_C || BM * LDC_S <= STAGES * STAGE_FLOATS, "the staged C tile must fit in the stages");
 
 __device__ __forceinline__ void store_staged(float* c, long long c_sm, int bm, int bn, int M, int N,
                                              const float (&acc)[TM][TN], unsigned cs, int row0, int col0)
@@ -485,7 +486,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
     if (FLUSH && flushed) add_sums(true, false);
-    const bool vec4 = fastmm_c_vec4(c, c_sm);  // (whatever A's and B's copies: C is the caller's, often aligned)
+    const bool vec4 = VEC == 4 && fastmm_c_vec4(c, c_sm);
     if (STAGED_C && !vec4 && K <= BK) {
         store_staged(c, c_sm, bm, bn, M, N, acc, smem_addr(smem), wm0 + ty * 4, wn0 + tx * 4);
         return;
