@@ -289,9 +289,9 @@ _WARP_TILES = [c.name for c in CONFIGS if c.name.startswith("warptile_")]
 @pytest.mark.parametrize("m,n,k", [(300, 301, 3), (257, 515, 16), (129, 200, 1043), (64, 64, 64)], ids=str)
 @pytest.mark.parametrize("kernel", _WARP_TILES)
 def test_warp_tiles_store_unaligned_rows_of_c(kernel, m, n, k, rng):
-    """C's rows not 16-byte aligned: the warp tiles write C through shared memory (whole rows of the block tile per
-    warp store) where their stages hold the tile, else directly; either way every element of the view once, none
-    outside it, on every tile of the family, whole and ragged, short K and long."""
+    """C's rows not 16-byte aligned: every warp tile writes every element of the view once and none outside it,
+    whole and ragged, short K and long; on the `_cstage` tile, a K of at most 16 goes through shared memory (whole
+    rows of the block tile per warp store), a longer one straight from the registers."""
     import fastmm
 
     a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)
