@@ -52,8 +52,9 @@ def test_the_side_bits_are_the_most_the_bound_allows(count):
 
 
 def test_the_moduli_count_is_checked():
-    with pytest.raises(ValueError, match="2 to 20 moduli"):
-        ozaki.choose_moduli(100, 1)
+    for count in (1, 2, 10):
+        with pytest.raises(ValueError, match="3 to 9 moduli"):
+            ozaki.choose_moduli(100, count)
 
 
 def test_scaling_puts_each_rows_norm_just_below_the_bits(rng):
@@ -64,7 +65,8 @@ def test_scaling_puts_each_rows_norm_just_below_the_bits(rng):
     assert np.all(ints[1] == 0) and shift[1, 0] == 0
     live = np.arange(len(x)) != 1
     assert np.all(norms[live] <= 2**26 + np.sqrt(3) / 2) and np.all(norms[live] > 2**24)
-    assert np.allclose(np.ldexp(ints.astype(np.float64), -shift), x, rtol=0, atol=2.0**-26 * np.abs(x).max())
+    back = np.ldexp(ints.astype(np.float64), -shift)  # each value to within half a unit of its row's scale
+    assert np.all(np.abs(back - x) <= 2.0**-27 * 2 * np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True))
     cols, cshift = ozaki.scaled_integers(x.T.copy(), 26, axis=0)
     assert np.array_equal(cols, ints.T) and np.array_equal(cshift, shift.T)
 
@@ -127,12 +129,12 @@ def test_the_moduli_keep_the_error_at_half_sgemms(kind, k, rng):
     ref, scale = a64 @ b64, np.abs(a64) @ np.abs(b64)
     products = ozaki.matmul_reference(a, b), _fma_in_order(a, b)
     # Each element's error against |A| @ |B| (what a sum's rounding is bounded by): Ozaki's worst at most half the
-    # in-order sum's worst (measured <= 0.26x over 25-60 seeds a kind and K).
+    # in-order sum's worst (measured <= 0.35x over about 1,000 fresh seeds).
     ozaki_elements, sgemm_elements = (np.abs(c.astype(np.float64) - ref) / scale for c in products[:2])
     assert ozaki_elements.max() <= 0.5 * sgemm_elements.max()
-    # The median row at most half the in-order sum's (measured <= 0.36x). Where rows of C mix columns scaled 2^+-60
+    # The median row at most half the in-order sum's (measured <= 0.41x). Where rows of C mix columns scaled 2^+-60
     # apart, a row's error is its largest element's, whose cancellation makes the ratio a lottery: at most the
-    # in-order sum's (measured <= 0.72x). Not against NumPy's float32 BLAS, whose blocked sums are 3-10x more
+    # in-order sum's (measured <= 0.79x). Not against NumPy's float32 BLAS, whose blocked sums are 3-10x more
     # accurate than cuBLAS's SGEMM: 7 moduli are 0.3-2x its error from K = 4096.
     ozaki_rows, sgemm_rows = (np.linalg.norm(c.astype(np.float64) - ref, axis=1) / np.linalg.norm(ref, axis=1)
                               for c in products[:2])
@@ -177,7 +179,7 @@ def test_k_beyond_the_exact_int32_range_is_summed_in_slices(rng):
     a = rng.standard_normal((4, k)).astype(np.float32)
     b = rng.standard_normal((k, 8)).astype(np.float32)
     c = ozaki.matmul_reference(a, b)
-    # The slices add up to the exact product of the scaled integers (norms below 2^28: int64 holds every partial sum).
+    # The slices add up to the exact product of the scaled integers (norms below 2^27: int64 holds every partial sum).
     h_a, h_b = ozaki.side_bits(ozaki.choose_moduli(k))
     (ai, ea), (bi, eb) = ozaki.scaled_integers(a, h_a, axis=1), ozaki.scaled_integers(b, h_b, axis=0)
     assert np.array_equal(c, np.ldexp((ai @ bi).astype(np.float64), -(ea + eb)).astype(np.float32))

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_NORM_SLACK, OZAKI_RESIDUES
 
-__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "MODULI_BY_K", "NORM_SLACK",
+__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "MODULI_BY_K", "MOST_MODULI", "NORM_SLACK",
            "choose_moduli", "side_bits", "scaled_integers", "symmetric_residues", "tiles", "crt_table",
            "crt_as_the_pass_does",
            "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
@@ -38,13 +38,18 @@ TILE_K = 128
 
 
 # Moduli by K (up to and including the first number). 7 (their product is 2^55.7: 2-norms below 2^27 a side) leave
-# 0.13-0.26x the error of a float32 sum in cuBLAS's SGEMM order on normal, random-sign and row-scaled data up to the
+# at most 0.35x the error of a float32 sum in cuBLAS's SGEMM order on normal, random-sign and row-scaled data up to the
 # exact int32 range; rows with one value 256x the rest lose bits to it, 0.5x at K = 16384 but 1.1-2.4x at 1024, where
 # 8 keep 0.3-0.4x. 9 buy bits that a float32 result rounds away (docs/kernels/ozaki.md, "How many moduli").
 MODULI_BY_K = ((4096, 8), (MAX_EXACT_K, 7))
 # A row's 2-norm, summed in double, is taken this much larger: past the sum's rounding (K 2^-53), so that the bound
 # holds. (Defined beside the scaling pass, which compiles it in.)
 NORM_SLACK = OZAKI_NORM_SLACK
+
+
+# At most 9: the reconstruction pass's double arithmetic holds x to within 2^-47 P, which past 9 moduli (P > 2^71)
+# grows past the float32 rounding of C; and 2 moduli cannot bound even a single product of rounded values (P < 2 r^2).
+MOST_MODULI = 9
 
 
 def choose_moduli(k: int, count: int | None = None) -> tuple[int, ...]:
@@ -54,8 +59,8 @@ def choose_moduli(k: int, count: int | None = None) -> tuple[int, ...]:
     if count is None:
         k = min(max(k, 1), MAX_EXACT_K)
         count = next(count for most, count in MODULI_BY_K if k <= most)
-    if not 2 <= count <= len(MODULI):
-        raise ValueError(f"Ozaki scheme II takes 2 to {len(MODULI)} moduli, not {count}")
+    if not 3 <= count <= MOST_MODULI:
+        raise ValueError(f"Ozaki scheme II takes 3 to {MOST_MODULI} moduli, not {count}")
     return MODULI[:count]
 
 

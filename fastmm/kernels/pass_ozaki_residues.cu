@@ -1,6 +1,6 @@
 // Not a product's kernel: the residue pass of Ozaki scheme II (fastmm/_plan/ozaki.py, `scaled_integers`,
 // `symmetric_residues` and `tiles`). One operand, R x K with element (r, k) at A[r * a_sm + k * a_sk] (A itself, or B
-// read as B^T: r = n), scaled row by row by the scaling pass's power of two and rounded to an integer v (|v| < 2^bits,
+// read as B^T: r = n), scaled row by row by the scaling pass's power of two and rounded to an integer v (|v| <= 2^30,
 // round half to even, as NumPy's rint), is written for each of the first n moduli m as v's symmetric residue (in
 // [-m/2, m/2), int8) in the INT8 product kernel's layout (8_int8_wgmma.cu): block tiles of T = b_sk rows by K-tiles
 // of 128 values, tile (r / T, k / 128) at byte (r / T * (c_sm / 128) + k / 128) * T * 128, each T rows of 128 bytes in
