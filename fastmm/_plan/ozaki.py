@@ -23,10 +23,10 @@ import numpy as np
 
 from ..kernels.passes import NONFINITE, OZAKI_MODULI, OZAKI_NORM_SLACK, OZAKI_RESIDUES
 
-__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "MODULI_BY_K", "MOST_MODULI", "NORM_SLACK",
-           "choose_moduli", "side_bits", "scaled_integers", "symmetric_residues", "tiles", "crt_table",
-           "crt_as_the_pass_does",
-           "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits", "matmul_reference"]
+__all__ = ["MODULI", "MAX_EXACT_K", "TILE_K", "NONFINITE", "TABLE_WORDS", "PRODUCTS_BYTES", "MODULI_BY_K",
+           "MOST_MODULI", "NORM_SLACK", "choose_moduli", "side_bits", "scaled_integers", "symmetric_residues", "tiles",
+           "crt_table", "crt_as_the_pass_does", "column_chunk", "workspace", "Workspace", "workspace_bytes", "fits",
+           "matmul_reference"]
 
 # Pairwise coprime, at most 256: symmetric residues lie in [-128, 127], int8's range. Largest first: the fewest
 # moduli for a given product M. (Defined beside the passes that compile them in as constants.)

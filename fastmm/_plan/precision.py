@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import warnings
 
@@ -56,9 +57,7 @@ def ozaki_reason(problem: Problem) -> str:
     """What `explain` says of an Ozaki scheme II product: the moduli and why that many."""
     moduli = ozaki.choose_moduli(problem.k)
     h_a, h_b = ozaki.side_bits(moduli)
-    total = 1
-    for m in moduli:
-        total *= m
+    total = math.prod(moduli)
     why = ozaki.fits(problem.m, problem.n, problem.k)
     return (f"{len(moduli)} moduli for K = {problem.k} ({moduli[0]}, {moduli[1]}, ..., {moduli[-1]}: product "
             f"2^{total.bit_length() - 1}) hold every element of C exactly: A's rows and B's columns scaled by powers "

@@ -110,8 +110,6 @@ def split_count(problem: Problem, device: Device) -> int:
     return slices_of(problem, device, config)
 
 
-
-
 def _narrow_tiles(problem: Problem, device: Device) -> bool:
     """17-32 rows (columns) against at least _NARROW_TILE_OTHER columns (rows), K from _NARROW_FEW_MIN_K, that the
     wide-few-columns rule (before it) leaves: the narrow tiles, their blocks sharing the large operand's reads over 32

@@ -187,7 +187,7 @@ def _smem_for(problem: Problem, device: Device) -> str:
 def _few_columns_for(problem: Problem, device: Device) -> str:
     """The narrowest few-column configuration that holds the product's few columns (or rows, computed transposed) in
     one block: up to 32 either way."""
-    few = problem.m if problem.n > problem.m else problem.n
+    few = min(problem.m, problem.n)
     names = (*FEW_COLUMNS, FEW_COLUMNS_32)
     # (Forced on a wider product, the 16-column one: its blocks then cover the columns 16 at a time.)
     return next((name for name in names if get_config(name).nmax >= few), FEW_COLUMNS[-1])
