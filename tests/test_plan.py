@@ -908,14 +908,28 @@ def test_17_to_32_rows_or_columns_past_the_32_column_kernel_run_on_narrow_tiles(
     assert (mirror.rule, mirror.config.tile, mirror.splits) == ("narrow-tiles", c.config.tile[::-1], splits)
 
 
-@pytest.mark.parametrize("m,n,k,splits", [(3144, 161, 10725, 4), (112, 5606, 8639, 4), (3026, 175, 2675, 4),
-                                          (8659, 71, 1820, 2), (1031, 704, 1078, 2)])
-def test_split_k_wave_cuts_k_for_64x64_tiles_short_of_a_wave(m, n, k, splits):
+@pytest.mark.parametrize("m,n,k,splits,tile", [(3144, 161, 10725, 4, (64, 64)), (112, 5606, 8639, 4, (64, 64)),
+                                               (3026, 175, 2675, 4, (64, 64)), (8659, 71, 1820, 2, (128, 32)),
+                                               (1031, 704, 1078, 2, (64, 64)), (71, 15653, 4148, 2, (32, 128))])
+def test_split_k_wave_cuts_k_for_four_warp_tiles_short_of_a_wave(m, n, k, splits, tile):
+    """64x64 tiles, or 128x32 (32x128) ones where an output side of 71 pads to 96 instead of 128."""
     p, c = _planned(m, n, k, aligned=False)
-    assert (c.rule, c.name, c.splits) == ("split-k-wave", _plan.tiles.WT64, splits)
+    assert (c.rule, c.config.tile, c.splits) == ("split-k-wave", tile, splits)
+    assert c.config.tile_sums  # one design: sums per K-tile on every four-warp tile
     assert _planned(1024, 1024, 1024)[1].rule == "tiled"  # the tiled rule's 128x64 tiles: not split
 
 
+@pytest.mark.parametrize("m,n,k,batch,tile", [
+    (8659, 71, 1820, 1, (128, 32)),   # 71 columns: 96 on 32-wide tiles, 128 on 64-wide ones (75% of the area)
+    (71, 8659, 1820, 1, (32, 128)),   # the mirror
+    (8659, 71, 1000, 1, (64, 64)),    # a single product below K = 1024: the 64x64 tile (128x32 lost 5-20% there)
+    (29, 5556, 700, 5, (32, 128)),    # ... but a batch takes the narrow tile at any K
+    (8690, 100, 1820, 1, (64, 64)),   # 100 columns pad to 128 on either tile: no gain, the 64x64 tile
+    (274, 5403, 2000, 1, (64, 64)),   # 288 x 5504 against 320 x 5440: 91% of the area, above the 90% threshold
+])
+def test_small_tile_takes_a_narrow_four_warp_tile_where_it_pads_far_less(m, n, k, batch, tile):
+    problem = _plan.Problem(m, n, k, batch=batch)
+    assert configs.get_config(_plan.tiles.small_tile(problem)).tile == tile
 @pytest.mark.parametrize("m,n,k", [(751, 3551, 271), (1755, 9240, 209)])
 def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
     p, c = _planned(m, n, k, aligned=False)

@@ -23,9 +23,9 @@ from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _W
                   _wide_few, _wide_few_kernel, few_columns_splits)
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
                      split_cut)
-from .tiles import (_MIN_USEFUL, _NARROW_TILE_OTHER, _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64,
-                    WT256_SLICES, WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped,
-                    _narrow_tile, _useful)
+from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER, _SHORT_K,
+                    FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64,
+                    WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile, _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -76,15 +76,16 @@ def _long_k(problem: Problem, device: Device) -> bool:
 
 def _split_for(problem: Problem, device: Device) -> str:
     """The tile of split-K's slices: 128x256 where both sides of the output hold it with little padding, 128x64 where
-    they hold that, else 64x64; the large tiles on their sub-tile loops (slices are whole 16-deep steps). (17-32 rows or
-    columns against 64 or more take the narrow-tiles rule before this one.)
+    they hold that, else 64x64 (or a narrow four-warp tile that pads far less: `small_tile`); the large tiles on their
+    sub-tile loops (slices are whole 16-deep steps). (17-32 rows or columns against 64 or more take the narrow-tiles
+    rule before this one.)
 
     The 128x256 slices sum K in runs of 512 (partial sums): cuBLAS's accuracy at the same speed. The measurements:
     docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k."""
     side = min(problem.m, problem.n)
     if side >= 256 and _useful(problem, get_config(WT256_SLICES)) >= _MIN_USEFUL:
         return _looped(problem, WT256_SLICES)  # (its twin where C's edges would leave blocks to one running sum)
-    return WT128x64_LOOP if side >= 128 else WT64
+    return WT128x64_LOOP if side >= 128 else small_tile(problem)
 
 
 def split_count(problem: Problem, device: Device) -> int:
@@ -98,7 +99,7 @@ def split_count(problem: Problem, device: Device) -> int:
     name = _split_for(problem, device)
     config = get_config(name)
     tiles = problem.tiles(config)
-    if name != WT64:
+    if name not in SMALL_TILES:
         # The large tiles: the most slices that keep every block in one wave, cut in whole 16-deep steps (an uneven
         # last slice runs as a launch of its own).
         most = config.min_blocks * device.sm_count // tiles
@@ -191,9 +192,10 @@ def _idle_slots(problem: Problem, device: Device) -> bool:
 
 
 def idle_splits(problem: Problem, device: Device) -> int:
-    """Slices of K that fill one wave of the 64x64 tile's block slots, each at least _IDLE_MIN_SLICE deep (where K
-    does not divide evenly, the rest runs as one shallow launch of its own)."""
-    config = get_config(WT64)
+    """Slices of K that fill one wave of the four-warp tile's block slots (64x64, or a narrow one that pads far less:
+    `small_tile`), each at least _IDLE_MIN_SLICE deep (where K does not divide evenly, the rest runs as one shallow
+    launch of its own)."""
+    config = get_config(small_tile(problem))
     slots = config.min_blocks * device.sm_count
     return max(2, min(slots // problem.tiles(config), problem.k // _IDLE_MIN_SLICE))
 
@@ -204,14 +206,14 @@ def _wave_slots(problem: Problem, device: Device) -> bool:
     if problem.batch != 1 or problem.k < _IDLE_MIN_K:
         return False
     config = get_config(WT64)
-    return (problem.tiles(config) < config.min_blocks * device.sm_count and _fill(problem, device) == WT64
+    return (problem.tiles(config) < config.min_blocks * device.sm_count and _fill(problem, device) in SMALL_TILES
             and wave_splits(problem, device) > 1)
 
 
 def wave_splits(problem: Problem, device: Device) -> int:
-    """The power of two (2 or more) that brings the 64x64 tiles' blocks nearest one wave of the block slots (by ratio),
-    no more than leave slices _IDLE_MIN_SLICE deep; 1 where K is too short for two."""
-    config = get_config(WT64)
+    """The power of two (2 or more) that brings the four-warp tiles' blocks (`small_tile`) nearest one wave of the
+    block slots (by ratio), no more than leave slices _IDLE_MIN_SLICE deep; 1 where K is too short for two."""
+    config = get_config(small_tile(problem))
     slots, tiles = config.min_blocks * device.sm_count, problem.tiles(config)
     most = problem.k // _IDLE_MIN_SLICE
     counts = [s for s in (2, 4, 8, 16, 32) if s <= most]
@@ -310,6 +312,9 @@ def _peeled_kernel(problem: Problem, device: Device) -> str:
     return _auto(interior(problem, peel_edges(problem, device)), device).name
 
 
+_NARROW_NOTE = (f"(32x128 or 128x32 where those cover <= {_NARROW_AREA:.0%} of their area, in a batch or from K = "
+                f"{_NARROW_MIN_K})")
+
 RULES: tuple[Rule, ...] = (
     Rule(RuleName.EMPTY, "nothing to multiply (a zero-size dimension): the result is empty or zeros, no kernel runs",
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
@@ -361,20 +366,21 @@ RULES: tuple[Rule, ...] = (
          _mid_kernel, mid_splits),
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} where even 64x64 tiles would leave SMs without a block (or, with "
          f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): "
-         "K cut into slices of 64x64 tiles (sums per K-tile) that fill one wave of them, "
+         f"K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile) that fill one wave of them, "
          f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound)",
-         _idle_slots, WT64, idle_splits),
+         _idle_slots, lambda p, d: small_tile(p), idle_splits),
     Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
          f"{_NARROW_FEW_MIN_K} <= K < {_SPLIT_MIN_K}: the few-column kernel, its blocks covering the columns "
          f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",
          _narrow_few, FEW_COLUMNS[-1]),
     Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
-         "(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles (sums per K-tile), the count that brings "
+         f"(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), the count "
+         "that brings "
          f"the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
-         _wave_slots, WT64, wave_splits),
+         _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
-         "past one wave, no mostly idle last wave (64x64 for small and narrow products, and with sums per K-tile "
-         "under a wave on a long K not a multiple of 16)", lambda p, d: True, _fill),
+         f"past one wave, no mostly idle last wave (64x64 {_NARROW_NOTE} for small and narrow products, and with sums "
+         "per K-tile under a wave on a long K not a multiple of 16)", lambda p, d: True, _fill),
 )
 _RULES_WITHOUT_COPIES = tuple(r for r in RULES if not r.pad)
 

@@ -10,7 +10,7 @@ from ..kernels import configs
 from ..kernels.configs import KernelConfig, get_config
 from .problem import Choice, Device, Problem
 
-__all__ = ["wave_efficiency"]
+__all__ = ["wave_efficiency", "small_tile", "SMALL_TILES"]
 
 # The table's configurations by name: the objects are built once, in kernels/configs.py.
 NAIVE, SMEM16, SMEM32 = configs.NAIVE.name, configs.SMEM16.name, configs.SMEM32.name
@@ -40,6 +40,28 @@ _NARROW_TILE_OTHER = 64
 def _narrow_tile(problem: Problem) -> str:
     """The narrow-tiles rule's tile: 32x128 for few rows, 128x32 for few columns."""
     return WT32x128 if problem.m < problem.n else WT128x32
+
+
+# The 64x64, 32x128 and 128x32 tiles are one design (four warps, 8x4 sums a thread, sums per K-tile, four blocks an
+# SM): a narrow one runs where its tiles cover at most this share of the 64x64 tiles' area (an output side far past a
+# multiple of 64 and near one of 32), in a batch or from the second constant's K. Replays on the sweeps' problems:
+# 1.05-1.17x the 64x64 tile's speed below this share, 0.93-0.98x above it; single products with a shorter K lost
+# 5-20% on the 128x32 tile (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+_NARROW_AREA, _NARROW_MIN_K = 0.9, 1024
+SMALL_TILES = (WT64, WT32x128, WT128x32)
+
+
+def _area(problem: Problem, name: str) -> int:
+    bm, bn = get_config(name).tile
+    return -(-problem.m // bm) * bm * -(-problem.n // bn) * bn
+
+
+def small_tile(problem: Problem) -> str:
+    """Of the four-warp tiles (see above), the 64x64 one unless a narrow one pads far less."""
+    if problem.batch == 1 and problem.k < _NARROW_MIN_K:
+        return WT64
+    narrow = min((WT32x128, WT128x32), key=lambda name: _area(problem, name))
+    return narrow if _area(problem, narrow) <= _NARROW_AREA * _area(problem, WT64) else WT64
 
 
 # A tile is worth taking when it gives at least half the SMs a block (its reuse beats idle SMs) and wastes little
@@ -127,7 +149,7 @@ def _fill(problem: Problem, device: Device) -> str:
     if problem.k <= _SHORT_K:
         return WT64_SHORT  # bound by writing C: the most blocks, each storing its tile soonest (whole rows of it)
     if problem.k < _SHORT_K_UNALIGNED and not problem.aligned:
-        return WT64
+        return small_tile(problem)
     big = get_config(WT256)
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
@@ -147,7 +169,7 @@ def _fill(problem: Problem, device: Device) -> str:
         one_wave = problem.tiles(loop) < loop.min_blocks * device.sm_count
         if (_ONE_CHAIN_MAX_K <= problem.k <= _TILE_SUMS_MAX_K and one_wave and problem.k % 16 and problem.batch == 1
                 and min(problem.m, problem.n) >= 128):
-            return WT64  # sums per K-tile on four times the blocks
+            return small_tile(problem)  # sums per K-tile on four times the blocks
         few_waves = problem.tiles(loop) < _RUNS_128x64_WAVES * loop.min_blocks * device.sm_count
         if (problem.k > _RUNS_128x64_MIN_K or problem.k >= _ONE_CHAIN_MAX_K and few_waves
                 or problem.runs and long_k):
@@ -155,7 +177,7 @@ def _fill(problem: Problem, device: Device) -> str:
         if not one_wave or problem.k % 16 and problem.k < _LOOP_MIN_K:
             return WT128x64  # a short ragged K: one chain is as accurate, and the loop's twin ran 7% slower (1000^3)
         return _looped(problem, WT128x64_LOOP)
-    return name
+    return small_tile(problem)
 
 
 def _small_tiles_first(problem: Problem) -> bool:
