@@ -74,18 +74,26 @@ def _long_k(problem: Problem, device: Device) -> bool:
     return _few_tiles(problem, device) or problem.tiles(tiled) < tiled.min_blocks * device.sm_count
 
 
+# Split-K's slices take the 128x64 tile only where it covers C at least this share as tightly as the four-warp tile:
+# 163x174x6204 (Fortran), 58% of its area inside C against 77%, ran 0.88x cuBLAS on it and 1.23x on 64x64 slices
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k).
+_SPLIT_PADDING = 0.9
+
+
 def _split_for(problem: Problem, device: Device) -> str:
     """The tile of split-K's slices: 128x256 where both sides of the output hold it with little padding, 128x64 where
-    they hold that, else 64x64 (or a narrow four-warp tile that pads far less: `small_tile`); the large tiles on their
-    sub-tile loops (slices are whole 16-deep steps). (17-32 rows or columns against 64 or more take the narrow-tiles
-    rule before this one.)
+    they hold that and it pads not much more than 64x64 tiles, else 64x64 (or a narrow four-warp tile that pads far
+    less: `small_tile`); the large tiles on their sub-tile loops (slices are whole 16-deep steps). (17-32 rows or
+    columns against 64 or more take the narrow-tiles rule before this one.)
 
     The 128x256 slices sum K in runs of 512 (partial sums): cuBLAS's accuracy at the same speed. The measurements:
     docs/kernels/heuristic.md, section 'The heuristic's break-even points', split-k."""
     side = min(problem.m, problem.n)
     if side >= 256 and _useful(problem, get_config(WT256_SLICES)) >= _MIN_USEFUL:
         return _looped(problem, WT256_SLICES)  # (its twin where C's edges would leave blocks to one running sum)
-    return WT128x64_LOOP if side >= 128 else small_tile(problem)
+    small = small_tile(problem)
+    useful = _useful(problem, get_config(WT128x64_LOOP)) >= _SPLIT_PADDING * _useful(problem, get_config(small))
+    return WT128x64_LOOP if side >= 128 and useful else small
 
 
 def split_count(problem: Problem, device: Device) -> int:
