@@ -344,22 +344,18 @@ def test_out_of_memory_then_a_normal_product():
     a, b = host(rng, 256, 256), host(rng, 256, 256)
     fa, fb = fastmm.asarray(a), fastmm.asarray(b)
     out = nan_out(256, 256)
-    # Fill the device, down to 4 KiB pieces; again where the product found room (another process on the GPU, such as
-    # a parallel test, freed memory meanwhile).
-    hog = []
-    for attempt in range(3):
-        size = 1 << 30
-        while size >= 4096:
-            try:
-                hog.append(cupy.empty(size, cupy.uint8))
-            except cupy.cuda.memory.OutOfMemoryError:
-                size //= 2
-        print(f"filled with {sum(x.nbytes for x in hog) / 2**30:.1f} GiB")
+    # Fill the device, down to 4 KiB pieces.
+    hog, size = [], 1 << 30
+    while size >= 4096:
         try:
-            fa @ fb
-        except fastmm.OutOfMemoryError as e:
-            print("full device:", str(e)[:200])
-            break
+            hog.append(cupy.empty(size, cupy.uint8))
+        except cupy.cuda.memory.OutOfMemoryError:
+            size //= 2
+    print(f"filled with {sum(x.nbytes for x in hog) / 2**30:.1f} GiB")
+    try:
+        fa @ fb
+    except fastmm.OutOfMemoryError as e:
+        print("full device:", str(e)[:200])
     else:
         raise AssertionError("a product on a full device did not raise fastmm.OutOfMemoryError")
     # A kernel not loaded yet, into an existing output: loading it may need memory the device no longer has.
