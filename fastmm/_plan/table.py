@@ -328,9 +328,9 @@ RULES: tuple[Rule, ...] = (
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's; "
          f"2^{_SMALL_SLOW_F64_MACS.bit_length() - 1} where float64 runs at 1/32-1/64 of float32), K <= {_SMALL_K}: "
-         f"bound by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for K <= "
-         f"{_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements, {_SMALL_THREADS >> 10} Ki threads "
-         f"launched), a warp per element past it (at most {_SMALL_WARPS >> 10} Ki warps)", _small,
+         "bound by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for "
+         f"K <= {_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements, {_SMALL_THREADS >> 10} Ki "
+         f"threads launched), a warp per element past it (at most {_SMALL_WARPS >> 10} Ki warps)", _small,
          lambda p, d: NAIVE_F64 if p.k <= _SMALL_THREAD_K else NAIVE_F64_DOT),
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
@@ -383,8 +383,7 @@ RULES: tuple[Rule, ...] = (
          _narrow_few, FEW_COLUMNS[-1]),
     Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
          f"(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), the count "
-         "that brings "
-         f"the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
+         f"that brings the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
          _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          f"past one wave, no mostly idle last wave (64x64 {_NARROW_NOTE} for small and narrow products, and with sums "

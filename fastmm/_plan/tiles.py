@@ -51,8 +51,9 @@ _NARROW_AREA, _NARROW_MIN_K = 0.9, 1024
 SMALL_TILES = (WT64, WT32x128, WT128x32)
 
 
-def _area(problem: Problem, name: str) -> int:
-    bm, bn = get_config(name).tile
+def _area(problem: Problem, config: KernelConfig) -> int:
+    """Area of C's tiles under `config`: C rounded up to whole tiles."""
+    bm, bn = config.tile
     return -(-problem.m // bm) * bm * -(-problem.n // bn) * bn
 
 
@@ -60,8 +61,9 @@ def small_tile(problem: Problem) -> str:
     """Of the four-warp tiles (see above), the 64x64 one unless a narrow one pads far less."""
     if problem.batch == 1 and problem.k < _NARROW_MIN_K:
         return WT64
-    narrow = min((WT32x128, WT128x32), key=lambda name: _area(problem, name))
-    return narrow if _area(problem, narrow) <= _NARROW_AREA * _area(problem, WT64) else WT64
+    area = {name: _area(problem, get_config(name)) for name in SMALL_TILES}
+    narrow = min((WT32x128, WT128x32), key=area.get)
+    return narrow if area[narrow] <= _NARROW_AREA * area[WT64] else WT64
 
 
 # A tile is worth taking when it gives at least half the SMs a block (its reuse beats idle SMs) and wastes little
@@ -99,8 +101,7 @@ _MIN_WAVE_EFFICIENCY = 0.85
 
 def _useful(problem: Problem, config: KernelConfig) -> float:
     """Fraction of the tiles' area that lies inside C."""
-    bm, bn = config.tile
-    return problem.m * problem.n / (-(-problem.m // bm) * bm * -(-problem.n // bn) * bn)
+    return problem.m * problem.n / _area(problem, config)
 
 
 def wave_efficiency(problem: Problem, config: KernelConfig, device: Device) -> float:

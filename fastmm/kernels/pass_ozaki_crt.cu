@@ -5,8 +5,9 @@
 // Chinese remainder theorem x = sum_t s_t (P / m_t) mod P with s_t = r_t v_t mod m_t, v_t = (P / m_t)^-1 mod m_t;
 // so x / P is the fractional part of sum_t s_t / m_t, which double holds to within n ulps of 8 (2^-47): x to within
 // 2^-47 P, where |x| may reach nearly P / 2 (the scaling's bound, `side_bits`); far below the float32 rounding of C
-// at up to 9 moduli (`choose_moduli` takes no more: with more, 2^-47 P grows past it). Then C = x * 2^-(ea_i + eb_j), rounded to float32. Elements of rows or
-// columns whose shift is NONFINITE are written 0: the FP32 path overwrites them.
+// at up to 9 moduli (`choose_moduli` takes no more: with more, 2^-47 P grows past it). Then C = x * 2^-(ea_i + eb_j),
+// rounded to float32. Elements of rows or columns whose shift is NONFINITE are written 0: the FP32 path overwrites
+// them.
 //
 // (128-bit integer sums of r_t w_t, exact, ran this pass at 4x the time its bytes take; docs/kernels/ozaki.md.)
 //

@@ -1,7 +1,8 @@
 // Not a product's kernel: the scaling pass of Ozaki scheme II (fastmm/_plan/ozaki.py, `scaled_integers`). One operand,
 // R x K with element (r, k) at A[r * a_sm + k * a_sk] (A itself, or B read as B^T: r = n), gets one int per row: the
 // power of two `shift` that puts the row's 2-norm (summed in double, times NORM_SLACK) below 2^bits (bits - frexp's
-// exponent; 0 for a row of zeros), or NONFINITE where the row holds a NaN or an infinity (that row takes the FP32 path).
+// exponent; 0 for a row of zeros), or NONFINITE where the row holds a NaN or an infinity (that row takes the FP32
+// path).
 //
 // One block per 32 rows. Magnitudes compare as unsigned ints of their bits (sign cleared), so one maximum finds
 // non-finite values: a NaN's or an infinity's bits are at least 0x7f800000, every finite value's below. Squares are

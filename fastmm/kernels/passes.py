@@ -11,8 +11,7 @@ from .base import MAX_GRID_Y, KernelConfig
 
 __all__ = ["SliceSum", "Repitch", "Split", "SLICE_SUM", "REPITCH", "SPLIT", "OZAKI_MODULI", "NONFINITE",
            "OZAKI_NORM_SLACK", "OzakiScale", "OzakiResidues", "OzakiCrt", "OZAKI_SCALE", "OZAKI_RESIDUES", "OZAKI_CRT",
-           "NonfiniteFix", "NONFINITE_FIX",
-           "AUXILIARY"]
+           "NonfiniteFix", "NONFINITE_FIX", "AUXILIARY"]
 
 
 class _Auxiliary(KernelConfig):
