@@ -399,6 +399,8 @@ class FewColumns(KernelConfig):
 NAIVE = Naive(block_x=32, block_y=8)
 # the small rule's: C rounded once from float64 sums, a thread or (a longer K) a warp per element
 NAIVE_F64, NAIVE_F64_DOT = Naive(block_x=32, block_y=8, f64_sums=True), Naive(32, 8, f64_sums=True, k_lanes=True)
+# K of at most 16: bound by writing C, a thread per 4x4 piece of it, 16-byte stores, no shared memory
+NAIVE_SHORT = Naive(block_x=32, block_y=8, tm=4, tn=4)
 SMEM16, SMEM32 = Smem(tile_size=16), Smem(tile_size=32)
 # the seeds' design: 256 threads, 2 blocks (16 warps) per SM
 RT128 = RegTile(bm=128, bn=128, bk=8, tm=8, tn=8, min_blocks=2)
@@ -462,7 +464,7 @@ FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3,
 
 # Every configuration fastmm ships, in teaching order. Plans, `compile`, the tests and `bench` use this list.
 CONFIGS: tuple[KernelConfig, ...] = (
-    NAIVE, NAIVE_F64, NAIVE_F64_DOT, SMEM16, SMEM32, RT128, RT128x64, RT64,
+    NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
     WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT64_SHORT, WT32x128, WT128x32,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
