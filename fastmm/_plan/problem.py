@@ -94,6 +94,7 @@ class RuleName(str, enum.Enum):
     EMPTY = "empty"
     SMALL = "small"
     SHORT_K = "short-k"
+    OUTER_PRODUCTS = "outer-products"
     FEW_COLUMNS = "few-columns"
     WIDE_FEW_COLUMNS = "wide-few-columns"
     SPLIT_K = "split-k"

@@ -24,8 +24,8 @@ from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _W
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
                      split_cut)
 from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER, _SHORT_K,
-                    FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, WT64, WT256_SLICES, WT256_SLICES_RAGGED, WT128x64,
-                    WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile, _useful)
+                    FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES, WT256_SLICES_RAGGED,
+                    WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile, _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -52,6 +52,18 @@ def _small(problem: Problem, device: Device) -> bool:
     # a thread per element, blocks of 8 rows x 32 columns
     return (outputs <= _SMALL_OUTPUTS
             and problem.batch * -(-problem.m // 8) * 8 * -(-problem.n // 32) * 32 <= _SMALL_THREADS)
+
+
+# A sum of this many outer products or fewer (K), over at least the second constant's elements of C (the batch's), A
+# not m-contiguous: bound by writing C, a thread per 4x4 piece of it (no shared memory, no barrier) kept more stores
+# in flight than the 64x64 tiles: 0.72-0.82x cuBLAS -> 0.90-1.48x; from K = 4, and with A m-contiguous, it lost
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', outer-products).
+_OUTER_MAX_K, _OUTER_MIN_OUTPUT = 3, 1 << 23
+
+
+def _outer_products(problem: Problem, device: Device) -> bool:
+    return (problem.k <= _OUTER_MAX_K and not problem.a_t
+            and problem.batch * problem.m * problem.n >= _OUTER_MIN_OUTPUT)
 
 
 # Narrow products (an output side below this) with a long K are split too, for accuracy as much as speed
@@ -335,6 +347,10 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
          _short_k_few, WT64),
+    Rule(RuleName.OUTER_PRODUCTS, f"K <= {_OUTER_MAX_K} (a sum of that many outer products) and at least "
+         f"2^{_OUTER_MIN_OUTPUT.bit_length() - 1} elements of C, A not m-contiguous: bound by writing C, a thread per "
+         "4x4 piece of C with 16-byte stores, no shared memory and no barrier (more stores in flight than tiles keep)",
+         _outer_products, NAIVE_SHORT),
     Rule(RuleName.FEW_COLUMNS, f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
@@ -416,7 +432,7 @@ def _in_precision(choice: Choice, problem: Problem, device: Device, precision: s
     if precision == "high" and _ozaki(problem, device):
         return Choice(OZAKI_INT8, problem.variant, RuleName.OZAKI, ozaki_reason(problem))
     if choice.rule in (RuleName.SPLIT_K, RuleName.NARROW_TILES, RuleName.FEW_COLUMNS, RuleName.WIDE_FEW_COLUMNS,
-                       RuleName.SMALL):  # bound by memory or launches
+                       RuleName.SMALL, RuleName.OUTER_PRODUCTS):  # bound by memory or launches
         arithmetic = "float64 sums" if choice.rule == RuleName.SMALL else "FP32 FMAs"
         return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                    f"uses {arithmetic} here)")

@@ -14,7 +14,7 @@ __all__ = ["wave_efficiency", "small_tile", "SMALL_TILES"]
 
 # The table's configurations by name: the objects are built once, in kernels/configs.py.
 NAIVE, SMEM16, SMEM32 = configs.NAIVE.name, configs.SMEM16.name, configs.SMEM32.name
-NAIVE_F64, NAIVE_F64_DOT = configs.NAIVE_F64.name, configs.NAIVE_F64_DOT.name
+NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT = configs.NAIVE_F64.name, configs.NAIVE_F64_DOT.name, configs.NAIVE_SHORT.name
 RT128, RT128x64, RT64 = configs.RT128.name, configs.RT128x64.name, configs.RT64.name
 WT256_LOOP, WT256_32, WT256 = configs.WT256_LOOP.name, configs.WT256_32.name, configs.WT256.name
 WT256_LOOP16, WT256_SLICES = configs.WT256_LOOP16.name, configs.WT256_SLICES.name
