@@ -764,7 +764,7 @@ def test_long_k_on_large_tiles_fills_the_slots_when_k_has_no_even_cut():
     assert (c.rule, c.name, c.splits) == ("split-k", _plan.tiles.WT256_SLICES_RAGGED, 4)
 
 
-@pytest.mark.parametrize("m,n,k,aligned", [(10099, 54648, 2, False), (7021, 3497, 3, False), (4096, 4096, 8, True),
+@pytest.mark.parametrize("m,n,k,aligned", [(36903, 4505, 4, False), (4157, 4856, 7, False), (4096, 4096, 8, True),
                                            (5885, 4766, 15, False), (5631, 2923, 105, False)])
 def test_short_k_runs_on_64x64_tiles(m, n, k, aligned):
     """K of 16 or less, or below 128 on unaligned rows: bound by writing C, where 64x64 tiles beat the large ones; up
@@ -938,10 +938,37 @@ def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
 
 
 def test_short_k_transposed_b_runs_on_aligned_copies():
-    """10099x54648x2 with B^T (rows of 2 floats): copied into 16-float rows, 0.55x -> 0.93x cuBLAS."""
-    p, c = _planned(10099, 54648, 2, b_t=True, aligned=False)
+    """36903x4505x4 with B^T (rows of 4 floats, unaligned): copied into 16-float rows. (K <= 3 is outer-products'.)"""
+    p, c = _planned(36903, 4505, 4, b_t=True, aligned=False)
     assert c.rule == "aligned-copy" and c.pad
-    assert not _planned(11782, 15217, 2, aligned=False)[1].pad  # B not transposed: its rows are long
+    assert not _planned(36903, 4505, 4, aligned=False)[1].pad  # B not transposed: its rows are long
+    assert _planned(10099, 54648, 2, b_t=True, aligned=False)[1].rule == "outer-products"
+
+
+@pytest.mark.parametrize("m,n,k,batch,a_t,b_t,aligned", [
+    (7021, 3497, 3, 1, False, False, True), (2862, 5390, 2, 1, False, False, True),
+    (10099, 54648, 2, 1, False, True, False), (13931, 11299, 1, 1, False, False, False),
+    (1445, 1958, 1, 7, False, True, True), (5484, 2865, 2, 10, False, False, True)])
+def test_outer_products_run_a_thread_per_piece_of_c(m, n, k, batch, a_t, b_t, aligned):
+    """K <= 3 on >= 2^23 elements of C (the batch's), A not m-contiguous: the short-K kernel, one running sum of K
+    terms, in every precision (bound by writing C)."""
+    p, c = _planned(m, n, k, batch, a_t=a_t, b_t=b_t, aligned=aligned)
+    assert (c.rule, c.name, c.splits, c.pad) == ("outer-products", "naive_32x8_4x4", 1, False)
+    assert _plan.serial_run(c, p) == k
+    for precision in ("high", "medium"):
+        assert _plan.choose(p, precision=precision).name == "naive_32x8_4x4"
+    assert configs.NAIVE_SHORT.tile == (32, 128)
+
+
+@pytest.mark.parametrize("m,n,k,batch,a_t,rule", [
+    (7021, 3497, 4, 1, False, "tiled"),            # K = 4: the loads outweigh the stores
+    (7021, 3497, 3, 1, True, "tiled"),             # A m-contiguous: strided broadcasts of A's rows
+    (2048, 4095, 3, 1, False, "tiled"),            # just short of 2^23 elements of C
+    (2048, 2048, 3, 2, False, "outer-products"),   # ... which a batch counts whole
+    (1 << 20, 16, 2, 1, False, "short-k"),         # few columns stay on short-k's tiles
+])
+def test_outer_products_boundaries(m, n, k, batch, a_t, rule):
+    assert _planned(m, n, k, batch, a_t=a_t)[1].rule == rule
 
 
 def test_high_takes_ozaki_ii_only_above_its_threshold(monkeypatch):

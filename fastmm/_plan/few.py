@@ -38,6 +38,18 @@ def _short_k_few(problem: Problem, device: Device) -> bool:
     return problem.k <= _SHORT_K and _few(problem, device)
 
 
+# 5 to 16 columns (the 16-column kernel's) on a K of at most this, three of its 128-deep steps: a block's pipeline never
+# fills and its lanes' closing reduction (5 shuffles per element) costs as much as their sums; the 128x32 (32x128)
+# tile, with sums per K-tile, ran them faster: 21931x7x373 0.60x -> 0.87x cuBLAS, 15579x5x475 (B^T) 0.69x -> 1.02x
+# (docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns-tiles).
+_FEW_TILES_MAX_K = 384
+
+
+def _few_on_tiles(problem: Problem, device: Device) -> bool:
+    return (problem.k <= _FEW_TILES_MAX_K and _few(problem, device)
+            and _few_columns_for(problem, device) == FEW_COLUMNS[-1])
+
+
 # A lane of the few-column kernel adds at most this many terms in one running sum, in single products (they take
 # slices of K, over a cluster or summed by the slice-sum kernel, to keep it): 6457x15x13544 with A m-contiguous,
 # 1693 terms a lane, had 1.9x cuBLAS's error; the 32-column kernel's lanes kept at most cuBLAS's up to 384

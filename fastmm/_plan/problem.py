@@ -95,6 +95,7 @@ class RuleName(str, enum.Enum):
     SMALL = "small"
     SHORT_K = "short-k"
     OUTER_PRODUCTS = "outer-products"
+    FEW_COLUMNS_TILES = "few-columns-tiles"
     FEW_COLUMNS = "few-columns"
     WIDE_FEW_COLUMNS = "wide-few-columns"
     SPLIT_K = "split-k"

@@ -19,8 +19,8 @@ from .precision import (_WG_MIN_MACS, _WG_MIN_SIDE, OZAKI_INT8, _check_precision
                         current_precision, ozaki_fallback, ozaki_reason)
 from .problem import _FEW, Choice, Device, Problem, Rule, RuleName
 from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _WIDE_FEW_SHORT_DEPTH,
-                  _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _few, _few_columns_kernel, _narrow_few, _short_k_few,
-                  _wide_few, _wide_few_kernel, few_columns_splits)
+                  _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _FEW_TILES_MAX_K, _few, _few_columns_kernel, _few_on_tiles,
+                  _narrow_few, _short_k_few, _wide_few, _wide_few_kernel, few_columns_splits)
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
                      split_cut)
 from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER, _SHORT_K,
@@ -351,6 +351,10 @@ RULES: tuple[Rule, ...] = (
          f"2^{_OUTER_MIN_OUTPUT.bit_length() - 1} elements of C, A not m-contiguous: bound by writing C, a thread per "
          "4x4 piece of C with 16-byte stores, no shared memory and no barrier (more stores in flight than tiles keep)",
          _outer_products, NAIVE_SHORT),
+    Rule(RuleName.FEW_COLUMNS_TILES, f"5 to {_FEW} columns (or rows) on K <= {_FEW_TILES_MAX_K}: 128x32 (32x128) tiles "
+         "with sums per K-tile, where the few-column kernel's blocks would walk at most three of its 128-deep steps "
+         "(its pipeline never fills, and its lanes' closing reduction costs as much as their sums)", _few_on_tiles,
+         lambda p, d: _narrow_tile(p)),
     Rule(RuleName.FEW_COLUMNS, f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
@@ -432,7 +436,8 @@ def _in_precision(choice: Choice, problem: Problem, device: Device, precision: s
     if precision == "high" and _ozaki(problem, device):
         return Choice(OZAKI_INT8, problem.variant, RuleName.OZAKI, ozaki_reason(problem))
     if choice.rule in (RuleName.SPLIT_K, RuleName.NARROW_TILES, RuleName.FEW_COLUMNS, RuleName.WIDE_FEW_COLUMNS,
-                       RuleName.SMALL, RuleName.OUTER_PRODUCTS):  # bound by memory or launches
+                       RuleName.SMALL, RuleName.OUTER_PRODUCTS,
+                       RuleName.FEW_COLUMNS_TILES):  # bound by memory or launches
         arithmetic = "float64 sums" if choice.rule == RuleName.SMALL else "FP32 FMAs"
         return dataclasses.replace(choice, reason=choice.reason + f" (in every precision: {precision!r} "
                                    f"uses {arithmetic} here)")
