@@ -41,7 +41,8 @@ def test_unknown_kernel_lists_valid_names():
 @pytest.mark.parametrize("m,n,k,batch,rule", [
     (0, 5, 5, 1, "empty"), (5, 5, 0, 1, "empty"), (5, 5, 5, 0, "empty"),
     (16, 16, 16, 1, "small"), (1000, 1, 1000, 1, "small"), (64, 64, 64, 1, "small"), (8, 4, 3, 64, "small"),
-    (65536, 16, 16, 1, "short-k"), (65536, 16, 17, 1, "few-columns"), (10000, 1, 1000, 1, "few-columns"),
+    (65536, 16, 16, 1, "short-k"), (65536, 16, 17, 1, "few-columns-tiles"), (65536, 16, 385, 1, "few-columns"),
+    (65536, 4, 17, 1, "few-columns"), (10000, 1, 1000, 1, "few-columns"),
     (1, 4096, 4096, 1, "few-columns"), (1700, 170, 17, 1, "tiled"), (16, 17, 8192, 1, "few-columns"),
     (17, 4096, 4096, 1, "narrow-tiles"), (24, 48, 65536, 1, "split-k"), (20, 40, 4200, 1, "wide-few-columns"), (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"),
     (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
@@ -849,7 +850,8 @@ def test_short_k_few_columns_run_on_64x64_tiles(m, n, k, batch, b_t):
     """Few columns or rows on K <= 16 are bound by writing C: 64x64 tiles, not the few-column kernel."""
     p, c = _planned(m, n, k, batch, b_t=b_t)
     assert (c.rule, c.name) == ("short-k", _plan.tiles.WT64)
-    assert _planned(85401, 14, 17)[1].rule == "few-columns"
+    assert _planned(85401, 14, 17)[1].rule == "few-columns-tiles"  # 5-16 columns to K = 384: the narrow tiles
+    assert _planned(85401, 4, 17)[1].rule == "few-columns"
 
 
 @pytest.mark.parametrize("m,n,k,a_t,name", [(164, 4, 11662, True, "fewcol_n4_c8"), (254, 5, 10286, False, "fewcol_n16_c8"),
@@ -958,6 +960,28 @@ def test_outer_products_run_a_thread_per_piece_of_c(m, n, k, batch, a_t, b_t, al
     for precision in ("high", "medium"):
         assert _plan.choose(p, precision=precision).name == "naive_32x8_4x4"
     assert configs.NAIVE_SHORT.tile == (32, 128)
+
+
+@pytest.mark.parametrize("m,n,k,batch,b_t,tile", [
+    (21931, 7, 373, 1, False, (128, 32)), (15579, 5, 475 - 91, 1, True, (128, 32)), (3507, 6, 23, 6, False, (128, 32)),
+    (14, 30788, 227, 6, False, (32, 128)), (16, 9800, 384, 1, False, (32, 128))])
+def test_few_columns_on_a_short_k_take_the_narrow_tiles(m, n, k, batch, b_t, tile):
+    """5-16 columns (rows) on K <= 384: the 16-column kernel's blocks would walk three 128-deep steps or fewer; the
+    128x32 (32x128) tile, unsplit, with sums per K-tile, in every precision."""
+    p, c = _planned(m, n, k, batch, b_t=b_t)
+    assert (c.rule, c.config.tile, c.splits) == ("few-columns-tiles", tile, 1)
+    assert c.config.tile_sums and _plan.serial_run(c, p) <= max(16, -(-k // 16))
+    assert _plan.choose(p, precision="high").rule == "few-columns-tiles"
+
+
+@pytest.mark.parametrize("m,n,k,rule", [
+    (21931, 7, 385, "few-columns"),   # four steps: the few-column kernel
+    (21931, 4, 373, "few-columns"),   # up to 4 columns: the narrower few-column kernels
+    (21931, 16, 16, "short-k"),       # K <= 16: short-k's 64x64 tiles first
+    (21931, 17, 373, "tiled"),        # 17 columns: not a few-column product
+])
+def test_few_columns_tiles_boundaries(m, n, k, rule):
+    assert _planned(m, n, k)[1].rule == rule
 
 
 @pytest.mark.parametrize("m,n,k,batch,a_t,rule", [
