@@ -14,7 +14,7 @@ from fastmm import _plan
 from fastmm._runtime import cuda as _cuda  # noqa: E402
 
 SHAPES = [(4096, 1, 8192), (3000, 3, 777), (2049, 16, 4100), (1, 4096, 8192), (8, 3000, 5000), (16, 16, 65536),
-          (1, 1, 100000), (16513, 5, 401), (16513, 4, 31)]  # (5-16 columns on K <= 384: few-columns-tiles)
+          (1, 1, 100000), (16513, 5, 401), (16513, 4, 63)]  # (5-16 columns on K <= 384: few-columns-tiles)
 
 
 def _operand(rng, rows, cols, transposed):
