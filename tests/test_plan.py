@@ -401,6 +401,8 @@ def test_tune_size_classes(size, cls):
     (64, 1, 64, False, None),                       # narrow but small: the cheaper call wins
     (63, 63, 63, False, None),                      # unaligned but far from a wave
     (65536, 128, 128, True, None),
+    (10000, 10000, 3, False, None),                 # outer products writing C in 16-byte stores: 1.09-3.39x
+    (7021, 3497, 3, False, "unaligned"),            # ... C's rows unaligned (N odd): 0.91x
 ])
 def test_cublas_ahead_names_the_measured_classes(m, n, k, aligned, ahead):
     problem = _plan.Problem(m, n, k, aligned=aligned)
