@@ -104,7 +104,7 @@ def test_other_dtypes_and_forms_stay_cupys_bit_for_bit(rng, launches):
     assert all(type(g) is cp.ndarray and bool(cp.array_equal(g, w)) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("shape", [(768, 256, 768), (2501, 2501, 2501), (4096, 8192, 24)], ids=str)
+@pytest.mark.parametrize("shape", [(768, 256, 768), (2501, 2501, 2501), (4096, 8192, 24), (7021, 3, 3497)], ids=str)
 def test_shapes_where_cublas_is_ahead_are_left_to_cupy(shape, rng, launches):
     m, k, n = shape
     a, b = _f32(rng, m, k), _f32(rng, k, n)
@@ -118,6 +118,16 @@ def test_shapes_where_cublas_is_ahead_are_left_to_cupy(shape, rng, launches):
     assert bool(cp.array_equal(got, want))  # the same cuBLAS call: the same bits
     fastmm.asarray(a) @ fastmm.asarray(b)
     assert launches  # fastmm arrays still run fastmm's kernels: the user chose them
+
+
+def test_outer_products_run_on_fastmm_under_the_hook(rng, launches):
+    """x @ y.T of 3-D points (K = 3), C's rows 16-byte aligned: the outer-products kernel, ahead of cuBLAS."""
+    x, y = _f32(rng, 10000, 3), _f32(rng, 8192, 3)
+    assert "leave this product to cuBLAS" not in fastmm.explain(x, y.T)
+    with fastmm.accelerate_cupy():
+        got = x @ y.T
+    assert launches and all(name.startswith("naive_32x8_4x4") for name in launches), launches
+    _close(got, _d(x) @ _d(y).T)
 
 
 @pytest.mark.parametrize("shape", [(8192, 8192, 1), (4096, 4096, 16), (8, 4096, 4096)], ids=str)
