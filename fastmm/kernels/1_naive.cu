@@ -12,12 +12,13 @@
 // K_LANES (with F64_SUMS, BLOCK_X = 32): one warp per element of C instead, its lanes taking every 32nd k and their
 // sums added in a shuffle tree: K a warp's lanes share walks 32 times fewer steps in a row, for few elements of C.
 //
-// TM x TN > 1 (the plan's short-K kernel): each thread computes TM rows x TN = 4 neighbouring columns of C, a warp 128
-// columns. A product with K of at most 16 does at most 32 FLOPs per element of C it writes: it is bound by writing C,
-// and what counts is keeping enough stores in flight. Here no shared memory, no barrier and few registers: a thread
-// reads its rows of A (the same for the whole warp: one broadcast load) and 16 bytes of a row of B per k (from L1:
-// the block's 8 warps read the same 512 bytes), and writes 16 bytes per row of C, a warp 512 contiguous bytes.
-// (The 64x64 tile ran these products at 1.6 TB/s of C against cuBLAS's 2.2: docs/kernels/heuristic.md, short K.)
+// TM x TN > 1 (the plan's outer-products kernel): each thread computes TM rows x TN = 4 neighbouring columns of C, a
+// warp 128 columns. A product with K of a few terms (the plan: K <= 3) does a few FLOPs per element of C it writes: it
+// is bound by writing C, and what counts is keeping enough stores in flight. Here no shared memory, no barrier and few
+// registers: a thread reads its rows of A (the same for the whole warp: one broadcast load) and 16 bytes of a row of
+// B per k (from L1: the block's 8 warps read the same 512 bytes), and writes 16 bytes per row of C, a warp 512
+// contiguous bytes. (The 64x64 tile wrote C at 1.6 TB/s where cuBLAS wrote 2.2: docs/kernels/heuristic.md,
+// outer-products.)
 //
 // Preconditions: none beyond M, N, K >= 0 and valid strides (any sign of layout, any alignment). Rows past the grid's
 // y limit are launched again with A and C offset (the runtime's chunks, common.cuh).

@@ -399,7 +399,7 @@ class FewColumns(KernelConfig):
 NAIVE = Naive(block_x=32, block_y=8)
 # the small rule's: C rounded once from float64 sums, a thread or (a longer K) a warp per element
 NAIVE_F64, NAIVE_F64_DOT = Naive(block_x=32, block_y=8, f64_sums=True), Naive(32, 8, f64_sums=True, k_lanes=True)
-# K of at most 16: bound by writing C, a thread per 4x4 piece of it, 16-byte stores, no shared memory
+# outer products (K <= 3): bound by writing C, a thread per 4x4 piece of it, 16-byte stores, no shared memory
 NAIVE_SHORT = Naive(block_x=32, block_y=8, tm=4, tn=4)
 SMEM16, SMEM32 = Smem(tile_size=16), Smem(tile_size=32)
 # the seeds' design: 256 threads, 2 blocks (16 warps) per SM

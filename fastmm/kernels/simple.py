@@ -20,7 +20,7 @@ class Naive(KernelConfig):
     f64_sums: bool = False  # sums in float64: C is the exact product rounded once
     k_lanes: bool = False  # a warp per element of C, its lanes sharing K (with f64_sums)
     tm: int = 1  # rows of C per thread ...
-    tn: int = 1  # ... and columns (4: a 16-byte store; the short-K kernel)
+    tn: int = 1  # ... and columns (4: a 16-byte store; the outer-products kernel)
     family: ClassVar[str] = "naive"
     source: ClassVar[str] = "1_naive.cu"
 
