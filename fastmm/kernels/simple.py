@@ -27,7 +27,7 @@ class Naive(KernelConfig):
     @property
     def name(self) -> str:
         sums = ("_f64dot" if self.k_lanes else "_f64sum") if self.f64_sums else ""
-        piece = f"_{self.tm}x{self.tn}" if self.tm * self.tn > 1 else ""
+        piece = f"_{self.tm}x{self.tn}" if (self.tm, self.tn) != (1, 1) else ""
         return f"naive_{self.block_x}x{self.block_y}{sums}{piece}"
 
     @property
@@ -49,7 +49,7 @@ class Naive(KernelConfig):
     def _check(self) -> list[str]:
         if self.k_lanes and (self.block_x != 32 or not self.f64_sums):
             return [f"k_lanes needs block_x 32 (a warp) and f64_sums (got {self.block_x}, {self.f64_sums})"]
-        if self.tm * self.tn > 1 and (self.tn != 4 or self.tm < 1 or self.f64_sums or self.k_lanes):
+        if (self.tm, self.tn) != (1, 1) and (self.tn != 4 or self.tm < 1 or self.f64_sums or self.k_lanes):
             return [f"a piece of C per thread needs tn 4 (a 16-byte store), tm >= 1 and FP32 sums (got tm {self.tm}, "
                     f"tn {self.tn}, f64_sums {self.f64_sums}, k_lanes {self.k_lanes})"]
         return []
