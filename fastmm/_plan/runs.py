@@ -10,10 +10,10 @@ __all__ = ["run_of", "SERIAL_RUN_BOUND"]
 # A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
 SERIAL_RUN_BOUND = 4096
 
-# The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where A has unit
-# stride along M: a warp takes every 8th k); up to 4 columns (BLOCKED) it restarts its sums every 8 steps (FOLD)
-# and adds those blocks in order.
-_STEP, _FOLD, _BLOCKED_NMAX = 128, 8, 4
+# The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where it owns a row, as
+# where A has unit stride along M: a warp takes every 8th k); up to 16 columns it restarts its sums every 8 steps (2
+# where a lane owns a row: FOLD) and adds those blocks in order (BLOCKED, SCATTER).
+_STEP, _BLOCKED_NMAX = 128, 16
 
 
 def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
@@ -25,10 +25,12 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
     if isinstance(config, WarpTile) and config.sub_k and (edges or k % config.bk and not config.ragged):
         return k  # (a loop forced or tuned onto a ragged K leaves every block to the unrolled path)
     if isinstance(config, FewColumns):
-        per_step = 16 if a_t or config.nmax > 16 else 4  # past 16 columns a warp takes every 8th k in every layout
+        lane_rows = a_t or config.nmax > 16  # past 16 columns a warp takes every 8th k in every layout
+        per_step = 16 if lane_rows else 4
         steps = -(-k // (_STEP * config.cluster))
         if config.nmax <= _BLOCKED_NMAX:
-            return max(1, min(steps, _FOLD) * per_step, -(-steps // _FOLD))
+            fold = 2 if lane_rows and config.nmax > 1 else 8
+            return max(1, min(steps, fold) * per_step, -(-steps // fold))
         return max(1, steps * per_step)
     if isinstance(config, WarpTile) and config.flush and k > config.flush:
         tail = k % config.bk if config.ragged else 0  # (a ragged K's last terms join the last run)
