@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..kernels.configs import get_config
 from .problem import _FEW, Device, Problem, few_rows
-from .runs import SERIAL_RUN_BOUND, run_of
+from .runs import lane_terms, run_of
 from .splits import _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE
 from .tiles import _SHORT_K, FEW_COLUMNS, _few_columns_for
 
@@ -19,16 +19,13 @@ def _few_columns(problem: Problem) -> bool:
 
 def _few(problem: Problem, device: Device) -> bool:
     """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
-    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles), unless a batch on a GPU
-    without clusters (which walks K whole) would sum more than the running-sum bound in a lane (the tiles' per-tile sums
-    stay under it)."""
+    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles). (A batch on a GPU without
+    clusters walks K whole: its lanes' blocked sums stay under the running-sum bound up to a K of 131072, where the
+    tiles' sums per K-tile have passed it; until 2026-11-29 lanes that own a row kept one sum, and such batches went to
+    the tiles from K = 32768.)"""
     if not (_few_columns(problem) or few_rows(problem)):
         return False
-    config = get_config(_few_columns_for(problem, device))
-    if problem.batch != 1 and not _clusters(device):
-        if run_of(config, problem.k, problem.variant_for(config).a_t) > SERIAL_RUN_BOUND:
-            return False
-    return config.smem_bytes <= device.max_smem_optin
+    return get_config(_few_columns_for(problem, device)).smem_bytes <= device.max_smem_optin
 
 
 def _short_k_few(problem: Problem, device: Device) -> bool:
@@ -72,8 +69,12 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
     make 256, one wave; 8192 rows (256 blocks) need no slices at all."""
     config = get_config(_few_columns_for(problem, device))
-    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms.
-    need = -(-run_of(config, problem.k, problem.variant_for(config).a_t) // _FEW_MAX_RUN)
+    # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms, nor (past 4 columns) the terms it multiplies:
+    # 16 columns on lane rows fold their sums since 2026-11-29, but 8 of the 9 sweep products whose slices that
+    # would have cut ran slower unsliced (5 x 2311 x 16001 (A^T) 0.98x -> 0.65x cuBLAS; docs/kernels/few-columns.md).
+    a_t = problem.variant_for(config).a_t
+    walk = max(run_of(config, problem.k, a_t), lane_terms(config, problem.k, a_t) if config.nmax > 4 else 0)
+    need = -(-walk // _FEW_MAX_RUN)
     if problem.batch != 1:
         # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
         # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from ..kernels.configs import FewColumns, Naive, WarpTile
 
-__all__ = ["run_of", "SERIAL_RUN_BOUND"]
+__all__ = ["run_of", "lane_terms", "SERIAL_RUN_BOUND"]
 
 # A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
 SERIAL_RUN_BOUND = 4096
 
 # The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where it owns a row, as
-# where A has unit stride along M: a warp takes every 8th k); up to 16 columns it restarts its sums every 8 steps (2
-# where a lane owns a row: FOLD) and adds those blocks in order (BLOCKED, SCATTER).
-_STEP, _BLOCKED_NMAX = 128, 16
+# where A has unit stride along M: a warp takes every 8th k); up to 4 columns, and up to 16 where a lane owns a row
+# (BLOCKED), it restarts its sums every 8 steps (every 2 where a lane owns a row and N > 1: FOLD) and adds those blocks
+# in order.
+_STEP, _BLOCKED_NMAX, _LANE_ROWS_BLOCKED_NMAX = 128, 4, 16
 
 
 def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
@@ -25,16 +26,31 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
     if isinstance(config, WarpTile) and config.sub_k and (edges or k % config.bk and not config.ragged):
         return k  # (a loop forced or tuned onto a ragged K leaves every block to the unrolled path)
     if isinstance(config, FewColumns):
-        lane_rows = a_t or config.nmax > 16  # past 16 columns a warp takes every 8th k in every layout
-        per_step = 16 if lane_rows else 4
+        lane_rows = lane_owns_row(config, a_t)
         steps = -(-k // (_STEP * config.cluster))
-        if config.nmax <= _BLOCKED_NMAX:
+        if config.nmax <= (_LANE_ROWS_BLOCKED_NMAX if lane_rows else _BLOCKED_NMAX):
             fold = 2 if lane_rows and config.nmax > 1 else 8
-            return max(1, min(steps, fold) * per_step, -(-steps // fold))
-        return max(1, steps * per_step)
+            return max(1, min(steps, fold) * _per_step(lane_rows), -(-steps // fold))
+        return lane_terms(config, k, a_t)
     if isinstance(config, WarpTile) and config.flush and k > config.flush:
         tail = k % config.bk if config.ragged else 0  # (a ragged K's last terms join the last run)
         return max(config.flush + tail, -(-k // config.flush))  # runs of `flush`, then the runs' sums in order
     if isinstance(config, WarpTile) and config.tile_sums:
         return max(config.bk, -(-k // config.bk))  # sums per K-tile, then those in order
     return k
+
+
+def lane_owns_row(config: FewColumns, a_t: bool) -> bool:
+    """The few-column kernel's LANE_ROWS: a lane owns a row of C where A has unit stride along M or past 16 columns."""
+    return a_t or config.nmax > 16
+
+
+def _per_step(lane_rows: bool) -> int:
+    return 16 if lane_rows else 4
+
+
+def lane_terms(config: FewColumns, k: int, a_t: bool = False) -> int:
+    """The terms of K one lane of the few-column kernel multiplies into one element of C, its slice of K over a
+    cluster (its one running sum where it keeps one)."""
+    return max(1, -(-k // (_STEP * config.cluster)) * _per_step(lane_owns_row(config, a_t)))
+

@@ -83,13 +83,11 @@
 // running sum per lane over K / 8 terms gave A^T.v at 8192^2 a relative error of 5.8e-7 against cuBLAS gemv's 4.2e-7.
 // Up to 4 columns too: one sum of K / 8 terms per lane gave 2 x 2580 x 6677 (B^T) 1.9x cuBLAS's error and
 // 2 x 812 x 11345 1.2x (the random sweep, 2026-11-28). A lane that owns a row (LANE_ROWS) adds 16 terms a step into
-// each sum: it folds every 2 steps, so that its runs are as short (32 terms). Up to 16 columns on lane rows the second
-// set costs NMAX registers. The 16-column kernel with A_T = 0 (SCATTER) keeps 4 x 16 sums a lane, too many to double:
-// every FOLD steps the warp adds them across its lanes in a reduce-scatter (5 rounds of shuffles, 62 in all; lane l is
-// left with elements 2 l and 2 l + 1) into 2 totals a lane. Its one running sum of 4 terms a step over K / 128 steps
-// gave 5 x 4963 x 5899 (B^T, 188 terms) 1.79x cuBLAS's error. (32 and 64 columns keep one sum: their accumulators fill
-// the registers; the plan keeps their runs short by slices.)
-#define SCATTER (!LANE_ROWS && NMAX > 4)
+// each sum: it folds every 2 steps, so that its runs are as short (32 terms); up to 16 columns the second set costs
+// NMAX registers (10 x 6690 x 4071 with 16 columns: 1.37x -> 0.64x cuBLAS's error, docs/kernels/few-columns.md).
+// (16 columns with A_T = 0 keep one sum: their 4 x 16 sums fill the registers. Folding them across the warp every 8
+// steps instead, by a reduce-scatter, ran 2-3x slower. 32 and 64 columns keep one sum too; the plan's slices of K
+// keep those runs short.)
 #define BLOCKED (NMAX <= 4 || LANE_ROWS && NMAX <= 16)
 #define FOLD (LANE_ROWS && NMAX > 1 ? 2 : 8)
 #define PARTS (NMAX == 1 ? 4 : 1)
@@ -289,27 +287,6 @@ __device__ __forceinline__ float tree_sum(float* v)
     return v[0];
 }
 
-// The warp's sums of COUNT (64) elements, one set per lane, added across the 32 lanes so that lane l is left with
-// the sums of elements 2 l and 2 l + 1 in v[0], v[1]: each round halves the elements a lane keeps, sending the other
-// half to the lane `d` away (the half its bit `d` does not select) and adding what that lane sends back. Each element
-// is summed over the lanes in a fixed tree (the same result every run); 62 shuffles, where adding each element
-// across the warp by itself takes 5 x 64.
-template <int COUNT>
-__device__ __forceinline__ void reduce_scatter(float* v, int lane)
-{
-    static_assert(COUNT == 64, "64 elements over 32 lanes, 2 each");
-#pragma unroll
-    for (int d = 16, h = COUNT / 2; d > 0; d /= 2, h /= 2) {
-        const bool upper = lane & d;
-#pragma unroll
-        for (int i = 0; i < h; ++i) {
-            const float send = upper ? v[i] : v[i + h];
-            const float keep = upper ? v[i + h] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, d);
-        }
-    }
-}
-
 #if CLUSTER > 1
 // The cluster's partial sums of one element of C, added in a fixed tree (see the top): `partial` is the element's
 // place in the calling block's shared memory, the same place in every block of the cluster.
@@ -395,8 +372,6 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
     float total[ACC];
 #pragma unroll
     for (int i = 0; i < ACC; ++i) total[i] = 0.0f;
-#elif SCATTER
-    float total[2] = {0.0f, 0.0f};  // elements 2 lane and 2 lane + 1 of the warp's ACC
 #endif
 
     for (int s = 0; s < last - first; ++s) {  // s counts the block's own steps; step first + s of K's
@@ -486,14 +461,6 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
                 acc[i] = 0.0f;
             }
         }
-#elif SCATTER
-        if (s % FOLD == FOLD - 1) {
-            reduce_scatter<ACC>(acc, lane);
-            total[0] += acc[0];
-            total[1] += acc[1];
-#pragma unroll
-            for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
-        }
 #endif
     }
 #if BLOCKED
@@ -509,22 +476,8 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
     __syncthreads();
     float* mine = smem + SLOT_FLOATS;
 #endif
-    const int row0 = m0 + warp * ROWS_PER_WARP;
-#if SCATTER
-    // The last, partial block across the lanes too, then the blocks' sum: lane l holds elements 2 l, 2 l + 1.
-    reduce_scatter<ACC>(acc, lane);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int i = 2 * lane + e, r = i / NMAX, j = i % NMAX;
-        const float v = acc[e] + total[e];
-#if CLUSTER > 1
-        mine[warp * ROWS_PER_WARP * NMAX + i] = v;
-#else
-        if (row0 + r < M && n0 + j < N) c[(long long)(row0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
-#endif
-    }
-#else
     // The lanes' partial sums of each element, added in a fixed tree.
+    const int row0 = m0 + warp * ROWS_PER_WARP;
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r)
 #pragma unroll
@@ -540,7 +493,6 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
                 c[(long long)(row0 + r) * c_sm + (long long)(n0 + j) * c_sn] = v;
 #endif
         }
-#endif
 #else
     // The 8 warps' partial sums of each element, added in a fixed tree (pairs of warps, then pairs of pairs), through
     // the first slot.
