@@ -21,7 +21,7 @@ def _few(problem: Problem, device: Device) -> bool:
     """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
     them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles). (A batch on a GPU without
     clusters walks K whole: its lanes' blocked sums stay under the running-sum bound up to a K of 131072, where the
-    tiles' sums per K-tile have passed it; until 2026-11-29 lanes that own a row kept one sum, and such batches went to
+    tiles' sums per K-tile have passed it; until 2026-11-28 lanes that own a row kept one sum, and such batches went to
     the tiles from K = 32768.)"""
     if not (_few_columns(problem) or few_rows(problem)):
         return False
@@ -70,7 +70,7 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     make 256, one wave; 8192 rows (256 blocks) need no slices at all."""
     config = get_config(_few_columns_for(problem, device))
     # Slices enough that no lane's running sum passes _FEW_MAX_RUN terms, nor (past 4 columns) the terms it multiplies:
-    # 16 columns on lane rows fold their sums since 2026-11-29, but 8 of the 9 sweep products whose slices that
+    # 16 columns on lane rows fold their sums since 2026-11-28, but 8 of the 9 sweep products whose slices that
     # would have cut ran slower unsliced (5 x 2311 x 16001 (A^T) 0.98x -> 0.65x cuBLAS; docs/kernels/few-columns.md).
     a_t = problem.variant_for(config).a_t
     walk = max(run_of(config, problem.k, a_t), lane_terms(config, problem.k, a_t) if config.nmax > 4 else 0)

@@ -84,9 +84,9 @@
 // Up to 4 columns too: one sum of K / 8 terms per lane gave 2 x 2580 x 6677 (B^T) 1.9x cuBLAS's error and
 // 2 x 812 x 11345 1.2x (the random sweep, 2026-11-28). A lane that owns a row (LANE_ROWS) adds 16 terms a step into
 // each sum: it folds every 2 steps, so that its runs are as short (32 terms); up to 16 columns the second set costs
-// NMAX registers (10 x 6690 x 4071 with 16 columns: 1.37x -> 0.64x cuBLAS's error, docs/kernels/few-columns.md).
+// NMAX registers (41 sweep products: 6 above 1.1x cuBLAS's error -> none; docs/kernels/few-columns.md).
 // (16 columns with A_T = 0 keep one sum: their 4 x 16 sums fill the registers. Folding them across the warp every 8
-// steps instead, by a reduce-scatter, ran 2-3x slower. 32 and 64 columns keep one sum too; the plan's slices of K
+// steps instead, by a reduce-scatter, ran a third slower. 32 and 64 columns keep one sum too; the plan's slices of K
 // keep those runs short.)
 #define BLOCKED (NMAX <= 4 || LANE_ROWS && NMAX <= 16)
 #define FOLD (LANE_ROWS && NMAX > 1 ? 2 : 8)
