@@ -42,8 +42,10 @@ def test_few_columns_and_rows_are_right_and_deterministic(m, n, k, layout, rng, 
     want = a.astype(cp.float64) @ b.astype(cp.float64)
     c = cp.full((m, n), cp.nan, cp.float32)
     fastmm.matmul(a, b, out=c)
-    err = float(cp.linalg.norm(c - want) / cp.linalg.norm(want))
-    assert err < 1e-5, err
+    # Against |A| |B|, the scale of a float32 sum's rounding: a 1x1x100000 product of uniform draws can cancel to a
+    # millionth of it (the relative error of any float32 order is then ~1e-4), while a slice left out errs by 1e-3 or more.
+    err = float(cp.linalg.norm(c - want) / cp.linalg.norm(cp.abs(a).astype(cp.float64) @ cp.abs(b).astype(cp.float64)))
+    assert err < 1e-6, err
     # The few-column kernel, and where K was split, the ordered sum of its slices.
     assert all(name.startswith("fewcol") or name == "slicesum" for name in launches), launches
     assert ("slicesum" in launches) == (choice.splits > 1), (launches, choice.splits)

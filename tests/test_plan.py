@@ -623,7 +623,7 @@ def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits)
 
 @pytest.mark.parametrize("m,n,k,batch,a_t,b_t,name", [
     (14, 10, 12973, 48, True, True, "fewcol_n16_c8"),  # Fortran order: one lane's run of K / 8 over 8 blocks
-    (14, 10, 12973, 48, False, False, "fewcol_n16_c2"),
+    (14, 10, 12973, 48, False, False, "fewcol_n16_c4"),  # one sum a lane: at most 160 terms
     (741, 2, 7835, 4, True, True, "fewcol_n4"),  # up to 4 columns sums restart every 8 steps: runs of 128
     (1000, 8, 3000, 10, False, False, "fewcol_n16"),  # runs within 384 terms: no cluster
 ])
@@ -796,7 +796,7 @@ def test_large_tiles_sum_long_k_in_runs():
     (1000, 1000, 100000, 512),     # split-K into 4 slices of runs of 512 (and their sum), edge blocks too
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
     (8192, 4, 8192, 32),           # up to 4 columns too (BLOCKED)
-    (8192, 16, 8192, 256),         # 16 columns: 4 terms per lane and step, over 64 steps
+    (8192, 16, 8192, 128),         # 16 columns: 4 terms per lane and step, over 32 steps of a cluster's 2 blocks
     (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run
     (804, 33, 7189, 29),           # split-k-idle: 28 slices and a shallow last launch
     (768, 768, 768, 16),           # split-k-mid: 6 slices of 128 on sums per 16-deep K-tile
@@ -1192,3 +1192,16 @@ def test_split_k_slices_keep_to_four_warp_tiles_where_128x64_pads_more(m, n, k, 
     p, c = _planned(m, n, k)
     assert (c.rule, c.config.tile) == ("split-k", tile)
     assert c.splits > 1
+
+
+def test_a_lane_with_one_running_sum_takes_slices_of_at_most_160_terms():
+    """16 columns with A row-major keep one running sum a lane (4 terms a step): past 160 terms the product takes a
+    cluster's slices (5 x 4963 x 5899 with B^T: 188 terms unsplit had 1.79x cuBLAS's error), where a lane that owns a
+    row folds its sums and keeps the 384-term walk."""
+    for p in (_plan.Problem(5, 4963, 5899, b_t=True), _plan.Problem(4963, 5, 5899)):
+        c = _plan.choose(p)
+        assert c.config.name == "fewcol_n16_c2" and _plan.serial_run(c, p) == 96, (p, c.config.name)
+    p = _plan.Problem(4963, 5, 4991)  # 39 steps: 156 terms
+    assert _plan.choose(p).config.name == "fewcol_n16" and _plan.serial_run(_plan.choose(p), p) == 156
+    p = _plan.Problem(4963, 5, 4991, a_t=True)  # lanes own rows: 624 terms walked, in blocks of 32
+    assert _plan.choose(p).config.name == "fewcol_n16_c2" and _plan.serial_run(_plan.choose(p), p) == 32

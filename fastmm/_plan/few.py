@@ -52,6 +52,9 @@ def _few_on_tiles(problem: Problem, device: Device) -> bool:
 # 1693 terms a lane, had 1.9x cuBLAS's error; the 32-column kernel's lanes kept at most cuBLAS's up to 384
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', wide-few-columns).
 _FEW_MAX_RUN = 384
+# ... and at most this many where a lane keeps one running sum (16 columns with A row-major: 4 x 16 sums fill its
+# registers): 5x4963x5899 (B^T), 188 terms a lane, had 1.79x cuBLAS's error (docs/kernels/few-columns.md).
+_FEW_MAX_ONE_SUM = 160
 # Few-column products below this many multiply-adds take a cluster's slices (one launch) rather than more slices summed
 # by the slice-sum kernel (a second launch, which costs them more than the deeper slices; docs/kernels/heuristic.md,
 # section 'The heuristic's break-even points', few-columns).
@@ -75,6 +78,8 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     a_t = problem.variant_for(config).a_t
     walk = max(run_of(config, problem.k, a_t), lane_terms(config, problem.k, a_t) if config.nmax > 4 else 0)
     need = -(-walk // _FEW_MAX_RUN)
+    if run_of(config, problem.k, a_t) == lane_terms(config, problem.k, a_t) > 1:  # one running sum a lane
+        need = max(need, -(-lane_terms(config, problem.k, a_t) // _FEW_MAX_ONE_SUM))
     if problem.batch != 1:
         # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
         # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).
