@@ -91,11 +91,13 @@ def test_errors_within_two_roundings_of_the_exact_product_count_as_equal():
 
 def test_errors_of_a_small_output_are_pooled_over_several_draws():
     """Over a handful of outputs one draw's error ratio is a sample of a few roundings: below SMALL_OUTPUT elements
-    of C (the batch's) each side's error is the RMS over ERROR_DRAWS draws, and the summary says so."""
-    assert sweep.error_draws(sweep.SweepProblem(4, 1, 10886, 1, "a_t")) == sweep.ERROR_DRAWS > 1
-    assert sweep.error_draws(sweep.SweepProblem(63, 64, 9000, 1, "nn")) == sweep.ERROR_DRAWS
-    assert sweep.error_draws(sweep.SweepProblem(64, 64, 9000, 1, "nn")) == 1
-    assert sweep.error_draws(sweep.SweepProblem(16, 16, 9000, 16, "nn")) == 1
+    of C (the batch's) each side's error is the RMS over draws that cover as many (at most MAX_DRAWS), and the
+    summary says so."""
+    assert sweep.error_draws(sweep.SweepProblem(4, 1, 10886, 1, "a_t")) == sweep.MAX_DRAWS == 64
+    assert sweep.error_draws(sweep.SweepProblem(63, 64, 9000, 1, "c")) == 2
+    assert sweep.error_draws(sweep.SweepProblem(10, 10, 9000, 4, "c")) == 11
+    assert sweep.error_draws(sweep.SweepProblem(64, 64, 9000, 1, "c")) == 1
+    assert sweep.error_draws(sweep.SweepProblem(16, 16, 9000, 16, "c")) == 1
     rows = [{"label": "p", "speed": 1.0, "error_ratio": 1.0, "error_ratio_past_rounding": 1.0, "rule": "tiled",
              "kernel": "k", "seconds": {"fastmm": 1e-5, "cublas": 1e-5}}]
-    assert f"RMS over {sweep.ERROR_DRAWS} draws" in sweep.format_summary(sweep.summarize(rows), seed=1)
+    assert "each side's RMS over draws" in sweep.format_summary(sweep.summarize(rows), seed=1)

@@ -110,16 +110,16 @@ def draw(count: int, seed: int, *, max_bytes: int = MAX_BYTES) -> list[SweepProb
 ROUNDINGS = 2.0
 
 
-# Where C has fewer elements than this, each side's relative error is the root mean square over this many draws of
-# the inputs (the timed one and fresh ones, the same for both): over 1-4 elements one draw's ratio is a sample of a
-# few roundings (4x1x10886 (A^T) read 2.01x cuBLAS's error on one draw, 1.03x over 8; docs/kernels/heuristic.md, the
-# sweep).
-SMALL_OUTPUT, ERROR_DRAWS = 4096, 8
+# Where C has fewer elements than this, each side's relative error is the root mean square over enough draws of the
+# inputs (the timed one and fresh ones, the same for both) to cover as many elements, at most MAX_DRAWS: over 1-4
+# elements one draw's ratio is a sample of a few roundings (4x1x10886 (A^T) read 2.01x cuBLAS's error on one draw,
+# 1.23x over 8 and 1.03x over 8 others; docs/kernels/heuristic.md, the sweep).
+SMALL_OUTPUT, MAX_DRAWS = 4096, 64
 
 
 def error_draws(problem: SweepProblem) -> int:
     """How many draws of the inputs `problem`'s errors are pooled over."""
-    return ERROR_DRAWS if problem.m * problem.n * problem.batch < SMALL_OUTPUT else 1
+    return min(MAX_DRAWS, -(-SMALL_OUTPUT // (problem.m * problem.n * problem.batch)))
 
 
 def _pooled_errors(problem: SweepProblem, first: dict, draws: int, rng) -> dict:
@@ -194,8 +194,8 @@ def format_summary(summary: dict, seed: int) -> str:
              f"  speed        p1 {s['p1']:.2f}  p5 {s['p5']:.2f}  median {s['median']:.2f}  geomean {s['geomean']:.3f}"
              f"  ({s['below_0.9']} below 0.9x)",
              f"  error ratio  median {e['median']:.2f}  p95 {e['p95']:.2f}  p99 {e['p99']:.2f}"
-             f"  ({e['above_1.1']} above 1.1x, {e['above_1.5']} above 1.5x; each side's RMS over {ERROR_DRAWS} draws"
-             f" where C has < {SMALL_OUTPUT} elements)",
+             f"  ({e['above_1.1']} above 1.1x, {e['above_1.5']} above 1.5x; where C has < {SMALL_OUTPUT} elements, "
+             f"each side's RMS over draws of as many, at most {MAX_DRAWS})",
              f"  past rounding  p99 {e['p99_past_rounding']:.2f}  ({e['above_1.1_past_rounding']} above 1.1x; errors "
              f"within {ROUNDINGS:g}x the correctly rounded product's count as equal)",
              f"  the {len(summary['worst'])} slowest against cuBLAS:",
