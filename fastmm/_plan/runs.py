@@ -12,7 +12,7 @@ SERIAL_RUN_BOUND = 4096
 
 # The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where it owns a row, as
 # where A has unit stride along M: a warp takes every 8th k); up to 4 columns, and up to 16 where a lane owns a row
-# (BLOCKED), it restarts its sums every 8 steps (every 2 where a lane owns a row and N > 1: FOLD) and adds those blocks
+# (BLOCKED), it restarts its sums every 8 steps (every 2 where a lane owns a row: FOLD) and adds those blocks
 # in order.
 _STEP, _BLOCKED_NMAX, _LANE_ROWS_BLOCKED_NMAX = 128, 4, 16
 
@@ -29,7 +29,7 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
         lane_rows = lane_owns_row(config, a_t)
         steps = -(-k // (_STEP * config.cluster))
         if config.nmax <= (_LANE_ROWS_BLOCKED_NMAX if lane_rows else _BLOCKED_NMAX):
-            fold = 2 if lane_rows and config.nmax > 1 else 8
+            fold = 2 if lane_rows else 8
             return max(1, min(steps, fold) * _per_step(lane_rows), -(-steps // fold))
         return lane_terms(config, k, a_t)
     if isinstance(config, WarpTile) and config.flush and k > config.flush:

@@ -83,13 +83,14 @@
 // running sum per lane over K / 8 terms gave A^T.v at 8192^2 a relative error of 5.8e-7 against cuBLAS gemv's 4.2e-7.
 // Up to 4 columns too: one sum of K / 8 terms per lane gave 2 x 2580 x 6677 (B^T) 1.9x cuBLAS's error and
 // 2 x 812 x 11345 1.2x (the random sweep, 2026-11-28). A lane that owns a row (LANE_ROWS) adds 16 terms a step into
-// each sum: it folds every 2 steps, so that its runs are as short (32 terms); up to 16 columns the second set costs
-// NMAX registers (41 sweep products: 6 above 1.1x cuBLAS's error -> none; docs/kernels/few-columns.md).
+// each sum (4 into each of a matrix-vector product's 4): it folds every 2 steps, so that its runs are as short (32
+// terms; 8); up to 16 columns the second set costs NMAX registers (41 sweep products: 6 above 1.1x cuBLAS's error ->
+// none; docs/kernels/few-columns.md).
 // (16 columns with A_T = 0 keep one sum: their 4 x 16 sums fill the registers. Folding them across the warp every 8
 // steps instead, by a reduce-scatter, ran a third slower. 32 and 64 columns keep one sum too; the plan's slices of K
 // keep those runs short.)
 #define BLOCKED (NMAX <= 4 || LANE_ROWS && NMAX <= 16)
-#define FOLD (LANE_ROWS && NMAX > 1 ? 2 : 8)
+#define FOLD (LANE_ROWS ? 2 : 8)
 #define PARTS (NMAX == 1 ? 4 : 1)
 #define B_FLOATS (PRIVATE_B ? THREADS * 4 : !LANE_ROWS ? NMAX * KPITCH : STEP * JPITCH)
 #define B_FLOATS_ALIGNED ((B_FLOATS + 3) / 4 * 4)
