@@ -40,6 +40,10 @@ SHAPES = {
     "640x640x1024": (640, 640, 1024, 1, False),
     "512x512x1024": (512, 512, 1024, 1, False),
     "384x384x2048": (384, 384, 2048, 1, False),
+    # Found by the random sweep (issue 42): outer products, few columns on a short K, few columns with A m-contiguous.
+    "outer10000x10000x3": (10000, 10000, 3, 1, False),
+    "16513x5x256": (16513, 5, 256, 1, False),
+    "AT6690x10x4071": (6690, 10, 4071, 1, True),
 }
 
 
