@@ -184,7 +184,7 @@ def test_k_beyond_the_exact_int32_range_is_summed_in_slices(rng):
     (ai, ea), (bi, eb) = ozaki.scaled_integers(a, h_a, axis=1), ozaki.scaled_integers(b, h_b, axis=0)
     assert np.array_equal(c, np.ldexp((ai @ bi).astype(np.float64), -(ea + eb)).astype(np.float32))
     # And that is float32-accurate: the largest error against |A| @ |B| at most 3/4 of that of cuBLAS's order (an
-    # in-order float32 sum; over 280 seeds the ratio's median was 0.21, its largest 0.54: a bound of 0.5 failed about
+    # in-order float32 sum; over 260 seeds the ratio's median was 0.21, its largest 0.54: a bound of 0.5 failed about
     # one seed in 150). Not against NumPy's blocked BLAS: at 22 bits a row its sums are as accurate as these, and on
     # a small result which one wins is a coin toss.
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
