@@ -76,10 +76,10 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     # 16 columns on lane rows fold their sums since 2026-11-28, but 8 of the 9 sweep products whose slices that
     # would have cut ran slower unsliced (5 x 2311 x 16001 (A^T) 0.98x -> 0.65x cuBLAS; docs/kernels/few-columns.md).
     a_t = problem.variant_for(config).a_t
-    walk = max(run_of(config, problem.k, a_t), lane_terms(config, problem.k, a_t) if config.nmax > 4 else 0)
-    need = -(-walk // _FEW_MAX_RUN)
-    if run_of(config, problem.k, a_t) == lane_terms(config, problem.k, a_t) > 1:  # one running sum a lane
-        need = max(need, -(-lane_terms(config, problem.k, a_t) // _FEW_MAX_ONE_SUM))
+    run, terms = run_of(config, problem.k, a_t), lane_terms(config, problem.k, a_t)
+    need = -(-max(run, terms if config.nmax > 4 else 0) // _FEW_MAX_RUN)
+    if run == terms > 1:  # one running sum a lane
+        need = max(need, -(-terms // _FEW_MAX_ONE_SUM))
     if problem.batch != 1:
         # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass
         # _FEW_MAX_RUN terms (48x14x10x12973 in Fortran order had 2.42x cuBLAS's error on one slice).

@@ -53,4 +53,3 @@ def lane_terms(config: FewColumns, k: int, a_t: bool = False) -> int:
     """The terms of K one lane of the few-column kernel multiplies into one element of C, its slice of K over a
     cluster (its one running sum where it keeps one)."""
     return max(1, -(-k // (_STEP * config.cluster)) * _per_step(lane_owns_row(config, a_t)))
-
