@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..kernels.configs import get_config
 from .problem import _FEW, Device, Problem, few_rows
-from .runs import lane_terms, run_of
+from .runs import blocked, lane_terms, run_of
 from .splits import _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE
 from .tiles import _SHORT_K, FEW_COLUMNS, _few_columns_for
 
@@ -78,7 +78,7 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     a_t = problem.variant_for(config).a_t
     run, terms = run_of(config, problem.k, a_t), lane_terms(config, problem.k, a_t)
     need = -(-max(run, terms if config.nmax > 4 else 0) // _FEW_MAX_RUN)
-    if run == terms > 1:  # one running sum a lane
+    if not blocked(config, a_t):  # one running sum a lane
         need = max(need, -(-terms // _FEW_MAX_ONE_SUM))
     if problem.batch != 1:
         # A batch takes no slice-sum pass: a cluster per item sums its slices, where one lane's run would pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..kernels.configs import FewColumns, Naive, WarpTile
 
-__all__ = ["run_of", "lane_terms", "SERIAL_RUN_BOUND"]
+__all__ = ["run_of", "lane_terms", "blocked", "SERIAL_RUN_BOUND"]
 
 # A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
 SERIAL_RUN_BOUND = 4096
@@ -26,10 +26,9 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
     if isinstance(config, WarpTile) and config.sub_k and (edges or k % config.bk and not config.ragged):
         return k  # (a loop forced or tuned onto a ragged K leaves every block to the unrolled path)
     if isinstance(config, FewColumns):
-        lane_rows = lane_owns_row(config, a_t)
-        steps = -(-k // (_STEP * config.cluster))
-        if config.nmax <= (_LANE_ROWS_BLOCKED_NMAX if lane_rows else _BLOCKED_NMAX):
-            fold = 2 if lane_rows else 8
+        if blocked(config, a_t):
+            lane_rows = lane_owns_row(config, a_t)
+            steps, fold = -(-k // (_STEP * config.cluster)), 2 if lane_rows else 8
             return max(1, min(steps, fold) * _per_step(lane_rows), -(-steps // fold))
         return lane_terms(config, k, a_t)
     if isinstance(config, WarpTile) and config.flush and k > config.flush:
@@ -43,6 +42,11 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
 def lane_owns_row(config: FewColumns, a_t: bool) -> bool:
     """The few-column kernel's LANE_ROWS: a lane owns a row of C where A has unit stride along M or past 16 columns."""
     return a_t or config.nmax > 16
+
+
+def blocked(config: FewColumns, a_t: bool) -> bool:
+    """The few-column kernel's BLOCKED: its lanes restart their sums every few steps (else one running sum a lane)."""
+    return config.nmax <= (_LANE_ROWS_BLOCKED_NMAX if lane_owns_row(config, a_t) else _BLOCKED_NMAX)
 
 
 def _per_step(lane_rows: bool) -> int:
