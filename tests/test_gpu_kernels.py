@@ -290,8 +290,8 @@ _WARP_TILES = [c.name for c in CONFIGS if c.name.startswith("warptile_")]
 @pytest.mark.parametrize("kernel", _WARP_TILES)
 def test_warp_tiles_store_unaligned_rows_of_c(kernel, m, n, k, rng):
     """C's rows not 16-byte aligned: every warp tile writes every element of the view once and none outside it,
-    whole and ragged, short K and long, each warp's rows through shared memory and out at C's own 16-byte boundaries
-    (rows aligned four different ways, a view at an offset)."""
+    whole and ragged, short K and long; on the `_cstage` tile, a K of at most 16 goes through shared memory (whole
+    rows of the block tile per warp store), a longer one straight from the registers."""
     import fastmm
 
     a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)

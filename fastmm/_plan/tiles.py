@@ -19,7 +19,7 @@ RT128, RT128x64, RT64 = configs.RT128.name, configs.RT128x64.name, configs.RT64.
 WT256_LOOP, WT256_32, WT256 = configs.WT256_LOOP.name, configs.WT256_32.name, configs.WT256.name
 WT256_LOOP16, WT256_SLICES = configs.WT256_LOOP16.name, configs.WT256_SLICES.name
 WT128x64_LOOP, WT128x64, WT128x64_RUNS = configs.WT128x64_LOOP.name, configs.WT128x64.name, configs.WT128x64_RUNS.name
-WT128x64_SUMS, WT64 = configs.WT128x64_SUMS.name, configs.WT64.name
+WT128x64_SUMS, WT64, WT64_SHORT = configs.WT128x64_SUMS.name, configs.WT64.name, configs.WT64_SHORT.name
 WT32x128, WT128x32 = configs.WT32x128.name, configs.WT128x32.name
 WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED = configs.WT256_LOOP16_RAGGED.name, configs.WT256_SLICES_RAGGED.name
 # Each sub-tile loop's twin for a K that is not a multiple of its K-tile (the last K % 16 terms after the loop).
@@ -148,7 +148,7 @@ def _fill(problem: Problem, device: Device) -> str:
     heuristic's break-even points', tiled.
     """
     if problem.k <= _SHORT_K:
-        return WT64  # bound by writing C: the most blocks, each storing its tile soonest
+        return WT64_SHORT  # bound by writing C: the most blocks, each storing its tile soonest (whole rows of it)
     if problem.k < _SHORT_K_UNALIGNED and not problem.aligned:
         return small_tile(problem)
     big = get_config(WT256)

@@ -48,7 +48,7 @@
 // rung 3: A_T = 1 when A has unit stride along m, B_T = 1 when B has unit stride along k, VEC = 4 when 16-byte copies
 // of the operands copied along their unit stride (A where A_T = 1, B where B_T = 0) are legal (else 4-byte copies; the
 // other layouts are copied 4 bytes at a time, transposing, either way; C's 16-byte stores are decided per block, see
-// fastmm_c_vec4 and store_slabs).
+// fastmm_c_vec4).
 
 #define LX (WN / TN)             // lanes of a warp along n
 #define LY (WM / TM)             // ... and along m
@@ -118,62 +118,40 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
         }
 }
 
-__device__ __forceinline__ float lds32(unsigned addr)
-{
-    float x;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr));
-    return x;
-}
+// STAGED_C (a configuration of its own, for K within one K-tile, where writing C is the product's time): where C's
+// stores cannot be 16 bytes (rows not 16-byte aligned: an odd N, a view at an offset; or the 4-byte variant), scalar
+// stores straight from the thread tiles write 4-byte pieces 16 bytes apart, so each warp store touches 4 rows'
+// 128-byte segments for a quarter of their bytes. Instead the block tile goes through shared memory (the stages are
+// free by then: row stride BN + 4 floats, the 16-byte writes of a warp's 8 lanes along n conflict-free) and each warp
+// store writes 32 consecutive floats of one row. A longer K keeps the direct stores (the staged ones measured no
+// faster there); the other configurations do not compile the path, so their schedules stay as tuned.
+#define LDC_S (BN + 4)
+static_assert(!STAGED_C || BM * LDC_S <= STAGES * STAGE_FLOATS, "the staged C tile must fit in the stages");
 
-// Where C's rows take no 16-byte stores from the thread tiles (an odd N, a view at an offset), scalar stores would
-// write 4-byte pieces 16 bytes apart, each warp store touching its rows' sectors for a quarter of their bytes and
-// coming back three times for the rest: on a short K, where writing C is the product's time, that ran at 0.5-0.7x
-// the same product on aligned rows (docs/kernels/warptile.md, section 'Writing C at its own 16-byte boundaries').
-// Instead each warp passes its warp tile through shared memory (the stages are free by then), LY rows at a time, and
-// writes each row in 16-byte pieces at C's own 16-byte boundaries: a row of WN floats is at most WN / 4 + 1 pieces,
-// the first and last in part (scalar stores), the rest whole. A slab row is WN + 4 floats: the warp's 16-byte writes
-// into it fall in distinct banks.
-#define SLAB_S (WN + 4)
-static_assert((BM / WM) * (BN / WN) * LY * SLAB_S <= STAGES * STAGE_FLOATS, "the warps' slabs must fit in the stages");
-
-__device__ __forceinline__ void store_slabs(float* c, long long c_sm, int M, int N, const float (&acc)[TM][TN],
-                                            unsigned slab, int lane, int tx, int ty, int row_w, int col_w)
+__device__ __forceinline__ void store_staged(float* c, long long c_sm, int bm, int bn, int M, int N,
+                                             const float (&acc)[TM][TN], unsigned cs, int row0, int col0)
 {
-    constexpr int PIECES = WN / 4 + 1;                 // 16-byte pieces a row of the warp tile can touch
-    constexpr int PASSES = (LY * PIECES + 31) / 32;    // ... over the warp's lanes, for LY rows
-    const int cols = min(N - col_w, WN);               // the warp tile's columns inside C
-    __syncthreads();                                   // every warp's last reads of the stages are done
+    __syncthreads();  // every warp's last reads of the stages are done
 #pragma unroll
     for (int i = 0; i < RM; ++i)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            // Row (i, r) of every lane's thread tile: slab row ty, the lane's columns at tx * 4 + j * (WN / RN).
+        for (int r = 0; r < 4; ++r)
 #pragma unroll
             for (int j = 0; j < RN; ++j)
-                sts128(slab + 4 * (ty * SLAB_S + tx * 4 + j * (WN / RN)),
+                sts128(cs + 4 * ((row0 + i * (WM / RM) + r) * LDC_S + col0 + j * (WN / RN)),
                        make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1], acc[i * 4 + r][j * 4 + 2],
                                    acc[i * 4 + r][j * 4 + 3]));
-            __syncwarp();
-#pragma unroll
-            for (int p = 0; p < PASSES; ++p) {
-                const int e = p * 32 + lane, y = e / PIECES, w = e % PIECES;
-                const int m = row_w + y * 4 + i * (WM / RM) + r;
-                if (y < LY && m < M && cols > 0) {
-                    float* g = c + (long long)m * c_sm + col_w;
-                    const int lead = (4 - fastmm_misalignment(g)) & 3;  // floats before g's first 16-byte boundary
-                    const int c0 = w == 0 ? 0 : lead + 4 * (w - 1);
-                    const int c1 = min(w == 0 ? lead : c0 + 4, cols);
-                    const unsigned at = slab + 4 * (y * SLAB_S + c0);
-                    if (w > 0 && c1 - c0 == 4) {
-                        *reinterpret_cast<float4*>(g + c0) =
-                            make_float4(lds32(at), lds32(at + 4), lds32(at + 8), lds32(at + 12));
-                    } else {
-                        for (int q = 0; q < c1 - c0; ++q) g[c0 + q] = lds32(at + 4 * q);
-                    }
-                }
-            }
-            __syncwarp();
+    __syncthreads();
+    const int rows = min(M - bm, BM), cols = min(N - bn, BN);
+#pragma unroll 4
+    for (int e = threadIdx.x; e < BM * BN; e += THREADS) {
+        const int r = e / BN, col = e % BN;
+        if (r < rows && col < cols) {
+            float x;
+            asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(cs + 4 * (r * LDC_S + col)));
+            c[(long long)(bm + r) * c_sm + bn + col] = x;
         }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -508,9 +486,10 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
     if (FLUSH && flushed) add_sums(true, false);
-    if (fastmm_c_vec4(c, c_sm)) {
-        store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, true);
-    } else {
-        store_slabs(c, c_sm, M, N, acc, smem0 + 4 * warp * LY * SLAB_S, lane, tx, ty, bm + wm0, bn + wn0);
+    const bool vec4 = VEC == 4 && fastmm_c_vec4(c, c_sm);
+    if (STAGED_C && !vec4 && K <= BK) {
+        store_staged(c, c_sm, bm, bn, M, N, acc, smem_addr(smem), wm0 + ty * 4, wn0 + tx * 4);
+        return;
     }
+    store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, vec4);
 }

@@ -139,6 +139,10 @@ class WarpTile(_Pipelined, KernelConfig):
     # (copies zeroed past the edge) where registers allow (`loops_edges`). Configurations of their own, for such
     # products only: the extra code moved ptxas' schedule of the whole-K interior loop, whose binaries stay as tuned.
     ragged: bool = False
+    # Where C's rows take no 16-byte stores and K fits one K-tile, C through shared memory: each warp store 32
+    # consecutive floats of a row, not 4-byte pieces 16 bytes apart (a configuration of its own, for such short
+    # products: the other binaries keep their schedules).
+    staged_c: bool = False
     family: ClassVar[str] = "warptile"
     source: ClassVar[str] = "4_warptile.cu"
 
@@ -147,7 +151,7 @@ class WarpTile(_Pipelined, KernelConfig):
         return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
                 f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}"
                 f"{f'_sub{self.sub_k}' if self.sub_k else ''}{f'_f{self.flush}' if self.flush else ''}"
-                + "_ragged" * self.ragged)
+                + "_ragged" * self.ragged + "_cstage" * self.staged_c)
 
     @property
     def smem_bytes(self) -> int:
@@ -166,7 +170,7 @@ class WarpTile(_Pipelined, KernelConfig):
     def _tile_macros(self) -> dict[str, int]:
         return {**self._pipeline_macros(), "TM": self.tm, "TN": self.tn, "SPREAD": int(self.spread),
                 "TILE_SUMS": int(self.tile_sums), "SUB_K": self.sub_k, "FLUSH": self.flush,
-                "RAGGED": int(self.ragged)}
+                "RAGGED": int(self.ragged), "STAGED_C": int(self.staged_c)}
 
     def _check(self) -> list[str]:
         errors = []
@@ -431,6 +435,8 @@ WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RA
     dataclasses.replace(c, ragged=True) for c in (WT256_LOOP16, WT256_SLICES, WT128x64_LOOP, WT128x64_RUNS))
 # small and narrow products, split-K slices
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
+# (the same for K of at most 16: C through shared memory where its rows take no 16-byte stores)
+WT64_SHORT = dataclasses.replace(WT64, staged_c=True)
 # ... of 17-32 rows or columns: a third of the 64x64 tile's padding rows or less (docs/kernels/heuristic.md, '17 to
 # 32 rows or columns')
 WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
@@ -460,7 +466,7 @@ FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3,
 CONFIGS: tuple[KernelConfig, ...] = (
     NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
-    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT32x128, WT128x32,
+    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT64_SHORT, WT32x128, WT128x32,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
