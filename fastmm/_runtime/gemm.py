@@ -188,21 +188,23 @@ class _SplitKReplay:
 
 
 def _slice_sum(ws, c, device_id: int):
-    """The launch that adds the workspace's slices (ws: (slices, m, n), C-ordered) into c (m, n) in slice order."""
+    """The launch that adds the workspace's slices (ws: (slices, m, pitch), C-ordered, its first n = c.shape[1] columns
+    written) into c (m, n) in slice order."""
     from . import cuda as _cuda
 
-    slices, m, n = ws.shape
+    slices, m, pitch = ws.shape
+    n = c.shape[1]
     c_sm, c_sn = (s // 4 for s in c.strides)
-    return _cuda.Launch(SLICE_SUM, Variant(), device_id, m=m, n=n, k=slices, a_sm=n, a_sk=m * n, b_sk=0, b_sn=0,
-                        c_sm=c_sm if m > 1 else 0, c_sn=c_sn if n > 1 else 1, batch=1, batch_inner=1,
+    return _cuda.Launch(SLICE_SUM, Variant(), device_id, m=m, n=n, k=slices, a_sm=pitch, a_sk=m * pitch, b_sk=0,
+                        b_sn=0, c_sm=c_sm if m > 1 else 0, c_sn=c_sn if n > 1 else 1, batch=1, batch_inner=1,
                         batch_strides=(0,) * 6)
 
 
 def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, runs: bool = False) -> None:
     """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
 
-    The slices are strided views of a and b (no copies); their products land in a (splits, m, n) workspace that
-    fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on every run. Every step is a
+    The slices are strided views of a and b (no copies); their products land in a (splits, m, pitch) workspace whose
+    first n columns fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on every run. Every step is a
     launch of fastmm's own: a replay costs one allocation and two or three launches, where a CuPy reduction cost more
     host time than the products it summed (docs/history.md, section 'Staged uploads and split-K's sum (2026-11-23)').
     """
@@ -212,15 +214,20 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     (m, k), n = a.shape, b.shape[1]
     # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
     depth, full, tail = _plan.split_cut(k, choice.splits)
-    ws = empty((full + (tail > 0), m, n))
+    # The tiles' workspace rows are padded to 16 bytes: their 16-byte stores took a quarter of the scalar stores'
+    # time where N is not a multiple of 4 (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column
+    # kernels write rows of 1 to 16 floats, which padding would spread out.
+    pitch = n if isinstance(choice.config, FewColumns) else -(-n // 4) * 4
+    ws = empty((full + (tail > 0), m, pitch))
     strided = cp.lib.stride_tricks.as_strided
     a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))
     b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
     # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
     sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
-    gemm(a_slices, b_slices, ws[:full], choice.config.name, sub, runs=runs)
+    slices = ws[:, :, :n]
+    gemm(a_slices, b_slices, slices[:full], choice.config.name, sub, runs=runs)
     if tail:
-        gemm(a[:, full * depth:], b[full * depth:], ws[full], choice.config.name, sub, runs=runs)
+        gemm(a[:, full * depth:], b[full * depth:], slices[full], choice.config.name, sub, runs=runs)
     total = _slice_sum(ws, c, device_id)
     total(ws.data.ptr, 0, c.data.ptr)
     if record is not None:

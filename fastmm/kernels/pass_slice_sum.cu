@@ -5,11 +5,14 @@
 // stream, with the same fault handling and replay.
 //
 // Bound by memory (K x M x N reads) and by latency when K is long and M x N small (16x16x2^20 has 264 slices of
-// 256 elements): so each thread adds 4 consecutive elements of the flattened M x N index space over every G-th
-// slice, and the block's G groups of threads add their partial sums in group order. G grows with K (see
-// slice_groups, which fastmm/kernels/configs.py's SliceSum.grid mirrors). Elements are read 16 bytes at a time when
-// N is a multiple of 4 and both arrays' rows are 16-byte aligned (the 4 are then in one row), else one by one; the
-// layout is tested here rather than compiled in (uniform across the grid, free beside the loads).
+// 256 elements): so each thread adds a quad of 4 elements over every G-th slice, and the block's G groups of threads
+// add their partial sums in group order. G grows with K (see slice_groups, which fastmm/kernels/configs.py's
+// SliceSum.grid mirrors). Where the workspace's rows are 16-byte aligned (a_sm and a_sk multiples of 4: the runtime
+// pads the tiles' workspace rows so), quads lie in rows, 4 consecutive columns, and are read 16 bytes at a time but
+// for a row's last partial quad; C takes 16-byte stores where its own rows allow. Otherwise (the few-column
+// kernels' workspace: rows of 1 to 16 floats, not padded) a quad is 4 consecutive elements of the flattened M x N
+// index space, read one by one. The layout is tested here rather than compiled in (uniform across the grid, free
+// beside the loads).
 
 #define THREADS 256
 
@@ -40,32 +43,48 @@ fastmm_slicesum(FASTMM_GEMM_PARAMS)
     __shared__ float4 partial[THREADS];
     const int G = slice_groups(K), E = THREADS / G;  // slice groups, element groups per block
     const int g = threadIdx.x / E, e = threadIdx.x % E;
-    const long long first = ((long long)blockIdx.x * E + e) * 4;
+    const long long quad = (long long)blockIdx.x * E + e;
+    const bool rows = a_sm % 4 == 0 && a_sk % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0;
+    const int per_row = (N + 3) / 4;  // quads per row (rows)
+    const long long quads = rows ? (long long)M * per_row : ((long long)M * N + 3) / 4;
     const long long total = (long long)M * N;
-    const bool vec4 = N % 4 == 0 && c_sn == 1 && a_sm % 4 == 0 && a_sk % 4 == 0 && c_sm % 4 == 0 &&
-                      reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    long long offset[4];  // the 4 elements' offsets in a slice (vec4: the first's)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        long long m, n;
-        row_col(min(first + i, total - 1), total, N, m, n);
-        offset[i] = m * a_sm + n;
-    }
-    if (first < total) {
-        if (vec4) {
-            // N % 4 == 0: the 4 elements share a row.
-            const float* a = A + offset[0];
+    long long m = 0, n = 0;           // rows: the quad's row and first column
+    long long offset[4];              // flat: the 4 elements' offsets in a slice
+    int valid = 0;                    // elements of the quad inside C
+    if (quad < quads) {
+        if (rows) {
+            row_col(quad, quads, per_row, m, n);
+            n *= 4;
+            valid = (int)min(4LL, N - n);
+            const float* a = A + m * a_sm + n;
+            if (valid == 4) {
 #pragma unroll 8
-            for (int s = g; s < K; s += G) {
-                const float4 x = __ldg(reinterpret_cast<const float4*>(a + (long long)s * a_sk));
-                acc.x += x.x;
-                acc.y += x.y;
-                acc.z += x.z;
-                acc.w += x.w;
+                for (int s = g; s < K; s += G) {
+                    const float4 x = __ldg(reinterpret_cast<const float4*>(a + (long long)s * a_sk));
+                    acc.x += x.x;
+                    acc.y += x.y;
+                    acc.z += x.z;
+                    acc.w += x.w;
+                }
+            } else {
+#pragma unroll 4
+                for (int s = g; s < K; s += G) {
+                    const float* x = a + (long long)s * a_sk;
+                    acc.x += __ldg(x);
+                    if (valid > 1) acc.y += __ldg(x + 1);
+                    if (valid > 2) acc.z += __ldg(x + 2);
+                }
             }
         } else {
-            const int valid = (int)min(4LL, total - first);
+            const long long first = quad * 4;
+            valid = (int)min(4LL, total - first);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                long long r, col;
+                row_col(min(first + i, total - 1), total, N, r, col);
+                offset[i] = r * a_sm + col;
+            }
 #pragma unroll 4
             for (int s = g; s < K; s += G) {
                 const float* a = A + (long long)s * a_sk;
@@ -88,19 +107,24 @@ fastmm_slicesum(FASTMM_GEMM_PARAMS)
             acc.w += p.w;
         }
     }
-    if (first >= total) return;
-    if (vec4) {
-        long long m, n;
-        row_col(first, total, N, m, n);
-        *reinterpret_cast<float4*>(C + m * c_sm + n) = acc;
-    } else {
-        const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+    if (quad >= quads) return;
+    const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+    if (rows) {
+        float* c = C + m * c_sm + n * c_sn;
+        if (valid == 4 && c_sn == 1 && reinterpret_cast<unsigned long long>(c) % 16 == 0) {
+            *reinterpret_cast<float4*>(c) = acc;
+        } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if (first + i >= total) break;
-            long long m, n;
-            row_col(first + i, total, N, m, n);
-            C[m * c_sm + n * c_sn] = v[i];
+            for (int i = 0; i < 4; ++i)
+                if (i < valid) c[i * c_sn] = v[i];
         }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (i >= valid) break;
+        long long r, col;
+        row_col(quad * 4 + i, total, N, r, col);
+        C[r * c_sm + col * c_sn] = v[i];
     }
 }

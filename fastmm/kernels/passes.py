@@ -39,8 +39,8 @@ class _Auxiliary(KernelConfig):
 class SliceSum(_Auxiliary):
     """Not a product's kernel: split-K's ordered sum of the slices' partial products into C
     (fastmm/kernels/pass_slice_sum.cu), launched through the same runtime as the products (M x N the result, K the number
-    of slices). A block adds 4 consecutive elements per group of threads, over every slice: with many slices its
-    threads split into groups that each add every G-th slice (`slice_groups`)."""
+    of slices). A block adds a quad of 4 elements per group of threads, over every slice: with many slices its threads
+    split into groups that each add every G-th slice (`slice_groups`)."""
 
     family: ClassVar[str] = "slicesum"
     source: ClassVar[str] = "pass_slice_sum.cu"
@@ -64,8 +64,9 @@ class SliceSum(_Auxiliary):
         return 16 * self.THREADS
 
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
-        per_block = 4 * (self.THREADS // self.slice_groups(k))
-        return (max(1, -(-m * n // per_block)), 1, 1)
+        # Quads of 4 elements: a row's own where the workspace's rows are padded, else of the flattened M x N (fewer).
+        per_block = self.THREADS // self.slice_groups(k)
+        return (max(1, -(-m * -(-n // 4) // per_block)), 1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
