@@ -35,7 +35,7 @@ def serial_run(choice: Choice, problem: Problem, device: Device = Device()) -> i
     edges = (isinstance(config, WarpTile) and bool(problem.m % config.bm or problem.n % config.bn)
              and not config.loops_edges(choice.variant))
     if splits > 1:
-        depth, full, tail = split_cut(k, splits)
+        depth, full, tail = split_cut(k, splits, config)
         return max(_run_of(config, depth, choice.variant.a_t, edges),
                    _run_of(config, tail, choice.variant.a_t, edges) if tail else 0, full + (tail > 0))
     return _run_of(config, k, choice.variant.a_t, edges)

@@ -213,7 +213,7 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
     # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
-    depth, full, tail = _plan.split_cut(k, choice.splits)
+    depth, full, tail = _plan.split_cut(k, choice.splits, choice.config)
     # The tiles' workspace rows are padded to 16 bytes: their 16-byte stores took a quarter of the scalar stores'
     # time where N is not a multiple of 4 (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column
     # kernels write rows of 1 to 16 floats, which padding would spread out.
