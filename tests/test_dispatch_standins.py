@@ -570,6 +570,24 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
     assert launched == ["fewcol_n1", "fewcol_n1", "slicesum"]
 
 
+def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launched, monkeypatch):
+    """399 x 137 x 11639 (the split-k rule, 26 slices on the 64x64 tile): slices k // 26 = 447 deep as one batch and the
+    17 values left over as a shallow launch (in whole 16-deep steps: 26 of 432 and 407 left), both into a workspace
+    whose rows are padded to 140 floats for 16-byte stores; then the ordered sum of its 27 slices' first 137 columns."""
+    strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
+    monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
+                        raising=False)
+    a = _fastmm(np.zeros((399, 11639), np.float32))
+    b = _fastmm(np.zeros((11639, 137), np.float32))
+    _dispatch.matmul(a, b)
+    (name, _, args), (_, _, tail), (total, _, sums) = launched.args
+    assert name == "warptile_64x64x16_32x32_8x4_s4_tsum"
+    assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (26, 447, 1, 17)
+    assert args["c_sm"] == tail["c_sm"] == 140 and args["n"] == tail["n"] == 137
+    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sm"], sums["a_sk"]) == (27, 399, 137, 140,
+                                                                                                      399 * 140)
+
+
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):
     """Dask calls every chunk's einsum with dtype=None: that must not send it to CuPy's einsum."""
     seen = _numpy_gemm(monkeypatch)

@@ -1205,3 +1205,20 @@ def test_a_lane_with_one_running_sum_takes_slices_of_at_most_160_terms():
     assert _plan.choose(p).config.name == "fewcol_n16" and _plan.serial_run(_plan.choose(p), p) == 156
     p = _plan.Problem(4963, 5, 4991, a_t=True)  # lanes own rows: 624 terms walked, in blocks of 32
     assert _plan.choose(p).config.name == "fewcol_n16_c2" and _plan.serial_run(_plan.choose(p), p) == 32
+
+
+def test_split_cut_leaves_whole_steps_or_fewer_values_than_slices():
+    """Split-K's cut: whole 16-deep slices and the rest as a launch of its own, unless the unrolled tiles' k // splits
+    deep slices run fewer K-tiles in series (their rest: fewer values than slices); the loops keep whole steps."""
+    from fastmm.kernels import configs
+
+    assert _plan.split_cut(7157, 27) == (256, 27, 245)
+    assert _plan.split_cut(7157, 27, configs.WT64) == (265, 27, 2)          # 17 + 1 + 1 K-tiles against 16 + 16 + 1
+    assert _plan.split_cut(7157, 27, configs.WT256_SLICES) == (256, 27, 245)  # the loop: whole K-tiles
+    assert _plan.split_cut(3074, 2, configs.WT64) == (1537, 2, 0)           # no launch for a rest of 2
+    assert _plan.split_cut(4096, 4, configs.WT64) == (1024, 4, 0)           # the same cut either way
+    assert _plan.split_cut(4128, 2, configs.WT64) == (2064, 2, 0)
+    for k in range(256, 3000, 7):
+        for splits in (2, 3, 5, 8, 13, 27):
+            depth, full, rest = _plan.split_cut(k, splits, configs.WT64)
+            assert full * depth + rest == k and 0 <= rest and full <= splits

@@ -204,9 +204,10 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
 
     The slices are strided views of a and b (no copies); their products land in a (splits, m, pitch) workspace whose
-    first n columns fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on every run. Every step is a
-    launch of fastmm's own: a replay costs one allocation and two or three launches, where a CuPy reduction cost more
-    host time than the products it summed (docs/history.md, section 'Staged uploads and split-K's sum (2026-11-23)').
+    first n columns fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on every run. Every
+    step is a launch of fastmm's own: a replay costs one allocation and two or three launches, where a CuPy reduction
+    cost more host time than the products it summed (docs/history.md, section 'Staged uploads and split-K's sum
+    (2026-11-23)').
     """
     cp = _cupy()
     # The plan splits only single products: any batch axes here have size 1 and drop out as views.
@@ -214,9 +215,9 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     (m, k), n = a.shape, b.shape[1]
     # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
     depth, full, tail = _plan.split_cut(k, choice.splits, choice.config)
-    # The tiles' workspace rows are padded to 16 bytes: their 16-byte stores took a quarter of the scalar stores'
-    # time where N is not a multiple of 4 (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column
-    # kernels write rows of 1 to 16 floats, which padding would spread out.
+    # The tiles' workspace rows are padded to 16 bytes, so that the slices store them 16 bytes at a time whatever N
+    # (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column kernels write rows of 1 to 16 floats,
+    # which padding would spread out.
     pitch = n if isinstance(choice.config, FewColumns) else -(-n // 4) * 4
     ws = empty((full + (tail > 0), m, pitch))
     strided = cp.lib.stride_tricks.as_strided

@@ -486,6 +486,8 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits
     if (FLUSH && flushed) add_sums(true, false);
+    // C's own rows decide, in the 4-byte-copy binaries too: split-K pads its workspace's rows for them, and a result
+    // can be aligned where its operands are not (docs/kernels/split-k.md, section 'The workspace's rows').
     const bool vec4 = fastmm_c_vec4(c, c_sm);
     if (STAGED_C && !vec4 && K <= BK) {
         store_staged(c, c_sm, bm, bn, M, N, acc, smem_addr(smem), wm0 + ty * 4, wn0 + tx * 4);
