@@ -1222,3 +1222,12 @@ def test_split_cut_leaves_whole_steps_or_fewer_values_than_slices():
         for splits in (2, 3, 5, 8, 13, 27):
             depth, full, rest = _plan.split_cut(k, splits, configs.WT64)
             assert full * depth + rest == k and 0 <= rest and full <= splits
+
+
+def test_explain_shows_the_cut_of_k():
+    """`explain` states split-K's cut as the runtime makes it: the slices' count and depth, and what K leaves over."""
+    a = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (399, 11639), (4 * 11639, 4))
+    b = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (11639, 137), (4 * 137, 4))
+    text = fastmm.explain(a, b)
+    assert "split-K into 26 slices 447 deep, the last 17 of K a launch of its own" in text, text
+    assert "split-K into 128 slices 512 deep\n" in fastmm.explain((128, 65536), (65536, 128))

@@ -10,7 +10,7 @@ from .accuracy import serial_run
 from .forced import _forced, kernels_on
 from .precision import OZAKI_INT8, PRECISIONS, current_precision
 from .problem import Choice, Device, Problem
-from .table import aligned_copies, choose, interior
+from .table import aligned_copies, choose, interior, split_cut
 
 __all__ = ["describe", "settings"]
 
@@ -48,7 +48,11 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
         inner = choose(padded, device, "auto")
         return (describe(inner, padded, device).replace(" (A ", f" (on aligned copies of {copies}; A ", 1)
                 + f"\n  copy    {choice.rule}: {choice.reason}")
-    split = f", split-K into {choice.splits} slices" if choice.splits > 1 else ""
+    split = ""
+    if choice.splits > 1:  # the cut as the runtime makes it: one batched launch of the slices, then what K leaves over
+        depth, full, rest = split_cut(problem.k, choice.splits, choice.config)
+        split = f", split-K into {full} slices {depth} deep" + (f", the last {rest} of K a launch of its own" if rest
+                                                                else "")
     if getattr(choice.config, "cluster", 1) > 1:
         split = f", K split over a cluster of {choice.config.cluster} blocks that sums it"
     run = serial_run(choice, problem, device)  # (of the interior, for a peeled product)

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -218,7 +219,7 @@ def run(shapes, kernels, *, seed: int, progress: bool, cpu: bool) -> dict:
             res["seconds"] = statistics.median(res["samples"])
             res["tflops"] = shape.flops / res["seconds"] / 1e12
         kernel_line = fastmm.explain(fa[0][0], fa[0][1]).splitlines()[1].split(maxsplit=1)[1]
-        row["auto_kernel"] = kernel_line.replace(", split-K into ", " x").replace(" slices", " K-slices")
+        row["auto_kernel"] = re.sub(r", split-K into (\d+) slices.*", r" x\1 K-slices", kernel_line)
         if min(shape.m, shape.n) <= 16:
             # Bound by memory: the bytes a product must move, and a device-to-device copy of A (read + write) as
             # the ceiling, timed on the same operands.
