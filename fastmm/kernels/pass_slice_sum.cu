@@ -37,6 +37,30 @@ __device__ __forceinline__ void row_col(long long i, long long total, int N, lon
     }
 }
 
+// acc += load(s) for s = g, g + G, g + 2G, ... below K, in that order, with the loads of IN_FLIGHT slices issued
+// before their adds: one slice at a time, each add waited on its load (13 slices of 289 x 178 took 15 us).
+constexpr int IN_FLIGHT = 8;
+
+template <class Load>
+__device__ __forceinline__ void add_slices(float4& acc, int g, int G, int K, Load load)
+{
+    for (int s = g; s < K; s += IN_FLIGHT * G) {
+        float4 x[IN_FLIGHT];
+#pragma unroll
+        for (int i = 0; i < IN_FLIGHT; ++i)
+            x[i] = load(min(s + i * G, K - 1));  // past K a slice read again (a cache hit), not added
+#pragma unroll
+        for (int i = 0; i < IN_FLIGHT; ++i) {
+            if (s + i * G < K) {
+                acc.x += x[i].x;
+                acc.y += x[i].y;
+                acc.z += x[i].z;
+                acc.w += x[i].w;
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 fastmm_slicesum(FASTMM_GEMM_PARAMS)
 {
@@ -59,22 +83,15 @@ fastmm_slicesum(FASTMM_GEMM_PARAMS)
             valid = (int)min(4LL, N - n);
             const float* a = A + m * a_sm + n;
             if (valid == 4) {
-#pragma unroll 8
-                for (int s = g; s < K; s += G) {
-                    const float4 x = __ldg(reinterpret_cast<const float4*>(a + (long long)s * a_sk));
-                    acc.x += x.x;
-                    acc.y += x.y;
-                    acc.z += x.z;
-                    acc.w += x.w;
-                }
+                add_slices(acc, g, G, K, [&](int s) {
+                    return __ldg(reinterpret_cast<const float4*>(a + (long long)s * a_sk));
+                });
             } else {
-#pragma unroll 4
-                for (int s = g; s < K; s += G) {
+                add_slices(acc, g, G, K, [&](int s) {
                     const float* x = a + (long long)s * a_sk;
-                    acc.x += __ldg(x);
-                    if (valid > 1) acc.y += __ldg(x + 1);
-                    if (valid > 2) acc.z += __ldg(x + 2);
-                }
+                    return make_float4(__ldg(x), valid > 1 ? __ldg(x + 1) : 0.0f, valid > 2 ? __ldg(x + 2) : 0.0f,
+                                       0.0f);
+                });
             }
         } else {
             const long long first = quad * 4;
@@ -85,14 +102,11 @@ fastmm_slicesum(FASTMM_GEMM_PARAMS)
                 row_col(min(first + i, total - 1), total, N, r, col);
                 offset[i] = r * a_sm + col;
             }
-#pragma unroll 4
-            for (int s = g; s < K; s += G) {
+            add_slices(acc, g, G, K, [&](int s) {
                 const float* a = A + (long long)s * a_sk;
-                acc.x += __ldg(a + offset[0]);
-                if (valid > 1) acc.y += __ldg(a + offset[1]);
-                if (valid > 2) acc.z += __ldg(a + offset[2]);
-                if (valid > 3) acc.w += __ldg(a + offset[3]);
-            }
+                return make_float4(__ldg(a + offset[0]), valid > 1 ? __ldg(a + offset[1]) : 0.0f,
+                                   valid > 2 ? __ldg(a + offset[2]) : 0.0f, valid > 3 ? __ldg(a + offset[3]) : 0.0f);
+            });
         }
     }
     if (G > 1) {
