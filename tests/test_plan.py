@@ -256,6 +256,10 @@ def test_warptile_configurations_are_checked():
         configs.validate(WarpTile(stages=1))
     with pytest.raises(ValueError, match=r"BK of 8"):
         configs.validate(WarpTile(bk=12))
+    # Two warps of 64x64 over a 128-wide side: a 4-byte copy pass of 64 threads covers half a row (pipeline.cuh's P_K
+    # would be 0, and nvcc divides by it).
+    with pytest.raises(ValueError, match=r"64 threads cannot copy 128-wide rows in whole passes"):
+        configs.validate(WarpTile(64, 128, 16, 64, 64, 8, 16, 4, 4))
     with pytest.raises(ValueError, match=r"needs 200 registers x 256 threads = 51200"):
         configs.validate(WarpTile(), max_regs_per_block=32768, regs_per_thread=200)
     # The sub-tile loop: sub_k divides BK, holds whole passes of copies, and leaves tile sums alone.

@@ -104,6 +104,9 @@ class _Pipelined:
         for side in (self.bm, self.bn):
             if (side * self.bk) % self.threads or (side * self.bk // 4) % self.threads:
                 return [f"{self.threads} threads cannot share a {side}x{self.bk} slice evenly"]
+            if self.threads % side:  # a pass of 4-byte copies along the side covers whole rows of it (pipeline.cuh)
+                return [f"{self.threads} threads cannot copy {side}-wide rows in whole passes of 4-byte copies (the "
+                        "threads must be a multiple of the side)"]
         return []
 
 
