@@ -588,6 +588,30 @@ def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launch
                                                                                                       399 * 140)
 
 
+def test_split_k_on_a_small_batch_splits_each_item_in_turn(launched, monkeypatch):
+    """2 x 95 x 150 x 10191 (split-k-idle on a batch of two: five 128x32 tiles an item): each item's 39 slices 261 deep
+    as one batch, its last 12 of K as a launch of their own and its ordered sum, item after item, each into its own
+    slice of C."""
+    strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
+    monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
+                        raising=False)
+    a = _fastmm(np.zeros((2, 95, 10191), np.float32))
+    b = _fastmm(np.zeros((2, 10191, 150), np.float32))
+    c = _dispatch.matmul(a, b)
+    assert c.shape == (2, 95, 150)
+    tile = "warptile_128x32x16_32x32_8x4_s4_tsum"
+    assert launched == [tile, tile, "slicesum"] * 2
+    for item in (0, 1):
+        (_, _, args), (_, _, tail), (_, _, sums) = launched.args[3 * item:3 * item + 3]
+        assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (39, 261, 1, 12)
+        assert (sums["k"], sums["m"], sums["n"], sums["a_sm"]) == (40, 95, 150, 152)
+    # The two sums write C's two items (the third pointer: 95 x 150 floats apart), the slices read A's and B's own.
+    sum0, sum1 = launched.ptrs[2], launched.ptrs[5]
+    assert (sum0[2], sum1[2]) == (c.data.ptr, c.data.ptr + 4 * 95 * 150)
+    assert launched.ptrs[3][0] - launched.ptrs[0][0] == 4 * 95 * 10191
+    assert launched.ptrs[3][1] - launched.ptrs[0][1] == 4 * 10191 * 150
+
+
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):
     """Dask calls every chunk's einsum with dtype=None: that must not send it to CuPy's einsum."""
     seen = _numpy_gemm(monkeypatch)

@@ -45,7 +45,7 @@ def test_unknown_kernel_lists_valid_names():
     (65536, 4, 17, 1, "few-columns"), (10000, 1, 1000, 1, "few-columns"),
     (1, 4096, 4096, 1, "few-columns"), (1700, 170, 17, 1, "tiled"), (16, 17, 8192, 1, "few-columns"),
     (17, 4096, 4096, 1, "narrow-tiles"), (24, 48, 65536, 1, "split-k"), (20, 40, 4200, 1, "wide-few-columns"), (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"),
-    (128, 128, 65536, 2, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
+    (128, 128, 65536, 2, "split-k-idle"), (128, 128, 65536, 9, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
     (1, 1, 1 << 20, 1, "few-columns"), (32, 32, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
@@ -708,6 +708,22 @@ def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
     # Not where the tiles already fill the GPU, nor for a K short of two slices.
     assert choose(1024, 1024, 1024).rule == "tiled" and choose(1000, 1000, 3000).rule != "split-k-idle"
     assert choose(804, 32, 1000).rule != "split-k-idle"
+
+
+@pytest.mark.parametrize("m,n,k,batch,splits", [
+    (95, 150, 10191, 2, 39),   # 5 tiles of 128x32 an item: 39 slices of 261 (K // 256), each item in turn
+    (70, 27, 10604, 4, 41),
+    (98, 258, 2038, 3, 7),     # K just past 512 x the batch
+])
+def test_split_k_idle_splits_each_item_of_a_small_batch(m, n, k, batch, splits):
+    """A small batch whose tiles leave SMs without a block, on a K of at least 512 x the batch: each item's K cut as a
+    single product's would be (the runtime splits the items one after another)."""
+    c = choose(m, n, k, batch)
+    assert (c.rule, c.splits) == ("split-k-idle", splits)
+    assert c.splits == choose(m, n, k).splits or choose(m, n, k).rule != "split-k-idle"
+    # Not a batch past 8, nor a K short of 512 x the batch, nor a batch whose tiles give every SM a block.
+    assert choose(m, n, k, 9).splits == 1 and choose(m, n, 512 * batch - 16, batch).splits == 1
+    assert choose(1000, 1000, 8192, 2).splits == 1
 
 
 @pytest.mark.parametrize("m,n,k,layout,rule,splits", [

@@ -53,6 +53,8 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
         depth, full, rest = split_cut(problem.k, choice.splits, choice.config)
         split = f", split-K into {full} slices {depth} deep" + (f", the last {rest} of K a launch of its own" if rest
                                                                 else "")
+        if problem.batch > 1:
+            split += f" (each of the batch's {problem.batch} products in turn)"
     if getattr(choice.config, "cluster", 1) > 1:
         split = f", K split over a cluster of {choice.config.cluster} blocks that sums it"
     run = serial_run(choice, problem, device)  # (of the interior, for a peeled product)

@@ -200,12 +200,19 @@ _IDLE_SLOTS = 0.5
 _IDLE_MIN_K = 1024
 _IDLE_MIN_SLICE = 256
 _IDLE_K_OVER_MN = 4
+# A small batch whose tiles, all items together, leave SMs without a block on a K of at least this per item: each item
+# split on its own (three launches an item, about 8 us, against 0.55 us per 16-deep step of the unsplit walk; 2x95x150
+# x10191 ran 0.48x cuBLAS unsplit) (docs/kernels/split-k.md, section 'Small batches').
+_BATCH_SPLIT_K, _BATCH_SPLIT_MAX = 512, 8
 
 
 def _idle_slots(problem: Problem, device: Device) -> bool:
-    if problem.batch != 1 or problem.k < _IDLE_MIN_K:
+    if problem.k < _IDLE_MIN_K:
         return False
     tiles = problem.tiles(get_config(WT64))
+    if problem.batch != 1:
+        return (problem.batch <= _BATCH_SPLIT_MAX and problem.k >= _BATCH_SPLIT_K * problem.batch
+                and tiles < device.sm_count)
     # Some SMs without a block at all, or few blocks per SM on a K that dwarfs the output.
     return tiles < device.sm_count or (tiles < _IDLE_SLOTS * get_config(WT64).min_blocks * device.sm_count
                                        and problem.k >= _IDLE_K_OVER_MN * max(problem.m, problem.n))
@@ -214,10 +221,10 @@ def _idle_slots(problem: Problem, device: Device) -> bool:
 def idle_splits(problem: Problem, device: Device) -> int:
     """Slices of K that fill one wave of the four-warp tile's block slots (64x64, or a narrow one that pads far less:
     `small_tile`), each at least _IDLE_MIN_SLICE deep (where K does not divide evenly, the rest runs as one shallow
-    launch of its own)."""
+    launch of its own). In a batch, each item's slices fill the wave: the runtime splits the items one after another."""
     config = get_config(small_tile(problem))
     slots = config.min_blocks * device.sm_count
-    return max(2, min(slots // problem.tiles(config), problem.k // _IDLE_MIN_SLICE))
+    return max(2, min(slots // (problem.tiles(config) // problem.batch), problem.k // _IDLE_MIN_SLICE))
 
 
 def _wave_slots(problem: Problem, device: Device) -> bool:
@@ -395,8 +402,9 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} where even 64x64 tiles would leave SMs without a block (or, with "
          f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): "
          f"K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile) that fill one wave of them, "
-         f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound)",
-         _idle_slots, lambda p, d: small_tile(p), idle_splits),
+         f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound); "
+         f"in a batch of at most {_BATCH_SPLIT_MAX} whose tiles leave SMs without a block, K >= {_BATCH_SPLIT_K}x the "
+         "batch: each item so, one after another", _idle_slots, lambda p, d: small_tile(p), idle_splits),
     Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
          f"{_NARROW_FEW_MIN_K} <= K < {_SPLIT_MIN_K}: the few-column kernel, its blocks covering the columns "
          f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",

@@ -149,6 +149,10 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
     if choice.peel != (0, 0):
         return _peeled(a, b, c, choice.peel, record, runs)
     if choice.splits > 1:
+        if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:  # a small batch: each item split on its own, in turn
+            for index in np.ndindex(*c.shape[:-2]):
+                _split_k(_batch_item(a, index), _batch_item(b, index), c[index], choice, device_id, record, runs)
+            return
         return _split_k(a, b, c, choice, device_id, record, runs)
     swapped = isinstance(choice.config, FewColumns) and _plan.few_rows(problem, choice.config)
     if swapped:
@@ -210,7 +214,7 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     (2026-11-23)').
     """
     cp = _cupy()
-    # The plan splits only single products: any batch axes here have size 1 and drop out as views.
+    # A single product (gemm hands a batch over item by item): any batch axes here have size 1 and drop out as views.
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
     # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
