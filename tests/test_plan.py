@@ -713,16 +713,18 @@ def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
 @pytest.mark.parametrize("m,n,k,batch,splits", [
     (95, 150, 10191, 2, 39),   # 5 tiles of 128x32 an item: 39 slices of 261 (K // 256), each item in turn
     (70, 27, 10604, 4, 41),
-    (98, 258, 2038, 3, 7),     # K just past 512 x the batch
+    (98, 258, 3100, 3, 12),    # K just past 1024 x the batch
 ])
 def test_split_k_idle_splits_each_item_of_a_small_batch(m, n, k, batch, splits):
-    """A small batch whose tiles leave SMs without a block, on a K of at least 512 x the batch: each item's K cut as a
+    """A small batch whose tiles leave SMs without a block, on a K of at least 1024 x the batch: each item's K cut as a
     single product's would be (the runtime splits the items one after another)."""
     c = choose(m, n, k, batch)
     assert (c.rule, c.splits) == ("split-k-idle", splits)
     assert c.splits == choose(m, n, k).splits or choose(m, n, k).rule != "split-k-idle"
-    # Not a batch past 8, nor a K short of 512 x the batch, nor a batch whose tiles give every SM a block.
-    assert choose(m, n, k, 9).splits == 1 and choose(m, n, 512 * batch - 16, batch).splits == 1
+    # Not a batch past 8, nor a K short of 1024 x the batch (4 x 20 x 231 x 2249 ran 0.71x cuBLAS unsplit, 0.42x split),
+    # nor a batch whose tiles give every SM a block.
+    assert choose(m, n, k, 9).splits == 1 and choose(m, n, 1024 * batch - 16, batch).splits == 1
+    assert choose(20, 231, 2249, 4).splits == 1
     assert choose(1000, 1000, 8192, 2).splits == 1
 
 

@@ -201,9 +201,9 @@ _IDLE_MIN_K = 1024
 _IDLE_MIN_SLICE = 256
 _IDLE_K_OVER_MN = 4
 # A small batch whose tiles, all items together, leave SMs without a block on a K of at least this per item: each item
-# split on its own (three launches an item, about 8 us, against 0.55 us per 16-deep step of the unsplit walk; 2x95x150
-# x10191 ran 0.48x cuBLAS unsplit) (docs/kernels/split-k.md, section 'Small batches').
-_BATCH_SPLIT_K, _BATCH_SPLIT_MAX = 512, 8
+# split on its own, in turn (three launches an item): 0.48-0.95x cuBLAS unsplit, 1.2-2.6x split from 1216 per item;
+# at 562 and 679 per item it lost (docs/kernels/split-k.md, section 'Small batches').
+_BATCH_SPLIT_K, _BATCH_SPLIT_MAX = 1024, 8
 
 
 def _idle_slots(problem: Problem, device: Device) -> bool:
