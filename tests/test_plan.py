@@ -416,6 +416,15 @@ def test_cublas_ahead_names_the_measured_classes(m, n, k, aligned, ahead):
     assert _plan.cublas_ahead(problem, forced, _plan.Device()) is None  # a forced kernel is never second-guessed
 
 
+def test_cublas_ahead_leaves_a_small_batch_split_item_by_item_to_fastmm():
+    """split-k-idle's single products run behind cuBLAS (the hook leaves them to it); a small batch split item by item
+    runs 1.2-2.6x cuBLAS, so the hook keeps it."""
+    single, batch = _plan.Problem(804, 33, 7189), _plan.Problem(95, 150, 10191, 2)
+    assert _plan.choose(single).rule == _plan.choose(batch).rule == "split-k-idle"
+    assert _plan.cublas_ahead(single, _plan.choose(single), _plan.Device()).startswith("few tiles on a long K")
+    assert _plan.cublas_ahead(batch, _plan.choose(batch), _plan.Device()) is None
+
+
 def test_explain_says_when_the_cupy_hook_leaves_a_product_to_cublas():
     assert "under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS (partial wave" in \
         fastmm.explain((768, 256), (256, 768))
