@@ -133,3 +133,39 @@ def test_small_products_replay_on_cupy_arrays(stand_in_device):
     shifted = array((64, 64), memory_at(4 * 64 * 64 + 16) + 4)
     np.matmul(shifted, fb)
     assert len(_gemm.replays) == 5 and _gemm.signature(shifted, fb, None, None, 0) in _gemm.replays
+
+
+def test_a_replay_into_out_checks_overlap_with_the_operands(stand_in_device, monkeypatch):
+    """A replay into `out` tests overlap from the spans kept with the signature: an `out` of the recorded strides that
+    shares memory with A or B (in place, a row block into A, the last row of B) goes the full path, through a temporary; one just
+    past them replays."""
+    import numpy as np
+
+    import fastmm
+    from fastmm._runtime import gemm as _gemm
+
+    memory_at, launched = stand_in_device
+    through = []
+
+    def via_temporary(a, b, c, kernel, record, runs=False):  # (as the real one: not replayed)
+        through.append(c.data.ptr)
+        if record is not None:
+            record.append(None)
+
+    monkeypatch.setattr(_gemm, "_via_temporary", via_temporary)
+    buf = memory_at(4 * 64 * 64 * 4)
+
+    def at(row):  # a 64 x 64 matrix `row` rows into one allocation of 256 rows
+        return fastmm.ndarray((64, 64), np.float32, buf + 4 * 64 * row)
+
+    a, b = at(0), at(64)
+    assert np.matmul(a, b, out=at(128)) is not None and np.matmul(a, b, out=at(128)) is not None  # recorded, replayed
+    assert len(launched) == 2 and not through
+    for row, overlaps in ((0, True), (32, True), (100, True), (127, True), (128, False), (192, False)):
+        out = at(row)
+        np.matmul(a, b, out=out)
+        if overlaps:
+            assert through[-1] == out.data.ptr, row
+        else:
+            assert launched[-1][3] == out.data.ptr, row
+    assert len(through) == 4 and len(launched) == 4 and len(_gemm.replays) == 1

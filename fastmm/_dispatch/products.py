@@ -402,23 +402,26 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
     key = _gemm.signature(a, b, out, kernel, device_id)
     hit = _gemm.replays.get(key)
     if hit is not None:
-        out_shape, run = hit
+        out_shape, run, spans = hit
         if out is None:
             c = empty(out_shape)
             run(pa, pb, c.data.ptr)
             return c
         # A replay into `out` needs what the signature cannot promise: an `out` of the right shape that shares no
         # memory with the operands (else the full path below raises NumPy's error or goes through a temporary).
-        if out.shape == out_shape and not (_arrays.may_overlap(out, a) or _arrays.may_overlap(out, b)):
-            run(pa, pb, out.data.ptr)
-            return out
+        if out.shape == out_shape:
+            pc = out.data.ptr
+            if _arrays.apart(pc, pa, pb, spans):
+                run(pa, pb, pc)
+                return out
     out_shape = matmul_shapes(a.shape, b.shape)[0]
     check_out(out, out_shape)
     c = empty(out_shape) if out is None else out
     record = _gemm.Recorder(pa, pb, c.data.ptr)
     _gemm.gemm(*_MATMUL.views(a, b, c), kernel, record)
     if None not in record:
-        _gemm.remember(key, out_shape, tuple(record))
+        spans = None if out is None else (_arrays.span(a), _arrays.span(b), _arrays.span(out))
+        _gemm.remember(key, out_shape, tuple(record), spans)
     return c
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _errors, _plan
 from .._errors import format_shape as _fmt
 
-__all__ = ["cupy", "cupy_base", "problem_for", "empty", "owning", "may_overlap"]
+__all__ = ["cupy", "cupy_base", "problem_for", "empty", "owning", "may_overlap", "span", "apart"]
 
 _F32 = np.dtype(np.float32)
 _cp = None
@@ -94,6 +94,25 @@ def _extent(x) -> tuple[int, int]:
         else:
             lo += (s - 1) * st
     return lo, hi + x.itemsize
+
+
+def span(x) -> tuple[int, int] | None:
+    """[low, high) byte range that x's elements can touch, relative to its data pointer (it depends on shape and
+    strides alone); None for an empty array."""
+    if x.size == 0:
+        return None
+    lo, hi = _extent(x)
+    return lo - x.data.ptr, hi - x.data.ptr
+
+
+def apart(pc: int, pa: int, pb: int, spans) -> bool:
+    """Whether C at address pc shares no byte with A at pa nor B at pb, given their `span`s (A's, B's, C's): the
+    overlap test of a replay, two comparisons an operand, where `may_overlap` walks shapes and strides."""
+    sa, sb, sc = spans
+    if sc is None:
+        return True
+    c0, c1 = pc + sc[0], pc + sc[1]
+    return all(s is None or not (p + s[0] < c1 and c0 < p + s[1]) for p, s in ((pa, sa), (pb, sb)))
 
 
 def may_overlap(x, y) -> bool:

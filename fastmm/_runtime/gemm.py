@@ -564,7 +564,8 @@ def _via_temporary(a, b, c, kernel, record, runs: bool = False):
 
 # Replays of earlier float32 products, per call signature: shapes, strides, 16-byte alignment of both operands,
 # device and forced kernel determine everything but the three pointers (see _cuda.Launch). An entry is (the
-# result's shape, the callable that runs the steps on (pa, pb, pc): see `_runner`).
+# result's shape, the callable that runs the steps on (pa, pb, pc): see `_runner`, and for a product into `out` the
+# byte spans of A, B and `out` relative to their pointers: see `arrays.apart`).
 replays: dict[tuple, tuple] = {}
 REPLAYS_MAX = 1024
 _plan.on_reload(replays.clear)  # a new autotune entry can change what a signature should run
@@ -576,8 +577,9 @@ def signature(a, b, out, kernel, device_id):
             _plan.settings(), None if out is None else (out.strides, out.data.ptr & 15))
 
 
-def remember(key, out_shape, steps) -> None:
-    """Keep a recorded product for replay under `key` (at most REPLAYS_MAX signatures: past that, start over)."""
+def remember(key, out_shape, steps, spans=None) -> None:
+    """Keep a recorded product for replay under `key` (at most REPLAYS_MAX signatures: past that, start over);
+    `spans`: of A, B and `out` where the product had one."""
     if len(replays) >= REPLAYS_MAX:
         replays.clear()
-    replays[key] = (out_shape, _runner(steps))
+    replays[key] = (out_shape, _runner(steps), spans)
