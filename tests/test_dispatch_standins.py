@@ -571,27 +571,29 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
 
 
 def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launched, monkeypatch):
-    """399 x 137 x 11639 (the split-k rule, 26 slices on the 64x64 tile): slices k // 26 = 447 deep as one batch and the
-    17 values left over as a shallow launch (in whole 16-deep steps: 26 of 432 and 407 left), both into a workspace
-    whose rows are padded to 140 floats for 16-byte stores; then the ordered sum of its 27 slices' first 137 columns."""
+    """399 x 137 x 11639 (the split-k rule, 26 slices on the 64x64 tile): 26 slices ceil(k / 26) = 448 deep as one
+    batch, the last ending at K (439 deep: the kernel's k_total), into a workspace whose rows are padded to 140 floats
+    for 16-byte stores; then the ordered sum of its 26 slices' first 137 columns. No launch for what K leaves over
+    (in whole 16-deep steps: 26 of 432 and 407 left)."""
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
     a = _fastmm(np.zeros((399, 11639), np.float32))
     b = _fastmm(np.zeros((11639, 137), np.float32))
     _dispatch.matmul(a, b)
-    (name, _, args), (_, _, tail), (total, _, sums) = launched.args
-    assert name == "warptile_64x64x16_32x32_8x4_s4_tsum"
-    assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (26, 447, 1, 17)
-    assert args["c_sm"] == tail["c_sm"] == 140 and args["n"] == tail["n"] == 137
-    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sm"], sums["a_sk"]) == (27, 399, 137, 140,
+    (name, _, args), (total, _, sums) = launched.args
+    assert name == "warptile_64x64x16_32x32_8x4_s4_tsum" and launched == [name, "slicesum"]
+    assert (args["batch"], args["k"], args["k_total"]) == (26, 448, 11639)
+    assert (args["batch_inner"], args["batch_strides"][:4]) == (26, (0, 448, 0, 448 * 137))  # slice z from z * 448
+    assert args["c_sm"] == 140 and args["n"] == 137
+    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sm"], sums["a_sk"]) == (26, 399, 137, 140,
                                                                                                       399 * 140)
+    assert sums.get("k_total", 0) == 0
 
 
 def test_split_k_on_a_small_batch_splits_each_item_in_turn(launched, monkeypatch):
-    """2 x 95 x 150 x 10191 (split-k-idle on a batch of two: five 128x32 tiles an item): each item's 39 slices 261 deep
-    as one batch, its last 12 of K as a launch of their own and its ordered sum, item after item, each into its own
-    slice of C."""
+    """2 x 95 x 150 x 10191 (split-k-idle on a batch of two: five 128x32 tiles an item): each item's 39 slices 262 deep
+    as one batch (the last ending at K, 235 deep) and its ordered sum, item after item, each into its own slice of C."""
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
@@ -600,16 +602,16 @@ def test_split_k_on_a_small_batch_splits_each_item_in_turn(launched, monkeypatch
     c = _dispatch.matmul(a, b)
     assert c.shape == (2, 95, 150)
     tile = "warptile_128x32x16_32x32_8x4_s4_tsum"
-    assert launched == [tile, tile, "slicesum"] * 2
+    assert launched == [tile, "slicesum"] * 2
     for item in (0, 1):
-        (_, _, args), (_, _, tail), (_, _, sums) = launched.args[3 * item:3 * item + 3]
-        assert (args["batch"], args["k"], tail["batch"], tail["k"]) == (39, 261, 1, 12)
-        assert (sums["k"], sums["m"], sums["n"], sums["a_sm"]) == (40, 95, 150, 152)
+        (_, _, args), (_, _, sums) = launched.args[2 * item:2 * item + 2]
+        assert (args["batch"], args["k"], args["k_total"]) == (39, 262, 10191)
+        assert (sums["k"], sums["m"], sums["n"], sums["a_sm"]) == (39, 95, 150, 152)
     # The two sums write C's two items (the third pointer: 95 x 150 floats apart), the slices read A's and B's own.
-    sum0, sum1 = launched.ptrs[2], launched.ptrs[5]
+    sum0, sum1 = launched.ptrs[1], launched.ptrs[3]
     assert (sum0[2], sum1[2]) == (c.data.ptr, c.data.ptr + 4 * 95 * 150)
-    assert launched.ptrs[3][0] - launched.ptrs[0][0] == 4 * 95 * 10191
-    assert launched.ptrs[3][1] - launched.ptrs[0][1] == 4 * 10191 * 150
+    assert launched.ptrs[2][0] - launched.ptrs[0][0] == 4 * 95 * 10191
+    assert launched.ptrs[2][1] - launched.ptrs[0][1] == 4 * 10191 * 150
 
 
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):

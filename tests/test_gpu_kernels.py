@@ -206,6 +206,36 @@ def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     assert rel_error(fresh, a2.astype(np.float64) @ b.astype(np.float64)) < 1e-5
 
 
+@pytest.mark.parametrize("m,n,k", [(399, 137, 11639), (804, 33, 7189), (41, 269, 8637), (482, 42, 2613)], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_k_reads_nothing_past_k(m, n, k, layout, rng, launches):
+    """Split-K on the warp tiles runs its slices as one launch whose last slice ends at K, short of the others (the
+    kernel's k_total): with A and B views into arrays whose values past K are NaN, the result is finite and right, so
+    no slice read past K; one launch of slices and the ordered sum, replays bitwise the same."""
+    import fastmm
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
+
+    choice = _plan.choose(_plan.Problem(m, n, k, a_t=layout[0] == "t", b_t=layout[1] == "t"), _cuda.device(0))
+    depth, slices, rest = _plan.split_cut(k, choice.splits, choice.config)
+    assert choice.splits > 1 and rest == 0 and slices * depth > k, (choice, depth, slices)
+    past = 64 + -k % 4  # (rows of A along K stay 16-byte aligned, as the plan above assumed)
+    a = np.full((k + past, m) if layout[0] == "t" else (m, k + past), np.nan, np.float32)
+    b = np.full((n, k + past) if layout[1] == "t" else (k + past, n), np.nan, np.float32)
+    a_in = a[:k].T if layout[0] == "t" else a[:, :k]
+    b_in = b[:, :k].T if layout[1] == "t" else b[:k]
+    a_in[...] = rng.uniform(-1, 1, a_in.shape)
+    b_in[...] = rng.uniform(-1, 1, b_in.shape)
+    da, db = cp.asarray(a), cp.asarray(b)
+    da, db = (da[:k].T if layout[0] == "t" else da[:, :k]), (db[:, :k].T if layout[1] == "t" else db[:k])
+    first = cp.full((m, n), cp.nan, cp.float32)
+    fastmm.matmul(da, db, out=first)
+    assert rel_error(first, a_in.astype(np.float64) @ b_in.astype(np.float64)) < 1e-5
+    assert launches == [choice.config.name, "slicesum"], launches
+    for _ in range(2):
+        assert bool((fastmm.matmul(da, db) == first).all())
+
+
 @pytest.mark.parametrize("shape_a,shape_b", [((2, 95, 10191), (2, 10191, 150)),  # each of two items split
                                              ((70, 10604), (4, 10604, 27)),       # A broadcast over B's four items
                                              ((3, 98, 3100), (3100, 258))])       # B broadcast

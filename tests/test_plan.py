@@ -828,8 +828,8 @@ def test_large_tiles_sum_long_k_in_runs():
     (8192, 1, 8192, 32),           # matrix-vector: 4 terms per lane and step, restarted every 8 steps
     (8192, 4, 8192, 32),           # up to 4 columns too (BLOCKED)
     (8192, 16, 8192, 128),         # 16 columns: 4 terms per lane and step, over 32 steps of a cluster's 2 blocks
-    (64, 64, 262144, 529),         # 528 slices of 64x64 tile sums and a last launch: their sum is the longest run
-    (804, 33, 7189, 29),           # split-k-idle: 28 slices and a shallow last launch
+    (64, 64, 262144, 528),         # 528 slices of 64x64 tile sums (the last short of the others): their sum
+    (804, 33, 7189, 28),           # split-k-idle: 28 slices, the last short of the others
     (768, 768, 768, 16),           # split-k-mid: 6 slices of 128 on sums per 16-deep K-tile
 ])
 def test_each_plan_states_its_longest_running_sum(m, n, k, run):
@@ -1238,27 +1238,37 @@ def test_a_lane_with_one_running_sum_takes_slices_of_at_most_160_terms():
     assert _plan.choose(p).config.name == "fewcol_n16_c2" and _plan.serial_run(_plan.choose(p), p) == 32
 
 
-def test_split_cut_leaves_whole_steps_or_fewer_values_than_slices():
-    """Split-K's cut: whole 16-deep slices and the rest as a launch of its own, unless the unrolled tiles' k // splits
-    deep slices run fewer K-tiles in series (their rest: fewer values than slices); the loops keep whole steps."""
+def test_split_cut_leaves_whole_steps_or_a_short_last_slice():
+    """Split-K's cut: whole 16-deep slices and the rest as a launch of its own, except on the unrolled tiles, which
+    take ceil(k / splits) deep slices with a last one short of them (ending at K: nothing left over); the loops keep
+    whole steps."""
     from fastmm.kernels import configs
 
     assert _plan.split_cut(7157, 27) == (256, 27, 245)
-    assert _plan.split_cut(7157, 27, configs.WT64) == (265, 27, 2)          # 17 + 1 + 1 K-tiles against 16 + 16 + 1
+    assert _plan.split_cut(7157, 27, configs.WT64) == (266, 27, 0)          # the last 241 deep: 17 K-tiles in series
     assert _plan.split_cut(7157, 27, configs.WT256_SLICES) == (256, 27, 245)  # the loop: whole K-tiles
-    assert _plan.split_cut(3074, 2, configs.WT64) == (1537, 2, 0)           # no launch for a rest of 2
+    assert _plan.split_cut(3074, 2, configs.WT64) == (1537, 2, 0)
     assert _plan.split_cut(4096, 4, configs.WT64) == (1024, 4, 0)           # the same cut either way
     assert _plan.split_cut(4128, 2, configs.WT64) == (2064, 2, 0)
+    assert _plan.split_cut(100, 9, configs.WT64) == (8, 9, 28)              # K // 9 < 16: whole steps, as the loops
     for k in range(256, 3000, 7):
         for splits in (2, 3, 5, 8, 13, 27):
-            depth, full, rest = _plan.split_cut(k, splits, configs.WT64)
-            assert full * depth + rest == k and 0 <= rest and full <= splits
+            depth, slices, rest = _plan.split_cut(k, splits, configs.WT64)
+            if k // splits < 16:  # shallower than a K-tile: whole steps
+                assert depth * slices + rest == k and depth % 8 == 0 and slices <= splits
+                continue
+            assert rest == 0 and (slices - 1) * depth < k <= slices * depth and slices <= splits
+            assert depth - (k - (slices - 1) * depth) < splits  # the last slice: short by fewer values than splits
 
 
 def test_explain_shows_the_cut_of_k():
-    """`explain` states split-K's cut as the runtime makes it: the slices' count and depth, and what K leaves over."""
+    """`explain` states split-K's cut as the runtime makes it: the slices' count and depth, a last slice short of the
+    others, and what K leaves over."""
     a = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (399, 11639), (4 * 11639, 4))
     b = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (11639, 137), (4 * 137, 4))
     text = fastmm.explain(a, b)
-    assert "split-K into 26 slices 447 deep, the last 17 of K a launch of its own" in text, text
+    assert "split-K into 26 slices 448 deep (the last 439)\n" in text, text
+    # The sub-tile loop's slices: whole 16-deep steps, and the rest as a launch of its own.
+    text = fastmm.explain((1000, 100000), (100000, 1000))
+    assert "split-K into 4 slices 24992 deep, the last 32 of K a launch of its own\n" in text, text
     assert "split-K into 128 slices 512 deep\n" in fastmm.explain((128, 65536), (65536, 128))

@@ -36,14 +36,15 @@ def test_the_maps_sit_where_the_kernel_reads_them(config, tmp_path):
         where[int(index)] = (offset, size, align)
         offset += size
     maps = len(config.maps)
-    assert len(where) == 20 + maps
-    assert where[19][0] + 8 == cuda._ARGS_SPLIT.size  # the last of FASTMM_GEMM_PARAMS ends the packed struct
+    count = len(cuda._ARG_NAMES)  # FASTMM_GEMM_PARAMS
+    assert len(where) == count + maps
+    assert where[count - 1][0] + 8 == cuda._ARGS_SPLIT.size  # the last of FASTMM_GEMM_PARAMS ends the packed struct
     # The guard's flags: c_sb1 of the product's parameters, a_sb0 of the guard's (the same FASTMM_GEMM_PARAMS)
-    assert (where[19][0], where[14][0]) == (tensor_map._C_SB1, tensor_map._A_SB0)
+    assert (where[count - 1][0], where[cuda._ARG_NAMES.index("a_sb0")][0]) == (tensor_map._C_SB1, tensor_map._A_SB0)
     for i in range(maps):
-        assert where[20 + i] == (tensor_map.MAP_OFFSET + 128 * i, 128, 64)
+        assert where[count + i] == (tensor_map.MAP_OFFSET + 128 * i, 128, 64)
     # (a mapped launch points at each parameter: the offsets it uses are the PTX's)
-    assert [where[i][0] for i in range(20 + maps)] == list(tensor_map.PARAM_OFFSETS[:20 + maps])
+    assert [where[i][0] for i in range(count + maps)] == list(tensor_map.PARAM_OFFSETS[:count + maps])
     assert tensor_map._MapBuffer(maps).size.value == offset
 
 
@@ -94,14 +95,14 @@ def test_a_mapped_launch_packs_its_pointers_flags_and_maps(along_m, monkeypatch)
 
     def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert extra == 0  # (a pointer to each parameter, kernelParams: no packed `extra` buffer)
-        pointers = (ctypes.c_void_p * 22).from_address(params)
+        pointers = (ctypes.c_void_p * len(tensor_map.PARAM_OFFSETS)).from_address(params)
         base = pointers[0]
         assert [p - base for p in pointers] == list(tensor_map.PARAM_OFFSETS)
         seen.append(((gx, gy, gz), ctypes.string_at(base, tensor_map.MAP_OFFSET + 2 * 128)))
 
     monkeypatch.setattr(tensor_map, "encode", encode)
     monkeypatch.setattr(cuda, "_launch_kernel", launch)
-    fixed = cuda._ARGS.pack(300, 200, 64, 0, 64, 1, 0, 0, 0, 0, 200, 1, 0, 1, 0, 0, 0, 0, 2, 0)
+    fixed = cuda._ARGS.pack(300, 200, 64, 0, 64, 1, 0, 0, 0, 0, 200, 1, 0, 1, 0, 0, 0, 0, 0, 2, 0)
     before_a, _, between_ab, _, between_bc, _, after_c = cuda._ARGS_SPLIT.unpack(fixed)
     run = object.__new__(tensor_map.MappedLaunch)
     run.fn, run.block, run.shared = 0, (384, 1, 1), 0
@@ -135,7 +136,7 @@ def test_the_guard_launch_packs_its_flags_where_the_guard_reads_them(monkeypatch
         seen.append(ctypes.string_at(pointers[1], ctypes.c_size_t.from_address(pointers[3]).value))
 
     monkeypatch.setattr(cuda, "_launch_kernel", launch)
-    fixed = cuda._ARGS.pack(300, 200, 64, 0, 64, 1, 0, 200, 1, 0, 200, 1, 0, 1, 0, 2, 0, 0, 0, 0)
+    fixed = cuda._ARGS.pack(300, 200, 64, 0, 64, 1, 0, 200, 1, 0, 200, 1, 0, 1, 0, 0, 2, 0, 0, 0, 0)
     before_a, _, between_ab, _, between_bc, _, after_c = cuda._ARGS_SPLIT.unpack(fixed)
     run = object.__new__(tensor_map.GuardLaunch)
     run.fn, run.block, run.shared = 0, (256, 1, 1), 0
@@ -145,4 +146,5 @@ def test_the_guard_launch_packs_its_flags_where_the_guard_reads_them(monkeypatch
     (params,) = seen
     assert len(params) == cuda._ARGS.size
     values = cuda._ARGS.unpack(params)
-    assert (values[3], values[6], values[9], values[14], values[15]) == (0xA000, 0xB000, 0xC000, 0xF1A6, 2)
+    a_sb0 = cuda._ARG_NAMES.index("a_sb0")
+    assert (values[3], values[6], values[9], values[a_sb0], values[a_sb0 + 1]) == (0xA000, 0xB000, 0xC000, 0xF1A6, 2)

@@ -51,8 +51,9 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
     split = ""
     if choice.splits > 1:  # the cut as the runtime makes it: one batched launch of the slices, then what K leaves over
         depth, full, rest = split_cut(problem.k, choice.splits, choice.config)
-        split = f", split-K into {full} slices {depth} deep" + (f", the last {rest} of K a launch of its own" if rest
-                                                                else "")
+        last = problem.k - (full - 1) * depth
+        split = (f", split-K into {full} slices {depth} deep" + (f" (the last {last})" if last < depth else "")
+                 + (f", the last {rest} of K a launch of its own" if rest else ""))
         if problem.batch > 1:
             split += f" (each of the batch's {problem.batch} products in turn)"
     if getattr(choice.config, "cluster", 1) > 1:

@@ -29,27 +29,16 @@ def slices_of(problem: Problem, device: Device, config: KernelConfig) -> int:
 
 
 def split_cut(k: int, splits: int, config: KernelConfig | None = None) -> tuple[int, int, int]:
-    """How split-K cuts K into `splits` slices: (depth, full slices of that depth, the K left over). Slices are
-    whole 16-deep steps (every tile's K-tile divides 16), so that they run as one batched launch; the rest runs as
-    one shallow launch of its own, after them (docs/kernels/split-k.md, section 'Ragged edges: peeled off as few-row
-    and few-column products').
+    """How split-K cuts K into `splits` slices: (depth, slices, the K left over), the slices one batched launch.
 
-    That rest is up to 16 values a slice: at 27 slices of 7157 (256 deep), 245. The unrolled warp tiles take any
-    depth at full speed (a slice's last K-tile zero-filled), so for `config` among them slices may instead be
-    k // splits deep, leaving fewer than `splits` values: the cut that runs fewer K-tiles one after another (a launch
-    of the rest counted as one more) wins, ties to whole steps (docs/kernels/split-k.md, section 'The cut: what is
-    left of K')."""
+    The unrolled warp tiles take any depth at full speed (a slice's last K-tile zero-filled) and a last slice short of
+    the others (the kernel's k_total): for `config` among them, ceil(k / splits) deep, the last ending at K, nothing
+    left over (docs/kernels/split-k.md, section 'The cut: what is left of K'). Elsewhere slices are whole 16-deep
+    steps (every tile's K-tile divides 16; the sub-tile loops need them) and the rest, up to 16 values a slice (27
+    slices of 7157: 256 deep, 245 left), runs as one shallow launch of its own after them."""
+    if isinstance(config, WarpTile) and not config.sub_k and k // splits >= config.bk:
+        depth = -(-k // splits)
+        return depth, -(-k // depth), 0
     depth = max(8, k // splits // 16 * 16)
     full = min(splits, k // depth)
-    whole = (depth, full, k - full * depth)
-    if isinstance(config, WarpTile) and not config.sub_k and k // splits >= config.bk:
-        exact = (k // splits, splits, k % splits)
-        if _in_series(exact, config.bk) < _in_series(whole, config.bk):
-            return exact
-    return whole
-
-
-def _in_series(cut: tuple[int, int, int], bk: int) -> int:
-    """K-tiles a cut runs one after another: a slice's, then the rest's launch (its K-tiles and one for the launch)."""
-    depth, _, rest = cut
-    return -(-depth // bk) + (-(-rest // bk) + 1 if rest else 0)
+    return depth, full, k - full * depth

@@ -335,8 +335,16 @@ def _load_error(cause: Exception, dev: Device, compiled: build.Compiled, device_
 # --------------------------------------------------------------------------------------------------------
 
 # Kernel parameters, in the order of FASTMM_GEMM_PARAMS (fastmm/kernels/common.cuh).
-_ARG_FORMAT = "iiiPqqPqqPqqii" + "q" * 6
+_ARG_NAMES = ("M", "N", "K", "A", "a_sm", "a_sk", "B", "b_sk", "b_sn", "C", "c_sm", "c_sn", "z0", "batch_inner",
+              "k_total", "a_sb0", "a_sb1", "b_sb0", "b_sb1", "c_sb0", "c_sb1")
+_ARG_FORMAT = "iiiPqqPqqPqqiii" + "q" * 6
 _ARGS = struct.Struct(_ARG_FORMAT)  # native alignment: the same layout as the kernel's C parameter list
+
+
+def arg_offset(name: str) -> int:
+    """The byte offset of kernel parameter `name` in the packed buffer."""
+    i = _ARG_NAMES.index(name)
+    return struct.calcsize(_ARG_FORMAT[:i + 1]) - struct.calcsize(_ARG_FORMAT[i])
 
 
 def _pointer_split(fmt: str) -> struct.Struct:
@@ -416,7 +424,7 @@ class Launch:
 
     def __init__(self, config: KernelConfig, variant: Variant, device_id: int, m: int, n: int, k: int,
                  a_sm: int, a_sk: int, b_sk: int, b_sn: int, c_sm: int, c_sn: int,
-                 batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int]):
+                 batch: int, batch_inner: int, batch_strides: tuple[int, int, int, int, int, int], k_total: int = 0):
         if _ctx_current is None:
             _bind()
         self.name = config.name
@@ -433,7 +441,7 @@ class Launch:
             mm = min(m - m0, rows)
             for z0 in range(0, batch, config.batch_per_launch):
                 grid = config.grid(mm, n, min(batch - z0, config.batch_per_launch), k)
-                args = _ARGS.pack(mm, n, k, 0, a_sm, a_sk, 0, b_sk, b_sn, 0, c_sm, c_sn, z0, batch_inner,
+                args = _ARGS.pack(mm, n, k, 0, a_sm, a_sk, 0, b_sk, b_sn, 0, c_sm, c_sn, z0, batch_inner, k_total,
                                   *batch_strides)
                 before_a, _, between_ab, _, between_bc, _, after_c = _ARGS_SPLIT.unpack(args)
                 self.chunks.append((*grid, 4 * m0 * a_sm, 4 * m0 * c_sm, before_a, between_ab, between_bc, after_c))

@@ -84,11 +84,12 @@ def _replay(steps, pa: int, pb: int, pc: int) -> None:
             step(pa, pb, pc)
 
 
-def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = False) -> None:
+def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = False, k_total: int = 0) -> None:
     """c[...] = a @ b for float32 device arrays a (..., m, k), b (..., k, n), c (batch..., m, n).
 
     With `record`, the steps are recorded for replay (see `Recorder`). `runs`: a and b are the aligned copies of a
     larger product (see `_padded`), on which the plan may sum K in runs; the pieces of this product inherit it.
+    `k_total`: a and b are split-K's slices (see `_split_k`), the last ending at that K, short of the views' depth.
     """
     from . import cuda as _cuda
 
@@ -102,7 +103,9 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
         if record is not None:
             record.append(None)
         return
-    if may_overlap(c, a) or may_overlap(c, b):
+    # (Split-K's slices: the last slice's view reaches past the operand, which the kernel never reads; their
+    # product goes to a fresh workspace.)
+    if not k_total and (may_overlap(c, a) or may_overlap(c, b)):
         return _via_temporary(a, b, c, kernel, record, runs)
     sm, sn = c.strides[-2:]
     if not (sn == 4 or n == 1):
@@ -149,6 +152,11 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
     if choice.peel != (0, 0):
         return _peeled(a, b, c, choice.peel, record, runs)
     if choice.splits > 1:
+        # The slices are views of the operands as the kernels read them (an operand with no unit stride copied).
+        if launch["copied"] and record is not None:  # the copies change address per call
+            record.append(None)
+            record = None
+        a, b = launch["keep"]
         if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:  # a small batch: each item split on its own, in turn
             for index in np.ndindex(*c.shape[:-2]):
                 _split_k(_batch_item(a, index), _batch_item(b, index), c[index], choice, device_id, record, runs)
@@ -163,7 +171,9 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
     ptrs = (args.pop("a"), args.pop("b"), args.pop("c"))
     # The layout the arguments describe (the plan's own variant, except on a transposed launch, where a size-1
     # axis can read either way: the kernel and its strides must agree).
-    prepared = _cuda.Launch(choice.config, problem.variant_for(choice.config), device_id, **args)
+    if k_total:  # a forced kernel on views of one product: nothing above may copy, swap or cut them
+        assert not (swapped or launch["copied"] or launch["outer"]) and choice.splits == 1, choice
+    prepared = _cuda.Launch(choice.config, problem.variant_for(choice.config), device_id, **args, k_total=k_total)
     for index in np.ndindex(*(size for size, _ in launch["outer"])):
         offs = [sum(i * st[j] for i, (_, st) in zip(index, launch["outer"])) * 4 for j in range(3)]
         pa, pb, pc = (p + o for p, o in zip(ptrs, offs))
@@ -217,7 +227,8 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     # A single product (gemm hands a batch over item by item): any batch axes here have size 1 and drop out as views.
     a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
     (m, k), n = a.shape, b.shape[1]
-    # The plan's cut: `full` slices as one batched launch, a `tail` of K as one shallow launch of its own.
+    # The plan's cut: `full` slices as one batched launch (the last ending at K where they reach past it), a `tail`
+    # of K as one shallow launch of its own.
     depth, full, tail = _plan.split_cut(k, choice.splits, choice.config)
     # The tiles' workspace rows are padded to 16 bytes, so that the slices store them 16 bytes at a time whatever N
     # (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column kernels write rows of 1 to 16 floats,
@@ -230,7 +241,7 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
     sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
     slices = ws[:, :, :n]
-    gemm(a_slices, b_slices, slices[:full], choice.config.name, sub, runs=runs)
+    gemm(a_slices, b_slices, slices[:full], choice.config.name, sub, runs=runs, k_total=k if full * depth > k else 0)
     if tail:
         gemm(a[:, full * depth:], b[full * depth:], slices[full], choice.config.name, sub, runs=runs)
     total = _slice_sum(ws, c, device_id)

@@ -32,8 +32,7 @@ _MAP_BYTES = 128
 # Parameters a call sets besides the three pointers: the guard's flags (pass_nonfinite_fix.cu), at c_sb1 in the
 # product's parameters and at a_sb0 in the guard's.
 _ADDRESS = struct.Struct("<q")
-_C_SB1 = struct.calcsize(_cuda._ARG_FORMAT) - 8
-_A_SB0 = struct.calcsize(_cuda._ARG_FORMAT[:15]) - 8
+_C_SB1, _A_SB0 = _cuda.arg_offset("c_sb1"), _cuda.arg_offset("a_sb0")
 # The maps' place in the parameter buffer: after FASTMM_GEMM_PARAMS, at the 64-byte alignment the kernel declares,
 # one after the other.
 MAP_OFFSET = -(-_cuda._ARGS_SPLIT.size // 64) * 64

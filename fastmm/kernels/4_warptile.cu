@@ -154,8 +154,8 @@ __device__ __forceinline__ void store_staged(float* c, long long c_sm, int bm, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-fastmm_warptile(FASTMM_GEMM_PARAMS)
+// The kernel's body, for one block of a batch item K deep (fastmm_warptile below says how deep).
+__device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
 {
     extern __shared__ __align__(16) float smem[];  // STAGES x (As[BK][LDA_S], Bs[BK][LDB_S])
 
@@ -494,4 +494,14 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
         return;
     }
     store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, vec4);
+}
+
+// Split-K's slices (k_total > 0): every batch item is K deep but the last, which ends at k_total, so that one launch
+// runs a K that the slices do not divide (its last K-tile zero-filled past the end, as at C's edges).
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+fastmm_warptile(FASTMM_GEMM_PARAMS)
+{
+    const int k = k_total > 0 ? min(K, k_total - (z0 + (int)blockIdx.z) * K) : K;
+    warptile(M, N, k, A, a_sm, a_sk, B, b_sk, b_sn, C, c_sm, c_sn, z0, batch_inner, k_total, a_sb0, a_sb1, b_sb0,
+             b_sb1, c_sb0, c_sb1);
 }

@@ -12,12 +12,16 @@
 // the host launches again with offset pointers (m) or a larger z0 (batch): a grid-stride loop here would
 // keep pointers live across tiles and cost the register-tiled kernel its spill-free register budget.
 
+//
+// k_total (split-K's slices on the warp tiles, else 0): the batch items are slices of one product's K, item z
+// reading K from z * K of it; the last slice ends at k_total, short of a whole slice (4_warptile.cu). Other kernels
+// ignore it.
 #define FASTMM_GEMM_PARAMS                                                              \
     const int M, const int N, const int K,                                             \
     const float* __restrict__ A, const long long a_sm, const long long a_sk,           \
     const float* __restrict__ B, const long long b_sk, const long long b_sn,           \
     float* __restrict__ C, const long long c_sm, const long long c_sn,                 \
-    const int z0, const int batch_inner,                                            \
+    const int z0, const int batch_inner, const int k_total,                            \
     const long long a_sb0, const long long a_sb1,                                      \
     const long long b_sb0, const long long b_sb1,                                      \
     const long long c_sb0, const long long c_sb1
