@@ -409,11 +409,9 @@ def matmul(a, b, out=None, *, kernel=None, **kwargs):
             return c
         # A replay into `out` needs what the signature cannot promise: an `out` of the right shape that shares no
         # memory with the operands (else the full path below raises NumPy's error or goes through a temporary).
-        if out.shape == out_shape:
-            pc = out.data.ptr
-            if _arrays.apart(pc, pa, pb, spans):
-                run(pa, pb, pc)
-                return out
+        if out.shape == out_shape and _arrays.apart(pc := out.data.ptr, pa, pb, spans):
+            run(pa, pb, pc)
+            return out
     out_shape = matmul_shapes(a.shape, b.shape)[0]
     check_out(out, out_shape)
     c = empty(out_shape) if out is None else out
