@@ -153,6 +153,27 @@ def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, 
     assert choose(m, n, k, batch).splits == 1
 
 
+@pytest.mark.parametrize("m,n,k,rule,splits", [
+    (146, 117, 717, "split-k-idle", 5),     # 6 tiles: slices at least 128 deep, as many as fill a wave
+    (208, 897, 903, "split-k-idle", 7),     # 60 tiles: 7 of 129
+    (1840, 186, 757, "split-k-idle", 5),    # 87 tiles, the shorter side 186
+    (56, 388, 841, "split-k-idle", 6),
+    (146, 117, 500, "tiled", 1),            # K under 512: a second launch cost more than it saved
+    (428, 1091, 642, "tiled", 1),           # the shorter side past 256: 126 tiles, split measured slower
+    (640, 640, 1000, "tiled", 1),           # 100 tiles, square: small products stay whole
+    (200, 47, 1000, "narrow-few-columns", 1),  # under 48: the few-column kernel
+    (150, 3000, 700, "tiled", 1),           # 141 tiles: every SM has a block
+])
+def test_split_k_idle_takes_few_tiles_from_k_512_on_outputs_48_to_256_wide(m, n, k, rule, splits):
+    """Below K = 1024, split-k-idle takes the products whose 64x64 tiles leave SMs without a block where the output's
+    shorter side is 48 to 256, in slices at least 128 deep; each slice sums a short run."""
+    c = choose(m, n, k)
+    assert (c.rule, c.splits) == (rule, splits), c
+    if splits > 1:
+        depth, slices, rest = _plan.split_cut(k, splits, c.config)
+        assert depth >= 128 and rest == 0 and _plan.serial_run(c, _plan.Problem(m, n, k), H100) <= 16
+
+
 @pytest.mark.parametrize("m,n,k,peel", [
     (4097, 4097, 4097, (1, 1)), (8193, 8193, 8193, (1, 1)), (4100, 4100, 4100, (4, 4)), (4097, 4096, 4096, (1, 0)),
     (4096, 4112, 4096, (0, 16)), (2049, 2049, 2049, (1, 1)),

@@ -200,6 +200,10 @@ _IDLE_SLOTS = 0.5
 _IDLE_MIN_K = 1024
 _IDLE_MIN_SLICE = 256
 _IDLE_K_OVER_MN = 4
+# ... and from K = 512 where SMs have no block at all and the output's shorter side is 48 to 256, in slices at least 128
+# deep: 0.56-0.72x cuBLAS unsplit, 0.95-1.2x split; below 512 the second launch cost more than it saved, as it did for
+# a shorter side of 428 (docs/kernels/heuristic.md, split-k-idle). Under 48 the few-column kernels take them.
+_IDLE_SHORT_K, _IDLE_SHORT_SLICE, _IDLE_SHORT_SIDES = 512, 128, (48, 256)
 # A small batch whose tiles, all items together, leave SMs without a block on a K of at least this per item: each item
 # split on its own, in turn (three launches an item): 0.48-0.95x cuBLAS unsplit, 1.2-2.6x split from 1216 per item;
 # at 562 and 679 per item it lost (docs/kernels/split-k.md, section 'Small batches').
@@ -207,9 +211,12 @@ _BATCH_SPLIT_K, _BATCH_SPLIT_MAX = 1024, 8
 
 
 def _idle_slots(problem: Problem, device: Device) -> bool:
-    if problem.k < _IDLE_MIN_K:
+    if problem.k < _IDLE_SHORT_K:
         return False
     tiles = problem.tiles(get_config(WT64))
+    if problem.k < _IDLE_MIN_K:
+        low, high = _IDLE_SHORT_SIDES
+        return problem.batch == 1 and tiles < device.sm_count and low <= min(problem.m, problem.n) <= high
     if problem.batch != 1:
         return (problem.batch <= _BATCH_SPLIT_MAX and problem.k >= _BATCH_SPLIT_K * problem.batch
                 and tiles < device.sm_count)
@@ -220,11 +227,12 @@ def _idle_slots(problem: Problem, device: Device) -> bool:
 
 def idle_splits(problem: Problem, device: Device) -> int:
     """Slices of K that fill one wave of the four-warp tile's block slots (64x64, or a narrow one that pads far less:
-    `small_tile`), each at least _IDLE_MIN_SLICE deep (where K does not divide evenly, the rest runs as one shallow
-    launch of its own). In a batch, each item's slices fill the wave: the runtime splits the items one after another."""
+    `small_tile`), each at least _IDLE_MIN_SLICE deep (_IDLE_SHORT_SLICE on a K under _IDLE_MIN_K). In a batch, each
+    item's slices fill the wave: the runtime splits the items one after another."""
     config = get_config(small_tile(problem))
     slots = config.min_blocks * device.sm_count
-    return max(2, min(slots // (problem.tiles(config) // problem.batch), problem.k // _IDLE_MIN_SLICE))
+    depth = _IDLE_MIN_SLICE if problem.k >= _IDLE_MIN_K else _IDLE_SHORT_SLICE
+    return max(2, min(slots // (problem.tiles(config) // problem.batch), problem.k // depth))
 
 
 def _wave_slots(problem: Problem, device: Device) -> bool:
@@ -399,10 +407,12 @@ RULES: tuple[Rule, ...] = (
          f"with tile sums, {_MID_SUMS_DEPTH} deep or more, at most {_MID_SUMS_MOST}, where those number "
          f"{_MID_SUMS_TILES[0]:g} to {_MID_SUMS_TILES[1]:g} per SM), then summed in a fixed order", _idle_sms,
          _mid_kernel, mid_splits),
-    Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} where even 64x64 tiles would leave SMs without a block (or, with "
-         f"K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block slots): "
-         f"K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile) that fill one wave of them, "
-         f"each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order (a lone block walks a long K latency-bound); "
+    Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} (from {_IDLE_SHORT_K} where the output's shorter side is "
+         f"{_IDLE_SHORT_SIDES[0]} to {_IDLE_SHORT_SIDES[1]}) where even 64x64 tiles would leave SMs without a block (or, "
+         f"with K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block "
+         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile) that fill one wave of "
+         f"them, each >= {_IDLE_MIN_SLICE} deep (>= {_IDLE_SHORT_SLICE} where K < {_IDLE_MIN_K}), then summed in a "
+         "fixed order (a lone block walks a long K latency-bound); "
          f"in a batch of at most {_BATCH_SPLIT_MAX} whose tiles leave SMs without a block, K >= {_BATCH_SPLIT_K}x the "
          "batch: each item so, one after another", _idle_slots, lambda p, d: small_tile(p), idle_splits),
     Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
