@@ -40,11 +40,12 @@ def _short_k_few(problem: Problem, device: Device) -> bool:
 # tile, with sums per K-tile, ran them faster: 21931x7x373 0.60x -> 0.87x cuBLAS, 15579x5x475 (B^T) 0.69x -> 1.02x
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns-tiles).
 _FEW_TILES_MAX_K = 384
+_FEW_TILES_ABOVE = 4  # (the 8- and 16-column kernels' products)
 
 
 def _few_on_tiles(problem: Problem, device: Device) -> bool:
     return (problem.k <= _FEW_TILES_MAX_K and _few(problem, device)
-            and _few_columns_for(problem, device) == FEW_COLUMNS[-1])
+            and get_config(_few_columns_for(problem, device)).nmax > _FEW_TILES_ABOVE)
 
 
 # A lane of the few-column kernel adds at most this many terms in one running sum, in single products (they take

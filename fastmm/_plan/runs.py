@@ -11,10 +11,10 @@ __all__ = ["run_of", "lane_terms", "blocked", "SERIAL_RUN_BOUND"]
 SERIAL_RUN_BOUND = 4096
 
 # The few-column kernel (7_few_columns.cu): each lane adds 4 of every 128-deep step of K (16 where it owns a row, as
-# where A has unit stride along M: a warp takes every 8th k); up to 4 columns, and up to 16 where a lane owns a row
+# where A has unit stride along M: a warp takes every 8th k); up to 8 columns, and up to 16 where a lane owns a row
 # (BLOCKED), it restarts its sums every 8 steps (every 2 where a lane owns a row: FOLD) and adds those blocks
 # in order.
-_STEP, _BLOCKED_NMAX, _LANE_ROWS_BLOCKED_NMAX = 128, 4, 16
+_STEP, _BLOCKED_NMAX, _LANE_ROWS_BLOCKED_NMAX = 128, 8, 16
 
 
 def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:

@@ -86,10 +86,10 @@
 // each sum (4 into each of a matrix-vector product's 4): it folds every 2 steps, so that its runs are as short (32
 // terms; 8); up to 16 columns the second set costs NMAX registers (41 sweep products: 6 above 1.1x cuBLAS's error ->
 // none; docs/kernels/few-columns.md).
-// (16 columns with A_T = 0 keep one sum: their 4 x 16 sums fill the registers. Folding them across the warp every 8
-// steps instead, by a reduce-scatter, ran a third slower. 32 and 64 columns keep one sum too; the plan's slices of K
-// keep those runs short.)
-#define BLOCKED (NMAX <= 4 || LANE_ROWS && NMAX <= 16)
+// 8 columns fold with A_T = 0 too (4 x 8 sums and as many totals). (16 columns with A_T = 0 keep one sum: their 4 x 16
+// sums fill the registers. Folding them across the warp every 8 steps instead, by a reduce-scatter, ran a third slower.
+// 32 and 64 columns keep one sum too; the plan's slices of K keep those runs short.)
+#define BLOCKED (NMAX <= 8 || LANE_ROWS && NMAX <= 16)
 #define FOLD (LANE_ROWS ? 2 : 8)
 #define PARTS (NMAX == 1 ? 4 : 1)
 #define B_FLOATS (PRIVATE_B ? THREADS * 4 : !LANE_ROWS ? NMAX * KPITCH : STEP * JPITCH)

@@ -459,7 +459,7 @@ TF32_WG = WgTile(bm=128, bn=256, stages=4, passes=1)
 # (the runtime's, where A's rows, B's columns or both are K-contiguous)
 TF32_WG_MAPS = tuple(dataclasses.replace(TF32_WG, maps=m) for m in ("a", "b", "ab", "r", "rb"))
 # Few columns or rows (matrix-vector and a handful of right-hand sides): columns per block.
-FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=16))
+FEW_COLUMNS = (FewColumns(nmax=1), FewColumns(nmax=4), FewColumns(nmax=8), FewColumns(nmax=16))
 # 17 to 64 columns in one pass over A, a lane per row of C (docs/kernels/few-columns.md, section 'Up to 64 columns'):
 # the plan's wide-few-columns rule runs 32; 64 is forced only (`use_kernel`). 32 columns: two blocks per SM (3 slots
 # each); 64: one (3 slots), since 64 sums per thread and the copies' addresses spill at two blocks' 128 registers.
@@ -474,7 +474,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
-    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 16) for c in (2, 4, 8)),
+    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 8, 16) for c in (2, 4, 8)),
     *FEW_COLUMNS_WIDE, *(dataclasses.replace(f, cluster=c) for f in FEW_COLUMNS_WIDE for c in (2, 4, 8)),
 )
 
