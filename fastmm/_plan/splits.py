@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..kernels.configs import KernelConfig, WarpTile
 from .problem import Device, Problem
 
-__all__ = ["split_cut", "slices_of"]
+__all__ = ["split_cut", "slices_of", "balanced_splits"]
 
 # Split-K: only worth its workspace and extra pass when K dwarfs the output.
 _SPLIT_MIN_K = 4096
@@ -26,6 +26,35 @@ def slices_of(problem: Problem, device: Device, config: KernelConfig) -> int:
     where that leaves less than a wave of blocks (never shallower than _SPLIT_MIN_SLICE), at least 2."""
     wave = -(-config.min_blocks * device.sm_count // problem.tiles(config))
     return max(2, problem.k // _SPLIT_SLICE, min(wave, problem.k // _SPLIT_MIN_SLICE))
+
+
+# Split-K on the unrolled warp tiles (any depth, one launch) takes, of these counts (and the rule's own), the one that
+# leaves the busiest SM the least work: its blocks, ceil(tiles x slices / SMs), each as deep as a slice plus a block's
+# fixed cost, slowed where fewer than _BUSY_WARPS warps share the SM; a split adds its sum's pass. On 169 single
+# products of the random sweep (seeds 0-3) this took the geomean from 0.95x to 1.00x cuBLAS (the best count of each:
+# 1.01x), 91 -> 68 below 0.9x (docs/kernels/split-k.md, section 'How many slices').
+_BALANCED_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+_BALANCED_MIN_DEPTH = 128
+_BUSY_WARPS = 8
+_BLOCK_STEPS = 32  # a block's prologue and epilogue, in steps of k
+_SUM_STEPS = 50  # the slice-sum pass, in steps of k of a 64x64 block
+
+
+def balanced_splits(problem: Problem, device: Device, config: WarpTile, own: int, least: int = 2) -> int:
+    """The count of slices, of _BALANCED_COUNTS from `least` and the rule's `own`, each at least _BALANCED_MIN_DEPTH
+    deep, that puts the least work on the busiest SM (see above); `own` where none is that deep."""
+    tiles = problem.tiles(config)
+    warps = config.threads // 32
+    area = config.bm * config.bn / 4096
+
+    def work(splits: int) -> float:
+        blocks = -(-tiles * splits // device.sm_count)  # on the busiest SM
+        speed = min(1.0, min(blocks, config.min_blocks) * warps / _BUSY_WARPS)
+        steps = blocks * (-(-problem.k // splits) + _BLOCK_STEPS) * area / speed
+        return steps + (_SUM_STEPS if splits > 1 else 0)
+
+    counts = [s for s in {*_BALANCED_COUNTS, own} if s >= least and problem.k // s >= _BALANCED_MIN_DEPTH]
+    return min(counts, key=lambda s: (work(s), s), default=own)
 
 
 def split_cut(k: int, splits: int, config: KernelConfig | None = None) -> tuple[int, int, int]:

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 
-from ..kernels.configs import BY_NAME, FAMILIES, WgTile, get_config
+from ..kernels.configs import BY_NAME, FAMILIES, WarpTile, WgTile, get_config
 from . import tuned as _tuned
 from .forced import _FAMILY_DEFAULT, _check_name, _forced, validated
 from .forced import OZAKI
@@ -21,8 +21,8 @@ from .problem import _FEW, Choice, Device, Problem, Rule, RuleName
 from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _WIDE_FEW_SHORT_DEPTH,
                   _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _FEW_TILES_MAX_K, _few, _few_columns_kernel, _few_on_tiles,
                   _narrow_few, _short_k_few, _wide_few, _wide_few_kernel, few_columns_splits)
-from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, slices_of,
-                     split_cut)
+from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, balanced_splits,
+                     slices_of, split_cut)
 from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER, _SHORT_K,
                     FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES, WT256_SLICES_RAGGED,
                     WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile, _useful)
@@ -31,7 +31,7 @@ from .tuned import tune_bucket, tuned_entries
 _log = logging.getLogger("fastmm")
 
 __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "wave_splits",
-           "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
+           "tiled_splits", "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
            "after_out_of_memory", "interior", "narrow_splits"]
 
 # Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per
@@ -128,7 +128,15 @@ def split_count(problem: Problem, device: Device) -> int:
             return max(even)
         if name in (WT256_SLICES, WT256_SLICES_RAGGED) and most >= 2 and problem.k // most >= _SPLIT_MIN_SLICE:
             return most  # no even cut fills the slots: the rest (under 16 x most deep) runs as one shallow launch
-    return slices_of(problem, device, config)
+    return _balanced(problem, device, config, slices_of(problem, device, config))
+
+
+def _balanced(problem: Problem, device: Device, config, own: int, least: int = 2) -> int:
+    """`own` slices, or on the unrolled warp tiles of a single product the count that best balances the SMs' work
+    (`balanced_splits`)."""
+    if problem.batch != 1 or not isinstance(config, WarpTile) or config.sub_k:
+        return own
+    return balanced_splits(problem, device, config, own, least)
 
 
 def _narrow_tiles(problem: Problem, device: Device) -> bool:
@@ -142,7 +150,10 @@ def _narrow_tiles(problem: Problem, device: Device) -> bool:
 
 def narrow_splits(problem: Problem, device: Device) -> int:
     """Slices of K on the narrow tiles: as split-K's on small tiles from K = _IDLE_MIN_K, none below."""
-    return slices_of(problem, device, get_config(_narrow_tile(problem))) if problem.k >= _IDLE_MIN_K else 1
+    if problem.k < _IDLE_MIN_K:
+        return 1
+    config = get_config(_narrow_tile(problem))
+    return _balanced(problem, device, config, slices_of(problem, device, config))
 
 
 # Split-K over a short K where the tiled rule's tile gives fewer than this fraction of the SMs a block, in products
@@ -232,7 +243,8 @@ def idle_splits(problem: Problem, device: Device) -> int:
     config = get_config(small_tile(problem))
     slots = config.min_blocks * device.sm_count
     depth = _IDLE_MIN_SLICE if problem.k >= _IDLE_MIN_K else _IDLE_SHORT_SLICE
-    return max(2, min(slots // (problem.tiles(config) // problem.batch), problem.k // depth))
+    own = max(2, min(slots // (problem.tiles(config) // problem.batch), problem.k // depth))
+    return _balanced(problem, device, config, own)
 
 
 def _wave_slots(problem: Problem, device: Device) -> bool:
@@ -252,7 +264,21 @@ def wave_splits(problem: Problem, device: Device) -> int:
     slots, tiles = config.min_blocks * device.sm_count, problem.tiles(config)
     most = problem.k // _IDLE_MIN_SLICE
     counts = [s for s in (2, 4, 8, 16, 32) if s <= most]
-    return min(counts, key=lambda s: abs(math.log(tiles * s / slots)), default=1)
+    own = min(counts, key=lambda s: abs(math.log(tiles * s / slots)), default=1)
+    return _balanced(problem, device, config, own) if own > 1 else own
+
+
+# The tiled rule's unrolled tiles split K from this depth where the SMs' shares of blocks are uneven (`balanced_splits`;
+# docs/kernels/split-k.md, section 'How many slices').
+_TILED_SPLIT_MIN_K = 512
+
+
+def tiled_splits(problem: Problem, device: Device) -> int:
+    """Slices of K for the tiled rule: 1, or on the unrolled warp tiles of a single product from K = _TILED_SPLIT_MIN_K
+    the count that best balances the SMs' work."""
+    if problem.k < _TILED_SPLIT_MIN_K:
+        return 1
+    return _balanced(problem, device, get_config(_fill(problem, device)), 1, least=1)
 
 
 # A large product's few rows or columns past a multiple of 128 run as few-column products, not as a row of mostly
@@ -425,7 +451,9 @@ RULES: tuple[Rule, ...] = (
          _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          f"past one wave, no mostly idle last wave (64x64 {_NARROW_NOTE} for small and narrow products, and with sums "
-         "per K-tile under a wave on a long K not a multiple of 16)", lambda p, d: True, _fill),
+         f"per K-tile under a wave on a long K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
+         "tiles, K split where that evens out the SMs' shares of blocks, then summed in a fixed order",
+         lambda p, d: True, _fill, tiled_splits),
 )
 _RULES_WITHOUT_COPIES = tuple(r for r in RULES if not r.pad)
 

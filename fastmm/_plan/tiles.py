@@ -20,6 +20,7 @@ WT256_LOOP, WT256_32, WT256 = configs.WT256_LOOP.name, configs.WT256_32.name, co
 WT256_LOOP16, WT256_SLICES = configs.WT256_LOOP16.name, configs.WT256_SLICES.name
 WT128x64_LOOP, WT128x64, WT128x64_RUNS = configs.WT128x64_LOOP.name, configs.WT128x64.name, configs.WT128x64_RUNS.name
 WT128x64_SUMS, WT64, WT64_SHORT = configs.WT128x64_SUMS.name, configs.WT64.name, configs.WT64_SHORT.name
+WT64_SHORT8 = configs.WT64_SHORT8.name
 WT32x128, WT128x32 = configs.WT32x128.name, configs.WT128x32.name
 WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED = configs.WT256_LOOP16_RAGGED.name, configs.WT256_SLICES_RAGGED.name
 # Each sub-tile loop's twin for a K that is not a multiple of its K-tile (the last K % 16 terms after the loop).
@@ -136,6 +137,9 @@ _fill_small_warptile = _fill_from((WT128x64, WT64))
 # a fifth of cuBLAS (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _SHORT_K = 16
 _SHORT_K_UNALIGNED = 128
+# ... up to this K, on 8-deep K-tiles: 0.70-0.80x cuBLAS -> 0.84-1.0x on the sweep's slowest, 1.2x on the rest; from K =
+# 9 two 8-deep K-tiles lost to one of 16 (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+_SHORTEST_K = 8
 
 
 def _fill(problem: Problem, device: Device) -> str:
@@ -147,6 +151,8 @@ def _fill(problem: Problem, device: Device) -> str:
     under a wave. The loops take any K (`_looped`). The measurements: docs/kernels/heuristic.md, section 'The
     heuristic's break-even points', tiled.
     """
+    if problem.k <= _SHORTEST_K:
+        return WT64_SHORT8  # (one 8-deep K-tile: half the multiply-adds on zeros)
     if problem.k <= _SHORT_K:
         return WT64_SHORT  # bound by writing C: the most blocks, each storing its tile soonest (whole rows of it)
     if problem.k < _SHORT_K_UNALIGNED and not problem.aligned:

@@ -440,6 +440,9 @@ WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RA
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
 # (the same for K of at most 16: C through shared memory where its rows take no 16-byte stores)
 WT64_SHORT = dataclasses.replace(WT64, staged_c=True)
+# ... and for K of at most 8, in one 8-deep K-tile (no sums: at most 8 terms): half the 16-deep tile's multiply-adds
+# on zeros (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled)
+WT64_SHORT8 = dataclasses.replace(WT64, bk=8, tile_sums=False, staged_c=True)
 # ... of 17-32 rows or columns: a third of the 64x64 tile's padding rows or less (docs/kernels/heuristic.md, '17 to
 # 32 rows or columns')
 WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
@@ -469,7 +472,7 @@ FEW_COLUMNS_WIDE = (FewColumns(nmax=32, stages=3), FewColumns(nmax=64, stages=3,
 CONFIGS: tuple[KernelConfig, ...] = (
     NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, SMEM16, SMEM32, RT128, RT128x64, RT64,
     WT256_LOOP, WT256_32, WT256_LOOP16, WT256_SLICES, WT256,
-    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT64_SHORT, WT32x128, WT128x32,
+    WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT64_SHORT, WT64_SHORT8, WT32x128, WT128x32,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
