@@ -533,7 +533,7 @@ def test_few_rows_run_the_few_column_kernel_on_the_transposed_product(launched):
     out = _fastmm(np.zeros((8, 1040), np.float32))[:, :1024]  # C's rows 1040 apart
     _dispatch.matmul(a, w, out=out)
     (name, variant, args), = launched.args
-    assert name == "fewcol_n16" and variant == "tt_v4"  # W^T's columns are 16-byte aligned: copied 16 bytes at a time
+    assert name == "fewcol_n8" and variant == "tt_v4"  # W^T's columns are 16-byte aligned: copied 16 bytes at a time
     assert (args["m"], args["n"], args["k"]) == (1024, 8, 512)
     assert (args["a_sm"], args["a_sk"], args["b_sk"], args["b_sn"]) == (1, 1024, 1, 512)
     assert (args["c_sm"], args["c_sn"]) == (1, 1040)
@@ -571,10 +571,10 @@ def test_matvec_splits_k_into_a_batch_of_slices(launched, monkeypatch):
 
 
 def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launched, monkeypatch):
-    """399 x 137 x 11639 (the split-k rule, 26 slices on the 64x64 tile): 26 slices ceil(k / 26) = 448 deep as one
-    batch, the last ending at K (439 deep: the kernel's k_total), into a workspace whose rows are padded to 140 floats
-    for 16-byte stores; then the ordered sum of its 26 slices' first 137 columns. No launch for what K leaves over
-    (in whole 16-deep steps: 26 of 432 and 407 left)."""
+    """399 x 137 x 11639 (the split-k rule, 12 slices on the 64x64 tile): 12 slices ceil(k / 12) = 970 deep as one
+    batch, the last ending at K (969 deep: the kernel's k_total), into a workspace whose rows are padded to 140 floats
+    for 16-byte stores; then the ordered sum of its 12 slices' first 137 columns. No launch for what K leaves over
+    (in whole 16-deep steps: 12 of 960 and 119 left)."""
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
@@ -583,10 +583,10 @@ def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launch
     _dispatch.matmul(a, b)
     (name, _, args), (total, _, sums) = launched.args
     assert name == "warptile_64x64x16_32x32_8x4_s4_tsum" and launched == [name, "slicesum"]
-    assert (args["batch"], args["k"], args["k_total"]) == (26, 448, 11639)
-    assert (args["batch_inner"], args["batch_strides"][:4]) == (26, (0, 448, 0, 448 * 137))  # slice z from z * 448
+    assert (args["batch"], args["k"], args["k_total"]) == (12, 970, 11639)
+    assert (args["batch_inner"], args["batch_strides"][:4]) == (12, (0, 970, 0, 970 * 137))  # slice z from z * 970
     assert args["c_sm"] == 140 and args["n"] == 137
-    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sm"], sums["a_sk"]) == (26, 399, 137, 140,
+    assert total == "slicesum" and (sums["k"], sums["m"], sums["n"], sums["a_sm"], sums["a_sk"]) == (12, 399, 137, 140,
                                                                                                       399 * 140)
     assert sums.get("k_total", 0) == 0
 

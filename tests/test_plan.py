@@ -107,7 +107,7 @@ def test_tiled_rule_fills_the_gpu():
 def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     c = choose(128, 128, 65536)
     assert c.name == "warptile_128x64x16_32x64_8x8_s4_sub8" and c.splits == 128  # 2 tiles x 128: a wave of 396
-    assert choose(64, 64, 4096).splits == 16                      # a wave would be 528: never thinner than 256
+    assert choose(64, 64, 4096).splits == 32   # one tile: two blocks an SM on 132 SMs (balanced_splits), 128 deep
     assert choose(4096, 4096, 4096).splits == 1
     # Outputs that hold two 128x256 tiles or more take them (on the 16-deep loop, summing K in runs of 512), in one wave
     # of even slices (2 x 64, 8 x 16 blocks); an output that 128x256 tiles would pad by a quarter takes 128x64 ones.
@@ -119,11 +119,11 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     assert choose(300, 300, 65537).splits == 128
     assert choose(64, 64, 262144).splits == 528                   # one wave of 64x64 blocks, slices of 496
     # Products with an output side of 17 to 31 and a long K split for accuracy too: on the narrow tiles (32 rows or
-    # columns: less padding than 64x64's) against 64 or more of the other side, as many slices as on 64x64 tiles.
+    # columns: less padding than 64x64's) against 64 or more of the other side, as many slices as balance the SMs.
     narrow = choose(8192, 24, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_128x32x16_32x32_8x4_s4_tsum", 16)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_128x32x16_32x32_8x4_s4_tsum", 4)
     narrow = choose(24, 8192, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_32x128x16_32x32_8x4_s4_tsum", 16)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_32x128x16_32x32_8x4_s4_tsum", 4)
     narrow = choose(24, 48, 65536)
     assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 256)
     assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
@@ -155,8 +155,8 @@ def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, 
 
 @pytest.mark.parametrize("m,n,k,rule,splits", [
     (146, 117, 717, "split-k-idle", 5),     # 6 tiles: slices at least 128 deep, as many as fill a wave
-    (208, 897, 903, "split-k-idle", 7),     # 60 tiles: 7 of 129
-    (1840, 186, 757, "split-k-idle", 5),    # 87 tiles, the shorter side 186
+    (208, 897, 903, "split-k-idle", 4),     # 60 tiles: 240 blocks, two an SM (3, 4 and 7 measured within 1%)
+    (1840, 186, 757, "split-k-idle", 3),    # 87 tiles, the shorter side 186: 261 blocks (0.98x cuBLAS; 5: 0.86x)
     (56, 388, 841, "split-k-idle", 6),
     (146, 117, 500, "tiled", 1),            # K under 512: a second launch cost more than it saved
     (428, 1091, 642, "tiled", 1),           # the shorter side past 256: 126 tiles, split measured slower
@@ -227,7 +227,7 @@ def test_forcing_by_argument_family_and_context():
     assert _plan.choose(_plan.Problem(40, 40, 4096), H100, "smem").name == "smem_16"
     assert _plan.choose(_plan.Problem(8, 8, 8), H100, "regtile").name == "regtile_64x64x8_8x8"
     assert _plan.choose(_plan.Problem(8192, 8192, 8192), H100, "regtile").name == "regtile_128x128x8_8x8"
-    assert _plan.choose(_plan.Problem(8, 8, 8), H100, "warptile").name == "warptile_64x64x16_32x32_8x4_s4_tsum_cstage"
+    assert _plan.choose(_plan.Problem(8, 8, 8), H100, "warptile").name == "warptile_64x64x8_32x32_8x4_s4_cstage"
     assert _plan.choose(_plan.Problem(64, 64, 64), H100, "naive").rule == "forced"
     with fastmm.use_kernel("regtile_128x64x8_8x8"):
         assert choose(64, 64, 64).name == "regtile_128x64x8_8x8"
@@ -659,7 +659,7 @@ def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits)
     (14, 10, 12973, 48, True, True, "fewcol_n16_c8"),  # Fortran order: one lane's run of K / 8 over 8 blocks
     (14, 10, 12973, 48, False, False, "fewcol_n16_c4"),  # one sum a lane: at most 160 terms
     (741, 2, 7835, 4, True, True, "fewcol_n4"),  # up to 4 columns sums restart every 8 steps: runs of 128
-    (1000, 8, 3000, 10, False, False, "fewcol_n16"),  # runs within 384 terms: no cluster
+    (1000, 8, 3000, 10, False, False, "fewcol_n8"),  # runs within 384 terms: no cluster
 ])
 def test_batched_few_columns_sum_a_long_k_over_a_cluster(m, n, k, batch, a_t, b_t, name):
     """A batch takes no slice-sum pass, so a lane's run past 384 terms is cut over a cluster per batch item."""
@@ -725,9 +725,9 @@ def test_former_kernel_names_still_work_with_a_warning(old, new):
 
 @pytest.mark.parametrize("m,n,k,splits,depth", [
     (804, 33, 7189, 28, 256),   # 13 tiles of 64x64: 28 slices of 256 and a last launch 21 deep
-    (48, 60, 2392, 9, 256),     # one tile: slices no shallower than 256
-    (64, 4096, 4096, 8, 512),   # 64 rows: 64 tiles of 64x64 (128x64 ones would be half padding), one wave of 512
-    (4944, 97, 52685, 3, None),  # 156 tiles, K over 4x the output's sides: three blocks' worth per SM
+    (48, 60, 2392, 16, 144),    # one tile: 16 slices at least 128 deep (balanced_splits)
+    (64, 4096, 4096, 4, 1024),  # 64 rows: 64 tiles of 64x64 (128x64 ones would be half padding), two blocks an SM
+    (4944, 97, 52685, 16, None),  # 156 tiles, K over 4x the output's sides: 19 blocks an SM (0.59x; 3 slices 0.53x)
 ])
 def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
     """Where even 64x64 tiles leave SMs without a block on a long K, K is cut to fill the block slots, evenly or not."""
@@ -743,14 +743,14 @@ def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
 @pytest.mark.parametrize("m,n,k,batch,splits", [
     (95, 150, 10191, 2, 39),   # 5 tiles of 128x32 an item: 39 slices of 261 (K // 256), each item in turn
     (70, 27, 10604, 4, 41),
-    (98, 258, 3100, 3, 12),    # K just past 1024 x the batch
+    (98, 258, 3100, 3, 12),    # K just past 1024 x the batch (a single product's count would be 24)
 ])
 def test_split_k_idle_splits_each_item_of_a_small_batch(m, n, k, batch, splits):
     """A small batch whose tiles leave SMs without a block, on a K of at least 1024 x the batch: each item's K cut as a
     single product's would be (the runtime splits the items one after another)."""
     c = choose(m, n, k, batch)
     assert (c.rule, c.splits) == ("split-k-idle", splits)
-    assert c.splits == choose(m, n, k).splits or choose(m, n, k).rule != "split-k-idle"
+    # (a single product's count balances the SMs' blocks; a batch's items keep the wave's count)
     # Not a batch past 8, nor a K short of 1024 x the batch (4 x 20 x 231 x 2249 ran 0.71x cuBLAS unsplit, 0.42x split),
     # nor a batch whose tiles give every SM a block.
     assert choose(m, n, k, 9).splits == 1 and choose(m, n, 1024 * batch - 16, batch).splits == 1
@@ -760,7 +760,7 @@ def test_split_k_idle_splits_each_item_of_a_small_batch(m, n, k, batch, splits):
 
 @pytest.mark.parametrize("m,n,k,layout,rule,splits", [
     (1988, 880, 3074, {"b_t": True}, "split-k-wave", 2),      # measured: 1.06x the 128x64 tile, 0.52x cuBLAS's error
-    (636, 2151, 1624, {"aligned": False}, "split-k-wave", 2),  # 1.13x, 0.37x (unsplit 64x64: 1.29x, 0.48x)
+    (636, 2151, 1624, {"aligned": False}, "split-k-wave", 3),  # 0.81x cuBLAS (2 slices: 0.73x)
     (739, 3367, 1559, {"a_t": True, "b_t": True}, "tiled", 1),  # 1.01x, 0.28x
 ])
 def test_a_long_ragged_k_under_a_wave_is_summed_per_k_tile(m, n, k, layout, rule, splits):
@@ -823,10 +823,11 @@ def test_long_k_on_large_tiles_fills_the_slots_when_k_has_no_even_cut():
                                            (5885, 4766, 15, False), (5631, 2923, 105, False)])
 def test_short_k_runs_on_64x64_tiles(m, n, k, aligned):
     """K of 16 or less, or below 128 on unaligned rows: bound by writing C, where 64x64 tiles beat the large ones; up
-    to 16, on the twin that writes C through shared memory where its rows take no 16-byte stores."""
+    to 16, on the twin that writes C through shared memory where its rows take no 16-byte stores, 8 deep up to 8."""
     p = _plan.Problem(m, n, k, aligned=aligned, a_aligned=aligned, b_aligned=aligned)
     c = _plan.choose(p)
-    assert (c.rule, c.name) == ("tiled", _plan.tiles.WT64_SHORT if k <= 16 else _plan.tiles.WT64)
+    short = _plan.tiles.WT64_SHORT8 if k <= 8 else _plan.tiles.WT64_SHORT
+    assert (c.rule, c.name) == ("tiled", short if k <= 16 else _plan.tiles.WT64)
     assert choose(16384, 16384, 64).name != _plan.tiles.WT64  # aligned rows and K past 16: the large tile
 
 
@@ -949,26 +950,28 @@ def test_17_to_32_columns_run_on_the_32_column_kernel(m, n, k, name):
 
 @pytest.mark.parametrize("m,n,k,name,splits", [
     (9787, 30, 1523, "warptile_128x32x16_32x32_8x4_s4_tsum", 5),   # 306 blocks of 32 rows: 1523 of K each
-    (7479, 17, 2706, "warptile_128x32x16_32x32_8x4_s4_tsum", 9),
-    (1848, 19, 7157, "warptile_128x32x16_32x32_8x4_s4_tsum", 27),  # 58 blocks of 4: 1789 each
-    (18, 3622, 9839, "warptile_32x128x16_32x32_8x4_s4_tsum", 19),
+    (7479, 17, 2706, "warptile_128x32x16_32x32_8x4_s4_tsum", 4),   # 0.95x cuBLAS (9 slices: 0.84x)
+    (1848, 19, 7157, "warptile_128x32x16_32x32_8x4_s4_tsum", 16),  # 15 tiles: 0.97x (27 slices: 0.79x)
+    (18, 3622, 9839, "warptile_32x128x16_32x32_8x4_s4_tsum", 8),   # 0.88x (19 slices: 0.78x)
     (30, 9000, 900, "warptile_32x128x16_32x32_8x4_s4_tsum", 1),    # K under 1024: one launch
-    (100000, 20, 100000, "warptile_128x32x16_32x32_8x4_s4_tsum", 195),
+    (100000, 20, 100000, "warptile_128x32x16_32x32_8x4_s4_tsum", 16),
 ])
 def test_17_to_32_rows_or_columns_past_the_32_column_kernel_run_on_narrow_tiles(m, n, k, name, splits):
     """Where a block of the 32-column kernel would walk more of K, the narrow tiles (32 rows or columns against 128),
-    K split as split-K's on small tiles from K = 1024 (about 512 deep, at least a wave)."""
+    K split as split-K's on small tiles from K = 1024, in the count that balances the SMs' blocks."""
     p, c = _planned(m, n, k)
     assert (c.rule, c.name, c.splits) == ("narrow-tiles", name, splits)
     mirror = _planned(n, m, k)[1]
     assert (mirror.rule, mirror.config.tile, mirror.splits) == ("narrow-tiles", c.config.tile[::-1], splits)
 
 
-@pytest.mark.parametrize("m,n,k,splits,tile", [(3144, 161, 10725, 4, (64, 64)), (112, 5606, 8639, 4, (64, 64)),
-                                               (3026, 175, 2675, 4, (64, 64)), (8659, 71, 1820, 2, (128, 32)),
-                                               (1031, 704, 1078, 2, (64, 64)), (71, 15653, 4148, 2, (32, 128))])
+@pytest.mark.parametrize("m,n,k,splits,tile", [(3144, 161, 10725, 6, (64, 64)), (112, 5606, 8639, 3, (64, 64)),
+                                               (3026, 175, 2675, 8, (64, 64)), (8659, 71, 1820, 3, (128, 32)),
+                                               (1031, 704, 1078, 2, (64, 64)), (71, 15653, 4148, 6, (32, 128))])
 def test_split_k_wave_cuts_k_for_four_warp_tiles_short_of_a_wave(m, n, k, splits, tile):
-    """64x64 tiles, or 128x32 (32x128) ones where an output side of 71 pads to 96 instead of 128."""
+    """64x64 tiles, or 128x32 (32x128) ones where an output side of 71 pads to 96 instead of 128; as many slices as
+    balance the SMs' blocks (measured: 3144x161x10725 0.85x cuBLAS against 0.76x at 4 slices, 112x5606x8639 0.75x
+    against 0.67x, 8659x71x1820 0.98x against 0.83x at 2)."""
     p, c = _planned(m, n, k, aligned=False)
     assert (c.rule, c.config.tile, c.splits) == ("split-k-wave", tile, splits)
     assert c.config.tile_sums  # one design: sums per K-tile on every four-warp tile
@@ -1226,11 +1229,12 @@ def test_the_narrow_tiles_yield_to_cublas_where_it_was_measured_ahead(m, n, k, a
 
 def test_batches_of_few_columns_stay_within_the_running_sum_bound_without_clusters():
     """A batch on a GPU without thread-block clusters walks K whole on the few-column kernel, its lanes' sums within
-    the running-sum bound: 4 terms a step in one sum (8 x 5 x 57023: 1784) or, where a lane owns a row (5 x 8 x 57023,
-    A of the transposed product m-contiguous), sums restarted every 2 steps (223 blocks of 32 terms)."""
+    the running-sum bound: 4 terms a step in one sum (12 x 10 x 57023 on 16 columns: 1784), restarted every 8 steps up
+    to 8 columns (8 x 5 x 57023: 56 blocks of 32 terms) or, where a lane owns a row (5 x 8 x 57023, A of the transposed
+    product m-contiguous), every 2 steps (223 blocks of 32 terms)."""
     a100 = dataclasses.replace(H100, compute_capability=(8, 0), name="A100-like", max_smem_optin=163 * 1024,
                                sm_count=108)
-    for m, n, run in ((8, 5, 4 * 446), (5, 8, 223)):
+    for m, n, run in ((12, 10, 4 * 446), (8, 5, 56), (5, 8, 223)):
         p = _plan.Problem(m, n, 57023, batch=5)
         c = _plan.choose(p, a100)
         assert c.rule == "few-columns" and _plan.serial_run(c, p, a100) == run, (m, n, c.name)
@@ -1247,15 +1251,18 @@ def test_split_k_slices_keep_to_four_warp_tiles_where_128x64_pads_more(m, n, k, 
 
 
 def test_a_lane_with_one_running_sum_takes_slices_of_at_most_160_terms():
-    """16 columns with A row-major keep one running sum a lane (4 terms a step): past 160 terms the product takes a
-    cluster's slices (5 x 4963 x 5899 with B^T: 188 terms unsplit had 1.79x cuBLAS's error), where a lane that owns a
-    row folds its sums and keeps the 384-term walk."""
-    for p in (_plan.Problem(5, 4963, 5899, b_t=True), _plan.Problem(4963, 5, 5899)):
+    """9-16 columns with A row-major keep one running sum a lane (4 terms a step): past 160 terms the product takes a
+    cluster's slices (5 x 4963 x 5899 with B^T, on 16 columns: 188 terms unsplit had 1.79x cuBLAS's error), where a
+    lane that owns a row folds its sums and keeps the 384-term walk. Up to 8 columns every lane folds: no slices."""
+    for p in (_plan.Problem(10, 4963, 5899, b_t=True), _plan.Problem(4963, 10, 5899)):
         c = _plan.choose(p)
         assert c.config.name == "fewcol_n16_c2" and _plan.serial_run(c, p) == 96, (p, c.config.name)
-    p = _plan.Problem(4963, 5, 4991)  # 39 steps: 156 terms
+    for p in (_plan.Problem(5, 4963, 5899, b_t=True), _plan.Problem(4963, 5, 5899)):
+        c = _plan.choose(p)
+        assert c.config.name == "fewcol_n8" and _plan.serial_run(c, p) == 32, (p, c.config.name)
+    p = _plan.Problem(4963, 10, 4991)  # 39 steps: 156 terms
     assert _plan.choose(p).config.name == "fewcol_n16" and _plan.serial_run(_plan.choose(p), p) == 156
-    p = _plan.Problem(4963, 5, 4991, a_t=True)  # lanes own rows: 624 terms walked, in blocks of 32
+    p = _plan.Problem(4963, 10, 4991, a_t=True)  # lanes own rows: 624 terms walked, in blocks of 32
     assert _plan.choose(p).config.name == "fewcol_n16_c2" and _plan.serial_run(_plan.choose(p), p) == 32
 
 
@@ -1288,7 +1295,7 @@ def test_explain_shows_the_cut_of_k():
     a = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (399, 11639), (4 * 11639, 4))
     b = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (11639, 137), (4 * 137, 4))
     text = fastmm.explain(a, b)
-    assert "split-K into 26 slices 448 deep (the last 439)\n" in text, text
+    assert "split-K into 12 slices 970 deep (the last 969)\n" in text, text
     # The sub-tile loop's slices: whole 16-deep steps, and the rest as a launch of its own.
     text = fastmm.explain((1000, 100000), (100000, 1000))
     assert "split-K into 4 slices 24992 deep, the last 32 of K a launch of its own\n" in text, text

@@ -35,7 +35,7 @@ def _short_k_few(problem: Problem, device: Device) -> bool:
     return problem.k <= _SHORT_K and _few(problem, device)
 
 
-# 5 to 16 columns (the 16-column kernel's) on a K of at most this, three of its 128-deep steps: a block's pipeline never
+# 5 to 16 columns (the 8- and 16-column kernels') on a K of at most this, three of its 128-deep steps: a block's pipeline never
 # fills and its lanes' closing reduction (5 shuffles per element) costs as much as their sums; the 128x32 (32x128)
 # tile, with sums per K-tile, ran them faster: 21931x7x373 0.60x -> 0.87x cuBLAS, 15579x5x475 (B^T) 0.69x -> 1.02x
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns-tiles).

@@ -269,8 +269,9 @@ def wave_splits(problem: Problem, device: Device) -> int:
 
 
 # The tiled rule's unrolled tiles split K from this depth where the SMs' shares of blocks are uneven (`balanced_splits`;
+# below it a second launch measured slower on small products: 512^3, 640^3, 428x1091x642;
 # docs/kernels/split-k.md, section 'How many slices').
-_TILED_SPLIT_MIN_K = 512
+_TILED_SPLIT_MIN_K = 1024
 
 
 def tiled_splits(problem: Problem, device: Device) -> int:
