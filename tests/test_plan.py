@@ -1300,3 +1300,34 @@ def test_explain_shows_the_cut_of_k():
     text = fastmm.explain((1000, 100000), (100000, 1000))
     assert "split-K into 4 slices 24992 deep, the last 32 of K a launch of its own\n" in text, text
     assert "split-K into 128 slices 512 deep\n" in fastmm.explain((128, 65536), (65536, 128))
+
+
+@pytest.mark.parametrize("m,n,k,splits", [
+    (4375, 615, 7371, 4),     # 690 tiles of 64x64 (5.2 an SM): 0.67x cuBLAS whole, 0.77x in 4 slices (measured)
+    (3233, 785, 13713, 8),    # 663 tiles: 0.74x whole, 0.85x in 8
+    (3418, 186, 1980, 3),     # 81 tiles of 128x64: 0.54x whole, 0.79x in 3
+    (102, 4369, 905, 1),      # K under 1024: whole (a second launch measured slower on small products there)
+    (960, 20299, 35097, 1),   # 36 waves of blocks: past the model's range, no workspace
+    (2048, 2048, 2048, 1),    # the 128x256 sub-tile loop: not an unrolled tile
+])
+def test_the_tiled_rule_splits_k_where_that_evens_out_the_sms_blocks(m, n, k, splits):
+    """From K = 1024, up to three waves of their blocks, the tiled rule's unrolled tiles take the slice count that
+    balances the SMs' blocks (`balanced_splits`); a batch never (its items would run one after another)."""
+    c = choose(m, n, k)
+    assert (c.rule, c.splits) == ("tiled", splits), c
+    if splits > 1:
+        assert not c.config.sub_k and f"split-K into {splits} slices" in fastmm.explain((m, k), (k, n))
+        assert choose(m, n, k, 2).splits == 1
+
+
+def test_balanced_splits_keep_slices_128_deep_and_the_least_count():
+    """Every count `balanced_splits` returns leaves slices at least 128 deep and is at least `least` (2 for the split
+    rules); with no count that deep it keeps the rule's own."""
+    from fastmm._plan.splits import balanced_splits
+    tile = configs.get_config(_plan.tiles.WT64)
+    for m, n, k in [(64, 64, 300), (300, 300, 4096), (2000, 100, 1100), (64, 4096, 65536), (5000, 5000, 1024)]:
+        p = _plan.Problem(m, n, k)
+        for least in (1, 2):
+            s = balanced_splits(p, H100, tile, own=2, least=least)
+            assert s >= least and (k // s >= 128 or s == 2), (m, n, k, least, s)
+    assert balanced_splits(_plan.Problem(64, 64, 200), H100, tile, own=7) == 7  # nothing 128 deep: the rule's own

@@ -19,10 +19,10 @@ def _few_columns(problem: Problem) -> bool:
 
 def _few(problem: Problem, device: Device) -> bool:
     """The few-column rule's products: few columns or rows, on a GPU with the shared memory for the block that holds
-    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles). (A batch on a GPU without
-    clusters walks K whole: its lanes' blocked sums stay under the running-sum bound up to a K of 131072, where the
-    tiles' sums per K-tile have passed it; until 2026-11-28 lanes that own a row kept one sum, and such batches went to
-    the tiles from K = 32768.)"""
+    them (16 columns take 104 KiB: more than Ada's 99; those products then run on the tiles; 8 columns take 96 KiB,
+    measured on Hopper only). (A batch on a GPU without clusters walks K whole: its lanes' blocked sums stay under the
+    running-sum bound up to a K of 131072, where the tiles' sums per K-tile have passed it; until 2026-11-28 lanes that
+    own a row kept one sum, and such batches went to the tiles from K = 32768.)"""
     if not (_few_columns(problem) or few_rows(problem)):
         return False
     return get_config(_few_columns_for(problem, device)).smem_bytes <= device.max_smem_optin

@@ -237,9 +237,10 @@ def _idle_slots(problem: Problem, device: Device) -> bool:
 
 
 def idle_splits(problem: Problem, device: Device) -> int:
-    """Slices of K that fill one wave of the four-warp tile's block slots (64x64, or a narrow one that pads far less:
-    `small_tile`), each at least _IDLE_MIN_SLICE deep (_IDLE_SHORT_SLICE on a K under _IDLE_MIN_K). In a batch, each
-    item's slices fill the wave: the runtime splits the items one after another."""
+    """Slices of K on the four-warp tile (64x64, or a narrow one that pads far less: `small_tile`): in a batch, as many
+    as fill one wave of its block slots, each at least _IDLE_MIN_SLICE deep (_IDLE_SHORT_SLICE on a K under
+    _IDLE_MIN_K), the runtime splitting the items one after another; a single product, the count that evens out the
+    SMs' blocks (`balanced_splits`)."""
     config = get_config(small_tile(problem))
     slots = config.min_blocks * device.sm_count
     depth = _IDLE_MIN_SLICE if problem.k >= _IDLE_MIN_K else _IDLE_SHORT_SLICE
@@ -258,8 +259,9 @@ def _wave_slots(problem: Problem, device: Device) -> bool:
 
 
 def wave_splits(problem: Problem, device: Device) -> int:
-    """The power of two (2 or more) that brings the four-warp tiles' blocks (`small_tile`) nearest one wave of the
-    block slots (by ratio), no more than leave slices _IDLE_MIN_SLICE deep; 1 where K is too short for two."""
+    """Slices of K on the four-warp tiles (`small_tile`): 1 where K is too short for two slices _IDLE_MIN_SLICE deep;
+    else the count that evens out the SMs' blocks (`balanced_splits`), the power of two nearest one wave of the block
+    slots among those it weighs."""
     config = get_config(small_tile(problem))
     slots, tiles = config.min_blocks * device.sm_count, problem.tiles(config)
     most = problem.k // _IDLE_MIN_SLICE
@@ -269,17 +271,20 @@ def wave_splits(problem: Problem, device: Device) -> int:
 
 
 # The tiled rule's unrolled tiles split K from this depth where the SMs' shares of blocks are uneven (`balanced_splits`;
-# below it a second launch measured slower on small products: 512^3, 640^3, 428x1091x642;
-# docs/kernels/split-k.md, section 'How many slices').
-_TILED_SPLIT_MIN_K = 1024
+# below it a second launch measured slower on small products: 512^3, 640^3, 428x1091x642), up to the second constant's
+# waves of block slots, the range the model was fitted on (past it a split evens out a few percent of the blocks at the
+# cost of a workspace several times C; docs/kernels/split-k.md, section 'How many slices').
+_TILED_SPLIT_MIN_K, _TILED_SPLIT_MAX_WAVES = 1024, 3
 
 
 def tiled_splits(problem: Problem, device: Device) -> int:
-    """Slices of K for the tiled rule: 1, or on the unrolled warp tiles of a single product from K = _TILED_SPLIT_MIN_K
-    the count that best balances the SMs' work."""
-    if problem.k < _TILED_SPLIT_MIN_K:
+    """Slices of K for the tiled rule: 1, or on the unrolled warp tiles of a single product from K = _TILED_SPLIT_MIN_K,
+    up to _TILED_SPLIT_MAX_WAVES waves of their blocks, the count that best balances the SMs' work."""
+    config = get_config(_fill(problem, device))
+    slots = getattr(config, "min_blocks", 1) * device.sm_count
+    if problem.k < _TILED_SPLIT_MIN_K or problem.tiles(config) > _TILED_SPLIT_MAX_WAVES * slots:
         return 1
-    return _balanced(problem, device, get_config(_fill(problem, device)), 1, least=1)
+    return _balanced(problem, device, config, 1, least=1)
 
 
 # A large product's few rows or columns past a multiple of 128 run as few-column products, not as a row of mostly
@@ -412,7 +417,7 @@ RULES: tuple[Rule, ...] = (
          f"{_NARROW_TILE_OTHER} columns (rows), K >= {_NARROW_FEW_MIN_K}, that wide-few-columns leaves (a block "
          "would walk too much of K): 32x128 (128x32) tiles with sums per "
          f"K-tile, their blocks sharing the large operand's reads over 32 rows; from K = {_IDLE_MIN_K} K split into "
-         f"slices about {_SPLIT_SLICE} deep (at least a wave of blocks), then summed in a fixed order",
+         "the count of slices that evens out the SMs' blocks, then summed in a fixed order",
          _narrow_tiles, lambda p, d: _narrow_tile(p), narrow_splits),
     Rule(RuleName.SPLIT_K, f"K >= {_SPLIT_MIN_K} and either >= {_SPLIT_K_OVER_MN}x the output's sides with too few tiles for "
          f"the SMs, or an output side below {_NARROW}: slices of K multiplied side by side, then summed in a fixed "
@@ -437,18 +442,18 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} (from {_IDLE_SHORT_K} where the output's shorter side is "
          f"{_IDLE_SHORT_SIDES[0]} to {_IDLE_SHORT_SIDES[1]}) where even 64x64 tiles would leave SMs without a block (or, "
          f"with K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block "
-         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile) that fill one wave of "
-         f"them, each >= {_IDLE_MIN_SLICE} deep (>= {_IDLE_SHORT_SLICE} where K < {_IDLE_MIN_K}), then summed in a "
-         "fixed order (a lone block walks a long K latency-bound); "
+         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), as many as even out the SMs' "
+         "blocks, then summed in a fixed order (a lone block walks a long K latency-bound); "
          f"in a batch of at most {_BATCH_SPLIT_MAX} whose tiles leave SMs without a block, K >= {_BATCH_SPLIT_K}x the "
-         "batch: each item so, one after another", _idle_slots, lambda p, d: small_tile(p), idle_splits),
+         f"batch: each item in as many slices as fill one wave, each >= {_IDLE_MIN_SLICE} deep, one after another",
+         _idle_slots, lambda p, d: small_tile(p), idle_splits),
     Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
          f"{_NARROW_FEW_MIN_K} <= K < {_SPLIT_MIN_K}: the few-column kernel, its blocks covering the columns "
          f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",
          _narrow_few, FEW_COLUMNS[-1]),
     Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
-         f"(4 per SM): K cut into 2, 4, 8, 16 or 32 slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), the count "
-         f"that brings the blocks nearest one wave, each >= {_IDLE_MIN_SLICE} deep, then summed in a fixed order",
+         f"(4 per SM): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), as many as even out the "
+         "SMs' blocks, then summed in a fixed order",
          _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          f"past one wave, no mostly idle last wave (64x64 {_NARROW_NOTE} for small and narrow products, and with sums "
