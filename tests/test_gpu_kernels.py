@@ -178,7 +178,9 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
                                    # split-K's slices on the narrow tiles (17-32 rows or columns)
                                    (24, 48, 65536), (3000, 24, 12000),
                                    # split-k on 128x256 tiles in runs of 512, K with no even cut into a wave's slices
-                                   (1000, 1000, 20008)])
+                                   (1000, 1000, 20008),
+                                   # the tiled rule's split (balanced slice counts): 64x64 tiles, 128x64 with tile sums
+                                   (4375, 615, 7371), (3418, 186, 1980)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     """Long-K products with few output tiles take the split-K path: right, and bitwise the same every run."""

@@ -21,7 +21,7 @@ from .problem import _FEW, Choice, Device, Problem, Rule, RuleName
 from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _WIDE_FEW_SHORT_DEPTH,
                   _WIDE_FEW_SHORT_OTHER, _FEW_SUM_MIN_MACS, _FEW_TILES_MAX_K, _few, _few_columns_kernel, _few_on_tiles,
                   _narrow_few, _short_k_few, _wide_few, _wide_few_kernel, few_columns_splits)
-from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _SPLIT_SLICE, _even_splits, balanced_splits,
+from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _even_splits, balanced_splits,
                      slices_of, split_cut)
 from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER, _SHORT_K,
                     FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES, WT256_SLICES_RAGGED,
