@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 from ..kernels.configs import BY_NAME, FAMILIES, WarpTile, WgTile, get_config
 from . import tuned as _tuned
@@ -254,20 +253,13 @@ def _wave_slots(problem: Problem, device: Device) -> bool:
     if problem.batch != 1 or problem.k < _IDLE_MIN_K:
         return False
     config = get_config(WT64)
-    return (problem.tiles(config) < config.min_blocks * device.sm_count and _fill(problem, device) in SMALL_TILES
-            and wave_splits(problem, device) > 1)
+    return problem.tiles(config) < config.min_blocks * device.sm_count and _fill(problem, device) in SMALL_TILES
 
 
 def wave_splits(problem: Problem, device: Device) -> int:
-    """Slices of K on the four-warp tiles (`small_tile`): 1 where K is too short for two slices _IDLE_MIN_SLICE deep;
-    else the count that evens out the SMs' blocks (`balanced_splits`), the power of two nearest one wave of the block
-    slots among those it weighs."""
-    config = get_config(small_tile(problem))
-    slots, tiles = config.min_blocks * device.sm_count, problem.tiles(config)
-    most = problem.k // _IDLE_MIN_SLICE
-    counts = [s for s in (2, 4, 8, 16, 32) if s <= most]
-    own = min(counts, key=lambda s: abs(math.log(tiles * s / slots)), default=1)
-    return _balanced(problem, device, config, own) if own > 1 else own
+    """Slices of K on the four-warp tiles (`small_tile`) of a single product with K >= _IDLE_MIN_K (the rule's): the
+    count, 2 or more, that evens out the SMs' blocks (`balanced_splits`)."""
+    return _balanced(problem, device, get_config(small_tile(problem)), 2)
 
 
 # The tiled rule's unrolled tiles split K from this depth where the SMs' shares of blocks are uneven (`balanced_splits`;
@@ -281,7 +273,7 @@ def tiled_splits(problem: Problem, device: Device) -> int:
     """Slices of K for the tiled rule: 1, or on the unrolled warp tiles of a single product from K = _TILED_SPLIT_MIN_K,
     up to _TILED_SPLIT_MAX_WAVES waves of their blocks, the count that best balances the SMs' work."""
     config = get_config(_fill(problem, device))
-    slots = getattr(config, "min_blocks", 1) * device.sm_count
+    slots = config.min_blocks * device.sm_count
     if problem.k < _TILED_SPLIT_MIN_K or problem.tiles(config) > _TILED_SPLIT_MAX_WAVES * slots:
         return 1
     return _balanced(problem, device, config, 1, least=1)
