@@ -996,6 +996,36 @@ def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
     assert _planned(m, n, k)[1].config.tile == (128, 256)  # aligned rows: the large tile
 
 
+@pytest.mark.parametrize("m,n,k,batch,b_t", [
+    (1371, 3008, 62, 1, False),   # 132 tiles of 128x256: exactly one wave (1.04 -> 1.14x cuBLAS on 128x64)
+    (10137, 249, 57, 1, True),    # 80 tiles (0.54 -> 0.95x)
+    (4939, 760, 202, 1, True),    # 117 tiles (0.74 -> 0.86x)
+    (1393, 759, 19, 2, True),     # a batch of 2, 66 tiles (1.31 -> 2.12x)
+])
+def test_short_k_takes_the_large_tile_only_past_one_wave(m, n, k, batch, b_t):
+    """Below K = 256 the 128x256 tile's reuse does not pay for SMs left without a block: up to one wave of its blocks
+    the product takes the 128x64 tile; from K = 256, or past one wave, the large tile as before."""
+    c = choose(m, n, k, batch, b_t=b_t)
+    assert (c.rule, c.config.tile) == ("tiled", (128, 64)), c.name
+    assert choose(1371, 3008, 256).config.tile == (128, 256)
+    assert choose(2 * 1371, 3008, 62).config.tile == (128, 256)  # two waves
+
+
+@pytest.mark.parametrize("m,n,k,batch", [
+    (10688, 6404, 46, 1),   # 16.5 waves of 128x256 (0.78 -> 1.19x cuBLAS on 128x64)
+    (11666, 16238, 78, 1),  # 44.6 waves (0.49 -> 0.88x)
+    (10833, 4073, 97, 1),   # (0.52 -> 0.92x)
+    (1865, 6061, 105, 4),   # a batch (0.55 -> 0.91x)
+])
+def test_short_k_a_times_b_transposed_takes_128x64_tiles(m, n, k, batch):
+    """A . B^T below K = 256, both operands copied 4 bytes at a time: 128x64 tiles at any count of 128x256 ones; from
+    K = 256, or with A transposed too (Fortran order: measured either way), the large tile as before."""
+    c = choose(m, n, k, batch, b_t=True)
+    assert (c.rule, c.config.tile) == ("tiled", (128, 64)), c.name
+    assert choose(m, n, 256, batch, b_t=True).config.tile == (128, 256)
+    assert choose(m, n, k, batch, a_t=True, b_t=True).config.tile == (128, 256)
+
+
 def test_short_k_transposed_b_runs_on_aligned_copies():
     """36903x4505x4 with B^T (rows of 4 floats, unaligned): copied into 16-float rows. (K <= 3 is outer-products'.)"""
     p, c = _planned(36903, 4505, 4, b_t=True, aligned=False)

@@ -448,8 +448,9 @@ RULES: tuple[Rule, ...] = (
          "SMs' blocks, then summed in a fixed order",
          _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
-         f"past one wave, no mostly idle last wave (64x64 {_NARROW_NOTE} for small and narrow products, and with sums "
-         f"per K-tile under a wave on a long K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
+         "past one wave, no mostly idle last wave (below K = 256, 128x256 only past one wave of its blocks and not for "
+         f"A.B^T; 64x64 {_NARROW_NOTE} for small and narrow products, and with sums per K-tile under a wave on a long "
+         f"K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
          "tiles, K split where that evens out the SMs' shares of blocks, then summed in a fixed order",
          lambda p, d: True, _fill, tiled_splits),
 )
