@@ -204,6 +204,19 @@ def test_ragged_edges_of_large_products_run_as_few_column_products(m, n, k, peel
             assert f" {side} on " not in text
 
 
+def test_explain_of_a_peeled_product_names_its_interiors_split_and_counts_its_blocks():
+    """2329x1160x17740: the last 8 columns peeled; the interior, planned as a product of its own, splits K in 12 (the
+    runtime runs it so): explain says so, and its grid counts the slices' blocks (it printed one slice's)."""
+    problem = _plan.Problem(2329, 1160, 17740)
+    c = _plan.choose(problem, H100)
+    inside = _plan.interior(problem, c.peel)
+    inner = _plan.choose(inside, H100)
+    assert (c.rule, c.peel, c.splits, inner.splits) == ("ragged-edge", (0, 8), 1, 12)
+    text = fastmm.explain((2329, 17740), (17740, 1160))
+    assert "on the 2329x1152 interior, split-K into 12 slices 1479 deep (the last 1471); the last 8 columns on " in text
+    assert f"grid    {inside.blocks(inner.config) * 12} blocks of 128 threads" in text
+
+
 @pytest.mark.parametrize("m,n,k,batch", [
     (4113, 4113, 4113, 1),   # 17 rows past 4096: more than a few-column product takes
     (4097, 4097, 4097, 2),   # batched

@@ -33,6 +33,20 @@ def _edges(peel: tuple[int, int], problem: Problem, device: Device) -> str:
     return " and ".join(edges)
 
 
+def _cut(choice: Choice, problem: Problem) -> str:
+    """How `choice` cuts K, as the runtime makes the cut: one batched launch of the slices, then what K leaves over;
+    or a cluster's blocks; '' where it does not."""
+    if getattr(choice.config, "cluster", 1) > 1:
+        return f", K split over a cluster of {choice.config.cluster} blocks that sums it"
+    if choice.splits == 1:
+        return ""
+    depth, full, rest = split_cut(problem.k, choice.splits, choice.config)
+    last = problem.k - (full - 1) * depth
+    cut = (f", split-K into {full} slices {depth} deep" + (f" (the last {last})" if last < depth else "")
+           + (f", the last {rest} of K a launch of its own" if rest else ""))
+    return cut + (f" (each of the batch's {problem.batch} products in turn)" if problem.batch > 1 else "")
+
+
 def describe(choice: Choice, problem: Problem, device: Device) -> str:
     """What `fastmm.explain` prints for `choice`: the kernel, the precision mode, the rule and why, the grid."""
     shape = f"{problem.m}x{problem.n}x{problem.k}" + (f", batch {problem.batch}" if problem.batch != 1 else "")
@@ -48,21 +62,16 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
         inner = choose(padded, device, "auto")
         return (describe(inner, padded, device).replace(" (A ", f" (on aligned copies of {copies}; A ", 1)
                 + f"\n  copy    {choice.rule}: {choice.reason}")
-    split = ""
-    if choice.splits > 1:  # the cut as the runtime makes it: one batched launch of the slices, then what K leaves over
-        depth, full, rest = split_cut(problem.k, choice.splits, choice.config)
-        last = problem.k - (full - 1) * depth
-        split = (f", split-K into {full} slices {depth} deep" + (f" (the last {last})" if last < depth else "")
-                 + (f", the last {rest} of K a launch of its own" if rest else ""))
-        if problem.batch > 1:
-            split += f" (each of the batch's {problem.batch} products in turn)"
-    if getattr(choice.config, "cluster", 1) > 1:
-        split = f", K split over a cluster of {choice.config.cluster} blocks that sums it"
     run = serial_run(choice, problem, device)  # (of the interior, for a peeled product)
-    if choice.peel != (0, 0):
-        split = f" on the {problem.m - choice.peel[0]}x{problem.n - choice.peel[1]} interior; " + _edges(choice.peel,
-                                                                                                     problem, device)
-        problem = interior(problem, choice.peel)
+    splits = choice.splits
+    if choice.peel != (0, 0):  # the interior is planned as a product of its own, and may split K
+        inside = interior(problem, choice.peel)
+        inner = choose(inside, device, "auto")
+        split = (f" on the {inside.m}x{inside.n} interior{_cut(inner, inside)}; "
+                 + _edges(choice.peel, problem, device))
+        problem, splits = inside, inner.splits
+    else:
+        split = _cut(choice, problem)
     sums = f"\n  sums    at most {run} terms in one FP32 running sum (K = {problem.k})"
     mode = PRECISIONS[choice.config.precision]
     if getattr(choice.config, "f64_sums", False):
@@ -76,5 +85,5 @@ def describe(choice: Choice, problem: Problem, device: Device) -> str:
             f"  kernel  {choice.config.binary_name(choice.variant)}{split}\n"
             f"  mode    {choice.config.precision}: {mode}\n"
             f"  rule    {choice.rule}: {choice.reason}\n"
-            f"  grid    {problem.blocks(choice.config) * choice.splits} blocks of {choice.config.threads} threads "
+            f"  grid    {problem.blocks(choice.config) * splits} blocks of {choice.config.threads} threads "
             f"for {device.sm_count} SMs{sums}{off}")
