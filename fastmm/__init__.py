@@ -25,6 +25,7 @@ On a GPU machine:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from ._errors import (CompileError, CUDAError, CUDAUnavailableError, DeviceFaultError, KernelLoadError, LaunchError,
@@ -152,13 +153,14 @@ def explain(a, b, kernel=None, precision=None) -> str:
             device = _cuda.device(cupy.cuda.Device().id)
     except Exception:  # no CuPy or no GPU: plan for the assumed device
         pass
-    if precision is not None:
-        _plan._check_precision(precision)
-    planned = _dispatch.plan_matmul(a, b, device, kernel, precision)
-    if isinstance(planned, str):
-        return planned
-    problem, choice, notes = planned
-    ahead = _plan.cublas_ahead(problem, choice, device)
-    if ahead is not None:
-        notes.append(f"under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS ({ahead})")
-    return _plan.describe(choice, problem, device) + "".join(f"\n  note    {n}" for n in notes)
+    # In `precision`'s block, as `matmul(precision=...)` runs: the parts planned on their own (a peeled product's
+    # interior and edges, aligned copies) take it too.
+    with _plan.matmul_precision(precision) if precision is not None else contextlib.nullcontext():
+        planned = _dispatch.plan_matmul(a, b, device, kernel, precision)
+        if isinstance(planned, str):
+            return planned
+        problem, choice, notes = planned
+        ahead = _plan.cublas_ahead(problem, choice, device)
+        if ahead is not None:
+            notes.append(f"under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS ({ahead})")
+        return _plan.describe(choice, problem, device) + "".join(f"\n  note    {n}" for n in notes)

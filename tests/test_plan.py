@@ -217,6 +217,16 @@ def test_explain_of_a_peeled_product_names_its_interiors_split_and_counts_its_bl
     assert f"grid    {inside.blocks(inner.config) * 12} blocks of 128 threads" in text
 
 
+def test_explain_plans_every_part_of_a_product_in_the_precision_it_was_given():
+    """explain(precision=...) plans as matmul(precision=...) runs, in that precision's block: a peeled product's
+    interior, planned on its own, takes it too (inside a 'high' block it was planned in 'high': 3xTF32 tiles)."""
+    shapes = ((2329, 17740), (17740, 1160))
+    alone = fastmm.explain(*shapes, precision="highest")
+    with fastmm.matmul_precision("high"):
+        assert fastmm.explain(*shapes, precision="highest") == alone
+    assert "interior, split-K" in alone and "mode    highest" in alone
+
+
 @pytest.mark.parametrize("m,n,k,batch", [
     (4113, 4113, 4113, 1),   # 17 rows past 4096: more than a few-column product takes
     (4097, 4097, 4097, 2),   # batched
@@ -1002,6 +1012,8 @@ def test_split_k_wave_cuts_k_for_four_warp_tiles_short_of_a_wave(m, n, k, splits
 def test_small_tile_takes_a_narrow_four_warp_tile_where_it_pads_far_less(m, n, k, batch, tile):
     problem = _plan.Problem(m, n, k, batch=batch)
     assert configs.get_config(_plan.tiles.small_tile(problem)).tile == tile
+
+
 @pytest.mark.parametrize("m,n,k", [(751, 3551, 271), (1755, 9240, 209)])
 def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
     p, c = _planned(m, n, k, aligned=False)
@@ -1009,16 +1021,19 @@ def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
     assert _planned(m, n, k)[1].config.tile == (128, 256)  # aligned rows: the large tile
 
 
-@pytest.mark.parametrize("m,n,k,batch,b_t", [
-    (1371, 3008, 62, 1, False),   # 132 tiles of 128x256: exactly one wave (1.04 -> 1.14x cuBLAS on 128x64)
-    (10137, 249, 57, 1, True),    # 80 tiles (0.54 -> 0.95x)
-    (4939, 760, 202, 1, True),    # 117 tiles (0.74 -> 0.86x)
-    (1393, 759, 19, 2, True),     # a batch of 2, 66 tiles (1.31 -> 2.12x)
+@pytest.mark.parametrize("m,n,k,batch,a_t,b_t", [
+    (1371, 3008, 62, 1, False, False),   # 132 tiles of 128x256: exactly one wave (1.04 -> 1.14x cuBLAS on 128x64)
+    (10137, 249, 57, 1, False, False),   # 80 tiles (measured with B^T: 0.54 -> 0.95x)
+    (1010, 3735, 49, 1, True, True),     # Fortran order, 120 tiles
+    (1753, 1754, 41, 1, True, False),    # A^T, 98 tiles
+    (1393, 759, 19, 2, False, False),    # a batch of 2, 66 tiles (measured with B^T: 1.31 -> 2.12x)
+    (8776, 245, 80, 1, False, False),    # K a multiple of 16: under a wave of 128x64 blocks, its 8-step loop
 ])
-def test_short_k_takes_the_large_tile_only_past_one_wave(m, n, k, batch, b_t):
+def test_short_k_takes_the_large_tile_only_past_one_wave(m, n, k, batch, a_t, b_t):
     """Below K = 256 the 128x256 tile's reuse does not pay for SMs left without a block: up to one wave of its blocks
-    the product takes the 128x64 tile; from K = 256, or past one wave, the large tile as before."""
-    c = choose(m, n, k, batch, b_t=b_t)
+    the product takes the 128x64 tile (as any product the large tile does not fill); from K = 256, or past one wave,
+    the large tile as before."""
+    c = choose(m, n, k, batch, a_t=a_t, b_t=b_t)
     assert (c.rule, c.config.tile) == ("tiled", (128, 64)), c.name
     assert choose(1371, 3008, 256).config.tile == (128, 256)
     assert choose(2 * 1371, 3008, 62).config.tile == (128, 256)  # two waves

@@ -149,11 +149,11 @@ _SHORT_K_BIG_TILE = 256
 def _fill(problem: Problem, device: Device) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
-    128x256 tiles where they fill the SMs (past one wave below K = 256): on their 16-deep loop in runs of 512 from K = 1024, else 32 deep from two
-    waves on aligned rows, else on the loop; 128x64 tiles where 128x256 ones would leave SMs idle, pad much or leave a
-    ragged last wave (in runs past K = 4096); 64x64 tiles for everything smaller or skinnier, and for a long ragged K
-    under a wave. The loops take any K (`_looped`). The measurements: docs/kernels/heuristic.md, section 'The
-    heuristic's break-even points', tiled.
+    128x256 tiles where they fill the SMs (below K = 256: past one wave, and not for A.B^T): on their 16-deep loop in
+    runs of 512 from K = 1024, else 32 deep from two waves on aligned rows, else on the loop; 128x64 tiles where 128x256
+    ones would leave SMs idle, pad much or leave a ragged last wave (in runs past K = 4096); 64x64 tiles for everything
+    smaller or skinnier, and for a long ragged K under a wave. The loops take any K (`_looped`). The measurements:
+    docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled.
     """
     if problem.k <= _SHORTEST_K:
         return WT64_SHORT8  # (one 8-deep K-tile: half the multiply-adds on zeros)
@@ -195,7 +195,8 @@ def _fill(problem: Problem, device: Device) -> str:
 def _small_tiles_first(problem: Problem) -> bool:
     """Rows not 16-byte aligned (4-byte loads), or their aligned copies, on a K short of the sub-tile loops' runs: 128x64
     tiles ran 13-25% faster than 128x256 ones; and A . B^T on a short K, both operands copied 4 bytes at a time
-    (transposing): 1.1-1.8x faster (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled)."""
+    (transposing): 1.3-1.8x faster past one wave (docs/kernels/heuristic.md, section 'The heuristic's break-even
+    points', tiled)."""
     both_transposing = problem.b_t and not problem.a_t and problem.k < _SHORT_K_BIG_TILE
     return (not problem.aligned or problem.runs) and problem.k < _LOOP_MIN_K or both_transposing
 
