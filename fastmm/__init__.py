@@ -160,7 +160,7 @@ def explain(a, b, kernel=None, precision=None) -> str:
         if isinstance(planned, str):
             return planned
         problem, choice, notes = planned
-        ahead = _plan.cublas_ahead(problem, choice, device)
+        ahead = _plan.cublas_ahead_of_parts(problem, choice, device)
         if ahead is not None:
             notes.append(f"under accelerate_cupy(), plain CuPy arrays leave this product to cuBLAS ({ahead})")
         return _plan.describe(choice, problem, device) + "".join(f"\n  note    {n}" for n in notes)

@@ -475,6 +475,17 @@ def test_explain_says_when_the_cupy_hook_leaves_a_product_to_cublas():
     assert "accelerate_cupy" not in fastmm.explain((4096, 4096), (4096, 4096))
 
 
+def test_explain_says_when_a_part_of_a_product_leaves_it_to_cublas():
+    """1025x1025x9000 peels its last row and column; its 1024x1024 interior, planned as a product of its own, is a class
+    cuBLAS is measured ahead of (split-k-idle's single products), and the runtime checks every part it plans: under
+    the hook the whole product goes to cuBLAS, and explain says why."""
+    problem = _plan.Problem(1025, 1025, 9000, b_aligned=False)
+    c = _plan.choose(problem)
+    assert c.peel == (1, 1) and _plan.cublas_ahead(problem, c, _plan.Device()) is None
+    text = fastmm.explain((1025, 9000), (9000, 1025))
+    assert "leave this product to cuBLAS (its interior: few tiles on a long K" in text
+
+
 def test_precision_modes_follow_pytorchs_names():
     assert fastmm.get_float32_matmul_precision() == "highest"
     fastmm.set_float32_matmul_precision("high")

@@ -6,7 +6,7 @@ test holds names the kernel), unless a kernel is forced or an autotuned entry co
 """
 
 from .accuracy import SERIAL_RUN_BOUND, serial_run
-from .describe import describe, settings
+from .describe import cublas_ahead_of_parts, describe, settings
 from .cublas_ahead import CUBLAS_AHEAD, CublasAhead, cublas_ahead, yield_to_cublas, yielding_to_cublas
 from .forced import forced_kernel, invalid, kernel_names, kernels_on, use_kernel, validated
 from . import ozaki
@@ -18,7 +18,8 @@ from .tiles import wave_efficiency
 from .tuned import on_reload, reload_tuned, tune_bucket, tune_cache_path, tuned_entries
 
 __all__ = ["serial_run", "SERIAL_RUN_BOUND", "Problem", "Device", "Choice", "Rule", "RuleName", "RULES", "choose",
-           "describe", "settings", "use_kernel", "forced_kernel", "kernel_names", "kernels_on", "invalid", "validated",
+           "describe", "settings", "cublas_ahead_of_parts", "use_kernel", "forced_kernel", "kernel_names", "kernels_on",
+           "invalid", "validated",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "on_reload", "wave_efficiency",
            "few_rows", "aligned_copies", "interior", "padded_k", "split_cut",
            "without_copies", "after_out_of_memory", "CUBLAS_AHEAD", "cublas_ahead", "CublasAhead", "yielding_to_cublas",

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from .cublas_ahead import _yield
+from .cublas_ahead import _yield, cublas_ahead
 from .accuracy import serial_run
 from .forced import _forced, kernels_on
 from .precision import OZAKI_INT8, PRECISIONS, current_precision
 from .problem import Choice, Device, Problem
 from .table import aligned_copies, choose, interior, split_cut
 
-__all__ = ["describe", "settings"]
+__all__ = ["describe", "settings", "cublas_ahead_of_parts"]
 
 
 def settings() -> tuple:
@@ -21,16 +21,40 @@ def settings() -> tuple:
     return _forced.get(), current_precision(), _yield.get()
 
 
-def _edges(peel: tuple[int, int], problem: Problem, device: Device) -> str:
-    """Where a peeled product's last rows and columns run: each edge is planned as a product of its own."""
+def _edge_problems(peel: tuple[int, int], problem: Problem) -> list[tuple[str, Problem]]:
+    """A peeled product's last columns and rows as the products the runtime plans them as: (what, problem)."""
     rows, cols = peel
     edges = []
     if cols:
-        edge = dataclasses.replace(problem, m=problem.m - rows, n=cols)
-        edges.append(f"the last {cols} columns on {choose(edge, device, 'auto').name}")
+        edges.append((f"the last {cols} columns", dataclasses.replace(problem, m=problem.m - rows, n=cols)))
     if rows:
-        edges.append(f"the last {rows} rows on {choose(dataclasses.replace(problem, m=rows), device, 'auto').name}")
-    return " and ".join(edges)
+        edges.append((f"the last {rows} rows", dataclasses.replace(problem, m=rows)))
+    return edges
+
+
+def _edges(peel: tuple[int, int], problem: Problem, device: Device) -> str:
+    """Where a peeled product's last rows and columns run: each edge is planned as a product of its own."""
+    edges = _edge_problems(peel, problem)
+    return " and ".join(f"{what} on {choose(edge, device, 'auto').name}" for what, edge in edges)
+
+
+def cublas_ahead_of_parts(problem: Problem, choice: Choice, device: Device) -> str | None:
+    """Why cuBLAS is measured ahead of the plan (`cublas_ahead`) or of a part of it that the runtime plans as a product
+    of its own (aligned copies, a peeled product's interior and edges): any of them hands the whole product to cuBLAS
+    while products yield to it (`accelerate_cupy`); None where none is."""
+    why = cublas_ahead(problem, choice, device)
+    if why is not None:
+        return why
+    parts = []
+    if choice.pad:
+        parts.append(("its aligned copies", aligned_copies(problem)))
+    elif choice.peel != (0, 0):
+        parts += [("its interior", interior(problem, choice.peel)), *_edge_problems(choice.peel, problem)]
+    for what, part in parts:
+        why = cublas_ahead_of_parts(part, choose(part, device, "auto"), device)
+        if why is not None:
+            return f"{what}: {why}"
+    return None
 
 
 def _cut(choice: Choice, problem: Problem) -> str:
