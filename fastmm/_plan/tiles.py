@@ -141,7 +141,7 @@ _SHORT_K_UNALIGNED = 128
 # 9 two 8-deep K-tiles lost to one of 16 (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _SHORTEST_K = 8
 # Below this K the 128x256 tile is taken from more than one wave of its blocks (one block per SM) only, and not for
-# A . B^T: up to one wave short products ran 1.1-2.0x faster on 128x64 or 64x64 tiles, A . B^T at any count
+# A . B^T: up to one wave short products ran 1.1-2.0x faster on 128x64 or 64x64 tiles, A . B^T 1.3-1.8x past one wave
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _SHORT_K_BIG_TILE = 256
 
@@ -165,8 +165,10 @@ def _fill(problem: Problem, device: Device) -> str:
     ragged = (problem.tiles(big) > device.sm_count and wave_efficiency(problem, big, device) < _MIN_WAVE_EFFICIENCY
               and _fits(problem, device, WT128x64))
     long_k = problem.k >= _LOOP_MIN_K
-    few_short = problem.k < _SHORT_K_BIG_TILE and problem.tiles(big) <= device.sm_count
-    if _fits(problem, device, WT256) and not ragged and not few_short and not _small_tiles_first(problem):
+    # A short K: one wave of large tiles or less, or A . B^T (both operands copied 4 bytes at a time, transposing)
+    short_k_small_tiles = problem.k < _SHORT_K_BIG_TILE and (problem.tiles(big) <= device.sm_count
+                                                            or problem.b_t and not problem.a_t)
+    if _fits(problem, device, WT256) and not ragged and not short_k_small_tiles and not _small_tiles_first(problem):
         if long_k:
             return _looped(problem, WT256_SLICES)  # K in runs of 512: cuBLAS's accuracy, within 2% of one run
         if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t and problem.aligned:
@@ -194,11 +196,9 @@ def _fill(problem: Problem, device: Device) -> str:
 
 def _small_tiles_first(problem: Problem) -> bool:
     """Rows not 16-byte aligned (4-byte loads), or their aligned copies, on a K short of the sub-tile loops' runs: 128x64
-    tiles ran 13-25% faster than 128x256 ones; and A . B^T on a short K, both operands copied 4 bytes at a time
-    (transposing): 1.3-1.8x faster past one wave (docs/kernels/heuristic.md, section 'The heuristic's break-even
-    points', tiled)."""
-    both_transposing = problem.b_t and not problem.a_t and problem.k < _SHORT_K_BIG_TILE
-    return (not problem.aligned or problem.runs) and problem.k < _LOOP_MIN_K or both_transposing
+    tiles ran 13-25% faster than 128x256 ones (docs/kernels/heuristic.md, section 'The heuristic's break-even points',
+    tiled)."""
+    return (not problem.aligned or problem.runs) and problem.k < _LOOP_MIN_K
 
 
 def _looped(problem: Problem, name: str) -> str:
