@@ -481,6 +481,41 @@ def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(la
     assert not _plan.yielding_to_cublas()
 
 
+def test_yielding_to_cublas_checks_every_part_of_a_product_before_its_first_launch(launched):
+    """2049x513x16383 with A's rows not 16-byte aligned runs on aligned copies, whose product peels its last row; that
+    interior is a class cuBLAS is ahead of. Under `yield_to_cublas` the product raises before the copies are made (it
+    raised after them, their work wasted, until 2026-11-29)."""
+    from fastmm import _plan
+
+    a = _fastmm(np.zeros((2049, 16383), np.float32))
+    b = _fastmm(np.zeros((16383, 516), np.float32))[:, :513]  # rows of 516 floats: aligned
+    with _plan.yield_to_cublas():
+        with pytest.raises(_plan.CublasAhead, match="its aligned copies: its interior: few tiles on a long K"):
+            _dispatch.matmul(a, b)
+    assert launched == []
+    assert _plan.choose(_plan.Problem(2049, 513, 16383, a_aligned=False)).pad  # outside: the copies first
+
+
+def test_the_parts_of_a_peeled_product_follow_the_plan_inside_use_kernel(launched):
+    """matmul(kernel="auto") inside `use_kernel(...)`: the plan peels 2048x2052x2048's last 4 columns, and the interior
+    and the edge run on the kernels the plan (and explain) names, not on the block's kernel (which they ran until
+    2026-11-29)."""
+    from fastmm import _plan
+
+    a = _fastmm(np.zeros((2048, 2048), np.float32))
+    b = _fastmm(np.zeros((2048, 2052), np.float32))
+    assert _plan.choose(_plan.Problem(2048, 2052, 2048)).peel == (0, 4)
+    _dispatch.matmul(a, b)
+    planned = list(launched)
+    assert len(planned) == 2 and planned[1].startswith("fewcol_"), planned
+    launched.clear()
+    with _plan.use_kernel("naive"):
+        _dispatch.matmul(a, b, kernel="auto")
+        assert launched == planned
+        _dispatch.matmul(a, b)  # the block's kernel, unpeeled
+    assert launched[2:] == [n for n in launched[2:] if n.startswith("naive")] and len(launched) == 3
+
+
 def test_precision_modes_choose_kernels_and_never_share_replays(launched):
     from fastmm import _plan
 

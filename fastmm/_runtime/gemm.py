@@ -120,7 +120,9 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
     device = _cuda.device(device_id)
     choice = _plan.choose(problem, device, kernel)
     if _plan.yielding_to_cublas():
-        why = _plan.cublas_ahead(problem, choice, device)
+        # Of every part the runtime plans on its own (aligned copies, a peeled product's interior and edges) before
+        # any launch: a part found later would waste the launches made for the others.
+        why = _plan.cublas_ahead_of_parts(problem, choice, device)
         if why is not None:
             raise _plan.CublasAhead(why)
     if choice.pad:
@@ -545,15 +547,16 @@ def _batch_item(x, index: tuple[int, ...]):
 
 def _peeled(a, b, c, peel: tuple[int, int], record: Recorder | None, runs: bool = False) -> None:
     """c = a @ b as the interior on whole tiles and its last `rows` rows and `cols` columns as few-row and
-    few-column products (each planned on its own; all are views of a, b and c, so a replay runs them again)."""
+    few-column products (each planned on its own, as `explain` says, also inside `use_kernel`: only the plan peels;
+    all are views of a, b and c, so a replay runs them again)."""
     rows, cols = peel
     m, n = c.shape[-2:]
     mm, nn = m - rows, n - cols
-    gemm(a[..., :mm, :], b[..., :nn], c[..., :mm, :nn], None, record, runs=runs)
+    gemm(a[..., :mm, :], b[..., :nn], c[..., :mm, :nn], "auto", record, runs=runs)
     if cols:
-        gemm(a[..., :mm, :], b[..., nn:], c[..., :mm, nn:], None, record, runs=runs)
+        gemm(a[..., :mm, :], b[..., nn:], c[..., :mm, nn:], "auto", record, runs=runs)
     if rows:
-        gemm(a[..., mm:, :], b, c[..., mm:, :], None, record, runs=runs)
+        gemm(a[..., mm:, :], b, c[..., mm:, :], "auto", record, runs=runs)
 
 
 def _on_cupy(a, b, c, record) -> None:
