@@ -162,7 +162,7 @@ def test_short_k_stays_whole_where_a_split_measured_slower_or_cannot_be_even(m, 
     (428, 1091, 642, "tiled", 1),           # the shorter side past 256: 126 tiles, split measured slower
     (640, 640, 1000, "tiled", 1),           # 100 tiles, square: small products stay whole
     (200, 47, 1000, "narrow-few-columns", 1),  # under 48: the few-column kernel
-    (150, 3000, 700, "tiled", 1),           # 141 tiles: every SM has a block
+    (150, 3000, 700, "tiled", 3),           # 141 tiles: every SM has a block (the tiled rule's, just past one a SM)
 ])
 def test_split_k_idle_takes_few_tiles_from_k_512_on_outputs_48_to_256_wide(m, n, k, rule, splits):
     """Below K = 1024, split-k-idle takes the products whose 64x64 tiles leave SMs without a block where the output's
@@ -172,6 +172,29 @@ def test_split_k_idle_takes_few_tiles_from_k_512_on_outputs_48_to_256_wide(m, n,
     if splits > 1:
         depth, slices, rest = _plan.split_cut(k, splits, c.config)
         assert depth >= 128 and rest == 0 and _plan.serial_run(c, _plan.Problem(m, n, k), H100) <= 16
+
+
+@pytest.mark.parametrize("m,n,k,batch,layout,splits", [
+    (102, 4369, 905, 1, "c", 3),      # 138 64x64 tiles on 132 SMs: six SMs with two blocks set the time (0.66x -> 0.83x)
+    (165, 3498, 435, 1, "b_t", 3),    # 165 tiles (0.86x -> 1.09x)
+    (118, 5632, 884, 1, "c", 3),      # 2 x 88 = 176 tiles, a third of the SMs with two: the last it takes
+    (118, 5633, 884, 1, "c", 1),      # 178 tiles
+    (102, 4224, 884, 1, "c", 1),      # 132 tiles: one on every SM
+    (102, 4225, 884, 1, "c", 3),      # 134
+    (102, 4369, 383, 1, "c", 1),      # K under 384: the second launch costs more than the balance gains
+    (51, 4369, 905, 2, "c", 1),       # a batch of two: 138 tiles, its items one launch
+])
+def test_tiled_splits_four_warp_tiles_just_past_one_block_per_sm(m, n, k, batch, layout, splits):
+    """Below K = 1024, a single product whose four-warp tiles give every SM a block and up to a third of them a
+    second runs K in 3 slices, 3 or 4 blocks on each SM (docs/kernels/heuristic.md, section 'tiled: just past one block
+    per SM'); each slice then sums a third of K."""
+    problem = _plan.Problem(m, n, k, batch, a_t=layout in ("a_t", "fortran"), b_t=layout in ("b_t", "fortran"))
+    c = _plan.choose(problem, H100)
+    assert c.rule == "tiled" and c.config.name in _plan.tiles.SMALL_TILES, c
+    assert c.splits == splits, (c, problem.tiles(c.config))
+    if splits > 1:
+        assert _plan.serial_run(c, problem, H100) <= -(-k // 3)
+        assert "split-K into 3 slices" in fastmm.explain((m, k), (k, n))
 
 
 @pytest.mark.parametrize("m,n,k,peel", [

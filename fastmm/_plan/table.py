@@ -269,12 +269,24 @@ def wave_splits(problem: Problem, device: Device) -> int:
 _TILED_SPLIT_MIN_K, _TILED_SPLIT_MAX_WAVES = 1024, 3
 
 
+# Below _TILED_SPLIT_MIN_K, a single product's four-warp tiles just past one block per SM (a few SMs with a second,
+# which set its time), from this K: in this many slices, 3 or 4 blocks on every SM (102x4369x905 0.66x -> 0.83x cuBLAS,
+# 165x3498x435 (B^T) 0.86x -> 1.09x; docs/kernels/heuristic.md, section 'tiled: just past one block per SM').
+_PAST_ONE_BLOCK_MIN_K, _PAST_ONE_BLOCK_SMS, _PAST_ONE_BLOCK_SPLITS = 384, 4 / 3, 3
+
+
 def tiled_splits(problem: Problem, device: Device) -> int:
     """Slices of K for the tiled rule: 1, or on the unrolled warp tiles of a single product from K = _TILED_SPLIT_MIN_K,
-    up to _TILED_SPLIT_MAX_WAVES waves of their blocks, the count that best balances the SMs' work."""
-    config = get_config(_fill(problem, device))
+    up to _TILED_SPLIT_MAX_WAVES waves of their blocks, the count that best balances the SMs' work; below it, where
+    the four-warp tiles are just past one block per SM, _PAST_ONE_BLOCK_SPLITS."""
+    name = _fill(problem, device)
+    config = get_config(name)
     slots = config.min_blocks * device.sm_count
-    if problem.k < _TILED_SPLIT_MIN_K or problem.tiles(config) > _TILED_SPLIT_MAX_WAVES * slots:
+    if problem.k < _TILED_SPLIT_MIN_K:
+        past_one_block = (problem.batch == 1 and name in SMALL_TILES and problem.k >= _PAST_ONE_BLOCK_MIN_K
+                          and device.sm_count < problem.tiles(config) <= _PAST_ONE_BLOCK_SMS * device.sm_count)
+        return _PAST_ONE_BLOCK_SPLITS if past_one_block else 1
+    if problem.tiles(config) > _TILED_SPLIT_MAX_WAVES * slots:
         return 1
     return _balanced(problem, device, config, 1, least=1)
 
@@ -451,7 +463,8 @@ RULES: tuple[Rule, ...] = (
          "past one wave, no mostly idle last wave (below K = 256, 128x256 only past one wave of its blocks and not for "
          f"A.B^T; 64x64 {_NARROW_NOTE} for small and narrow products, and with sums per K-tile under a wave on a long "
          f"K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
-         "tiles, K split where that evens out the SMs' shares of blocks, then summed in a fixed order",
+         "tiles, K split where that evens out the SMs' shares of blocks, then summed in a fixed order; from K = "
+         f"{_PAST_ONE_BLOCK_MIN_K}, four-warp tiles just past one block per SM in {_PAST_ONE_BLOCK_SPLITS} slices",
          lambda p, d: True, _fill, tiled_splits),
 )
 _RULES_WITHOUT_COPIES = tuple(r for r in RULES if not r.pad)
