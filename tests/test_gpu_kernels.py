@@ -180,7 +180,9 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
                                    # split-k on 128x256 tiles in runs of 512, K with no even cut into a wave's slices
                                    (1000, 1000, 20008),
                                    # the tiled rule's split (balanced slice counts): 64x64 tiles, 128x64 with tile sums
-                                   (4375, 615, 7371), (3418, 186, 1980)])
+                                   (4375, 615, 7371), (3418, 186, 1980),
+                                   # its 3 slices just past one block per SM, K under 1024
+                                   (102, 4369, 905)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     """Long-K products with few output tiles take the split-K path: right, and bitwise the same every run."""
