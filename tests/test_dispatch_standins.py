@@ -496,24 +496,31 @@ def test_yielding_to_cublas_checks_every_part_of_a_product_before_its_first_laun
     assert _plan.choose(_plan.Problem(2049, 513, 16383, a_aligned=False)).pad  # outside: the copies first
 
 
-def test_the_parts_of_a_peeled_product_follow_the_plan_inside_use_kernel(launched):
-    """matmul(kernel="auto") inside `use_kernel(...)`: the plan peels 2048x2052x2048's last 4 columns, and the interior
-    and the edge run on the kernels the plan (and explain) names, not on the block's kernel (which they ran until
-    2026-11-29)."""
+@pytest.mark.parametrize("shape_a,shape_b,first", [
+    ((2048, 2048), (2048, 2052), "warptile_"),  # the last 4 columns peeled: the interior, then the edge
+    ((4097, 1025), (1025, 4096), "repitch"),    # aligned copies (K padded), whose product peels its last row
+])
+def test_the_parts_of_a_product_follow_the_plan_inside_use_kernel(launched, shape_a, shape_b, first):
+    """matmul(kernel="auto") inside `use_kernel(...)`: the parts the runtime plans on their own (a peeled product's
+    interior and edges, the product of aligned copies) run on the kernels the plan (and explain) names, not on the
+    block's kernel (which they ran until 2026-11-29)."""
     from fastmm import _plan
 
-    a = _fastmm(np.zeros((2048, 2048), np.float32))
-    b = _fastmm(np.zeros((2048, 2052), np.float32))
-    assert _plan.choose(_plan.Problem(2048, 2052, 2048)).peel == (0, 4)
+    a = _fastmm(np.zeros(shape_a, np.float32))
+    b = _fastmm(np.zeros(shape_b, np.float32))
+    (m, k), n = shape_a, shape_b[1]
+    aligned = k % 4 == 0 and n % 4 == 0
+    assert _plan.choose(_plan.Problem(m, n, k, aligned=aligned)).rule == ("ragged-edge" if aligned else "aligned-copy")
     _dispatch.matmul(a, b)
     planned = list(launched)
-    assert len(planned) == 2 and planned[1].startswith("fewcol_"), planned
+    assert planned[0].startswith(first) and planned[-1].startswith("fewcol_"), planned
     launched.clear()
     with _plan.use_kernel("naive"):
         _dispatch.matmul(a, b, kernel="auto")
         assert launched == planned
-        _dispatch.matmul(a, b)  # the block's kernel, unpeeled
-    assert launched[2:] == [n for n in launched[2:] if n.startswith("naive")] and len(launched) == 3
+        del launched[:]
+        _dispatch.matmul(a, b)  # the block's kernel, on the whole product
+    assert len(launched) == 1 and launched[0].startswith("naive"), launched
 
 
 def test_precision_modes_choose_kernels_and_never_share_replays(launched):

@@ -180,20 +180,37 @@ def test_sanity_large_product_has_fp32_accuracy(rng):
                                    # split-k on 128x256 tiles in runs of 512, K with no even cut into a wave's slices
                                    (1000, 1000, 20008),
                                    # the tiled rule's split (balanced slice counts): 64x64 tiles, 128x64 with tile sums
-                                   (4375, 615, 7371), (3418, 186, 1980),
-                                   # its 3 slices just past one block per SM, K under 1024
-                                   (102, 4369, 905)])
+                                   (4375, 615, 7371), (3418, 186, 1980)])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_split_k_is_correct_and_deterministic(m, n, k, layout, rng):
     """Long-K products with few output tiles take the split-K path: right, and bitwise the same every run."""
-    import fastmm
     from fastmm import _plan
     from fastmm._runtime import cuda as _cuda
+
+    assert _plan.choose(_plan.Problem(m, n, k), _cuda.device(0)).splits > 1
+    _check_split_product(m, n, k, layout, rng)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_k_just_past_one_block_per_sm_is_correct_and_deterministic(layout, rng):
+    """The tiled rule's 3 slices on a K under 1024, where the 64x64 tiles are just past one block per SM: 102 rows
+    and as many columns as make 3 or 4 tiles more than this GPU has SMs (102x4352x905 on an H100 or H200, 136 tiles)."""
+    from fastmm import _plan
+    from fastmm._runtime import cuda as _cuda
+
+    m, n, k = 102, 64 * (_cuda.device(0).sm_count // 2 + 2), 905
+    c = _plan.choose(_plan.Problem(m, n, k), _cuda.device(0))
+    assert (c.rule, c.splits) == ("tiled", 3), c
+    _check_split_product(m, n, k, layout, rng)
+
+
+def _check_split_product(m, n, k, layout, rng):
+    """A split product is right, and bitwise the same on every run, replay and fresh operand of its signature."""
+    import fastmm
 
     a = host_operand(rng, m, k, layout[0] == "t")
     b = host_operand(rng, k, n, layout[1] == "t")
     da, db = device(a), device(b)
-    assert _plan.choose(_plan.Problem(m, n, k), _cuda.device(0)).splits > 1
     first = cp.full((m, n), cp.nan, cp.float32)
     fastmm.matmul(da, db, out=first)
     ref = a.astype(np.float64) @ b.astype(np.float64)

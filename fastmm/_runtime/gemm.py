@@ -334,7 +334,7 @@ def _padded(a, b, c, problem, device_id: int, record: Recorder | None) -> None:
             copies.append((shape, copy))
             operands.append(view)
     sub = Recorder(operands[0].data.ptr, operands[1].data.ptr, c.data.ptr) if record is not None else None
-    gemm(operands[0], operands[1], c, None, sub, runs=True)
+    gemm(operands[0], operands[1], c, "auto", sub, runs=True)  # the plan's, as for _peeled's parts
     if record is not None:
         if None in sub:
             record.append(None)
