@@ -633,9 +633,10 @@ def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launch
     assert sums.get("k_total", 0) == 0
 
 
-def test_split_k_on_a_small_batch_splits_each_item_in_turn(launched, monkeypatch):
-    """2 x 95 x 150 x 10191 (split-k-idle on a batch of two: five 128x32 tiles an item): each item's 39 slices 262 deep
-    as one batch (the last ending at K, 235 deep) and its ordered sum, item after item, each into its own slice of C."""
+def test_split_k_on_a_small_batch_runs_every_items_slices_in_one_launch(launched, monkeypatch):
+    """2 x 95 x 150 x 10191 (split-k-idle on a batch of two: five 128x32 tiles an item): both items' 39 slices 262 deep
+    as one launch of 78 batch items, the slices its inner axis (the last of each item ending at K, 235 deep: k_total),
+    then both items' ordered sums as one launch, each into its own slice of C."""
     strided = lambda x, shape, strides: np.lib.stride_tricks.as_strided(x, shape, strides).view(FakeCupyArray)  # noqa
     monkeypatch.setattr(_arrays._cp, "lib", types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=strided)),
                         raising=False)
@@ -644,16 +645,26 @@ def test_split_k_on_a_small_batch_splits_each_item_in_turn(launched, monkeypatch
     c = _dispatch.matmul(a, b)
     assert c.shape == (2, 95, 150)
     tile = "warptile_128x32x16_32x32_8x4_s4_tsum"
-    assert launched == [tile, "slicesum"] * 2
-    for item in (0, 1):
-        (_, _, args), (_, _, sums) = launched.args[2 * item:2 * item + 2]
-        assert (args["batch"], args["k"], args["k_total"]) == (39, 262, 10191)
-        assert (sums["k"], sums["m"], sums["n"], sums["a_sm"]) == (39, 95, 150, 152)
-    # The two sums write C's two items (the third pointer: 95 x 150 floats apart), the slices read A's and B's own.
-    sum0, sum1 = launched.ptrs[1], launched.ptrs[3]
-    assert (sum0[2], sum1[2]) == (c.data.ptr, c.data.ptr + 4 * 95 * 150)
-    assert launched.ptrs[2][0] - launched.ptrs[0][0] == 4 * 95 * 10191
-    assert launched.ptrs[2][1] - launched.ptrs[0][1] == 4 * 10191 * 150
+    assert launched == [tile, "slicesum"]
+    (_, _, args), (_, _, sums) = launched.args
+    assert (args["batch"], args["batch_inner"], args["k"], args["k_total"]) == (78, 39, 262, 10191)
+    # Batch strides (A, B, C: outer = items, inner = slices): A's and B's own items, the slices 262 deep along K; the
+    # workspace's items 39 slices of 95 rows padded to 152 floats apart.
+    assert args["batch_strides"] == (95 * 10191, 262, 10191 * 150, 262 * 150, 39 * 95 * 152, 95 * 152)
+    assert (sums["k"], sums["m"], sums["n"], sums["a_sm"], sums["batch"]) == (39, 95, 150, 152, 2)
+    assert (sums["batch_inner"], sums["batch_strides"]) == (2, (0, 39 * 95 * 152, 0, 0, 0, 95 * 150))
+    assert launched.ptrs[1][2] == c.data.ptr  # the sums write C, from its first item on
+    # A broadcast A (one matrix against B's four items): its slices read the same A for every item.
+    launched.clear(), launched.args.clear(), launched.ptrs.clear()
+    _dispatch.matmul(_fastmm(np.zeros((70, 10604), np.float32)), _fastmm(np.zeros((4, 10604, 27), np.float32)))
+    (_, _, args), (_, _, sums) = launched.args
+    assert launched[1] == "slicesum" and args["batch"] == 4 * args["batch_inner"] and sums["batch"] == 4
+    assert args["batch_strides"][0] == 0  # A's items: stride 0
+    # Batch axes that do not collapse to one (A's two axes swapped): each item split on its own, in turn.
+    launched.clear(), launched.args.clear(), launched.ptrs.clear()
+    a = _fastmm(np.zeros((3, 2, 95, 10191), np.float32)).transpose(1, 0, 2, 3)
+    _dispatch.matmul(a, _fastmm(np.zeros((2, 3, 10191, 150), np.float32)))
+    assert launched == [tile, "slicesum"] * 6 and {args["batch"] for _, _, args in launched.args} == {39, 1}
 
 
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):

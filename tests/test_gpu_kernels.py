@@ -262,13 +262,13 @@ def test_split_k_reads_nothing_past_k(m, n, k, layout, rng, launches):
                                              ((3, 98, 3100), (3100, 258))])       # B broadcast
 @pytest.mark.parametrize("out_kind", ["new", "strided"])
 def test_split_k_on_a_small_batch_is_correct_and_deterministic(shape_a, shape_b, out_kind, rng):
-    """A small batch of few tiles on a long K: each item split on its own into its slice of C (a fresh result or rows of
-    a wider array); right, untouched outside the result, bitwise the same on replays."""
+    """A small batch of few tiles on a long K: every item's slices in one launch, each item's sum into its slice of C (a
+    fresh result or rows of a wider array); right, untouched outside the result, bitwise the same on replays."""
     import fastmm
 
     a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in (shape_a, shape_b))
     da, db = device(a), device(b)
-    assert "split-K" in fastmm.explain(da, db) and "in turn" in fastmm.explain(da, db)
+    assert "split-K" in fastmm.explain(da, db) and "slices in one launch" in fastmm.explain(da, db)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     base = cp.full(ref.shape[:-1] + (ref.shape[-1] + 8,), cp.nan, cp.float32)
     out = base[..., 4:4 + ref.shape[-1]] if out_kind == "strided" else cp.full(ref.shape, cp.nan, cp.float32)

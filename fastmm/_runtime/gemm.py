@@ -18,7 +18,7 @@ from .. import _errors, _plan
 from ..kernels.configs import MAX_GRID_Y, REPITCH, SLICE_SUM, SPLIT, FewColumns, Int8Tile, Split, Variant, WgTile
 from ..kernels.passes import NONFINITE_FIX
 from .arrays import cupy as _cupy
-from .arrays import empty, may_overlap, problem_for
+from .arrays import _batch_dims, empty, may_overlap, problem_for
 
 __all__ = ["gemm", "Recorder", "replay", "signature", "replays", "remember"]
 
@@ -159,10 +159,6 @@ def gemm(a, b, c, kernel=None, record: Recorder | None = None, *, runs: bool = F
             record.append(None)
             record = None
         a, b = launch["keep"]
-        if c.ndim > 2 and math.prod(c.shape[:-2]) > 1:  # a small batch: each item split on its own, in turn
-            for index in np.ndindex(*c.shape[:-2]):
-                _split_k(_batch_item(a, index), _batch_item(b, index), c[index], choice, device_id, record, runs)
-            return
         return _split_k(a, b, c, choice, device_id, record, runs)
     swapped = isinstance(choice.config, FewColumns) and _plan.few_rows(problem, choice.config)
     if swapped:
@@ -204,31 +200,45 @@ class _SplitKReplay:
 
 
 def _slice_sum(ws, c, device_id: int):
-    """The launch that adds the workspace's slices (ws: (slices, m, pitch), C-ordered, its first n = c.shape[1] columns
-    written) into c (m, n) in slice order."""
+    """The launch that adds the workspace's slices (ws: (batch..., slices, m, pitch), C-ordered, its first n =
+    c.shape[-1] columns written) into c (batch..., m, n) in slice order, every item of a batch in one launch."""
     from . import cuda as _cuda
 
-    slices, m, pitch = ws.shape
-    n = c.shape[1]
-    c_sm, c_sn = (s // 4 for s in c.strides)
+    *_, slices, m, pitch = ws.shape
+    n = c.shape[-1]
+    c_sm, c_sn = (s // 4 for s in c.strides[-2:])
+    dims = _batch_dims(c.shape[:-2], ws[..., 0, :, :], c)  # (at most two axes: see _one_launch)
+    (n0, s0), (n1, s1) = ([(1, [0, 0])] * 2 + dims)[-2:]
     return _cuda.Launch(SLICE_SUM, Variant(), device_id, m=m, n=n, k=slices, a_sm=pitch, a_sk=m * pitch, b_sk=0,
-                        b_sn=0, c_sm=c_sm if m > 1 else 0, c_sn=c_sn if n > 1 else 1, batch=1, batch_inner=1,
-                        batch_strides=(0,) * 6)
+                        b_sn=0, c_sm=c_sm if m > 1 else 0, c_sn=c_sn if n > 1 else 1, batch=n0 * n1, batch_inner=n1,
+                        batch_strides=(s0[0], s1[0], 0, 0, s0[1], s1[1]))
+
+
+def _one_launch(a_slices, b_slices, c_slices, ws, c) -> bool:
+    """Whether a batch's slices run as one launch whose inner batch axis is the slices alone (the kernel counts a slice's
+    K from it), and its items' sums as one more: batch axes that collapse to one besides the slices (NumPy's
+    broadcasting of A and B over C's batch; a C with strided batch axes may not)."""
+    dims = _batch_dims(c_slices.shape[:-2], a_slices, b_slices, c_slices)
+    return (len(dims) <= 2 and dims[-1][0] == c_slices.shape[-3]
+            and len(_batch_dims(c.shape[:-2], ws[..., 0, :, :], c)) <= 2)
 
 
 def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, runs: bool = False) -> None:
-    """c = a @ b (2-D) as `choice.splits` slices of K, each a batch item of one product, summed in order.
+    """c = a @ b as `choice.splits` slices of K, summed in order; a batch (the plan splits small ones) as one launch of
+    every item's slices and one of their sums.
 
-    The slices are strided views of a and b (no copies); their products land in a (splits, m, pitch) workspace whose
-    first n columns fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on every run. Every
-    step is a launch of fastmm's own: a replay costs one allocation and two or three launches, where a CuPy reduction
-    cost more host time than the products it summed (docs/history.md, section 'Staged uploads and split-K's sum
-    (2026-11-23)').
+    The slices are strided views of a and b (no copies); their products land in a (batch..., splits, m, pitch)
+    workspace whose first n columns fastmm's slice-sum kernel adds into c slice by slice, so the result is the same on
+    every run. Every step is a launch of fastmm's own: a replay costs one allocation and two or three launches, where a
+    CuPy reduction cost more host time than the products it summed (docs/history.md, section 'Staged uploads and
+    split-K's sum (2026-11-23)'); a batch's items split one after another cost two launches each.
     """
     cp = _cupy()
-    # A single product (gemm hands a batch over item by item): any batch axes here have size 1 and drop out as views.
-    a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
-    (m, k), n = a.shape, b.shape[1]
+    batch = c.shape[:-2]
+    if math.prod(batch) == 1:  # a single product: any batch axes have size 1 and drop out as views
+        a, b, c = (x.reshape(x.shape[-2:]) for x in (a, b, c))
+        batch = ()
+    (m, k), n = a.shape[-2:], b.shape[-1]
     # The plan's cut: `full` slices as one batched launch (the last ending at K where they reach past it), a `tail`
     # of K as one shallow launch of its own.
     depth, full, tail = _plan.split_cut(k, choice.splits, choice.config)
@@ -236,16 +246,23 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     # (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column kernels write rows of 1 to 16 floats,
     # which padding would spread out.
     pitch = n if isinstance(choice.config, FewColumns) else -(-n // 4) * 4
-    ws = empty((full + (tail > 0), m, pitch))
+    ws = empty((*batch, full + (tail > 0), m, pitch))
     strided = cp.lib.stride_tricks.as_strided
-    a_slices = strided(a, (full, m, depth), (depth * a.strides[1], a.strides[0], a.strides[1]))
-    b_slices = strided(b, (full, depth, n), (depth * b.strides[0], b.strides[0], b.strides[1]))
+    a_slices = strided(a, (*a.shape[:-2], full, m, depth), (*a.strides[:-2], depth * a.strides[-1], *a.strides[-2:]))
+    b_slices = strided(b, (*b.shape[:-2], full, depth, n), (*b.strides[:-2], depth * b.strides[-2], *b.strides[-2:]))
+    slices = ws[..., :n]
+    if batch and not _one_launch(a_slices, b_slices, slices[..., :full, :, :], ws, c):
+        del ws, slices  # each item split on its own, in turn
+        for index in np.ndindex(*batch):
+            _split_k(_batch_item(a, index), _batch_item(b, index), c[index], choice, device_id, record, runs)
+        return
     # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
     sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
-    slices = ws[:, :, :n]
-    gemm(a_slices, b_slices, slices[:full], choice.config.name, sub, runs=runs, k_total=k if full * depth > k else 0)
+    gemm(a_slices, b_slices, slices[..., :full, :, :], choice.config.name, sub, runs=runs,
+         k_total=k if full * depth > k else 0)
     if tail:
-        gemm(a[:, full * depth:], b[full * depth:], slices[full], choice.config.name, sub, runs=runs)
+        gemm(a[..., full * depth:], b[..., full * depth:, :], slices[..., full, :, :], choice.config.name, sub,
+             runs=runs)
     total = _slice_sum(ws, c, device_id)
     total(ws.data.ptr, 0, c.data.ptr)
     if record is not None:

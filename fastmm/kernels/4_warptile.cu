@@ -496,8 +496,9 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
     store_tile(c, c_sm, bm + wm0 + ty * 4, bn + wn0 + tx * 4, M, N, acc, vec4);
 }
 
-// Split-K's slices (k_total > 0): every batch item is K deep but the last, which ends at k_total, so that one launch
-// runs a K that the slices do not divide (its last K-tile zero-filled past the end, as at C's edges). The sub-tile
+// Split-K's slices (k_total > 0): the inner batch axis counts the slices, every one K deep but the last, which ends at
+// k_total, so that one launch runs a K that the slices do not divide (its last K-tile zero-filled past the end, as at
+// C's edges); an outer batch axis, where there is one, counts the products of a batch split alike. The sub-tile
 // loops' slices are whole K-tiles (the plan's split_cut): they read K from the parameters as ever, since a K computed
 // in registers moved ptxas' schedule of the 128x256 ragged loop, 7-12% slower on large products (docs/kernels/split-k.md).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
@@ -506,7 +507,7 @@ fastmm_warptile(FASTMM_GEMM_PARAMS)
 #if SUB_K
     const int k = K;
 #else
-    const int k = k_total > 0 ? min(K, k_total - (z0 + (int)blockIdx.z) * K) : K;
+    const int k = k_total > 0 ? min(K, k_total - ((z0 + (int)blockIdx.z) % batch_inner) * K) : K;
 #endif
     warptile(M, N, k, A, a_sm, a_sk, B, b_sk, b_sn, C, c_sm, c_sn, z0, batch_inner, k_total, a_sb0, a_sb1, b_sb0,
              b_sb1, c_sb0, c_sb1);

@@ -1,6 +1,7 @@
 // The reduction of split-K: C (M x N) = the sum of the K slices A[s] (M x N), in an order fixed by K alone, so a
 // split product gives the same result on every run. A is the workspace the slices of a split product wrote (slice
 // stride a_sk, row stride a_sm, unit stride along n); C is the caller's result (row stride c_sm, column stride c_sn).
+// A batch of split products (blockIdx.z) takes its workspace and result through the batch strides, as any product.
 // It takes FASTMM_GEMM_PARAMS (B unused) so that the runtime launches it like any product's kernel, on the same
 // stream, with the same fault handling and replay.
 //
@@ -65,6 +66,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 fastmm_slicesum(FASTMM_GEMM_PARAMS)
 {
     __shared__ float4 partial[THREADS];
+    const int z = z0 + blockIdx.z;
+    A += fastmm_batch_offset(z, batch_inner, a_sb0, a_sb1);
+    C += fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
     const int G = slice_groups(K), E = THREADS / G;  // slice groups, element groups per block
     const int g = threadIdx.x / E, e = threadIdx.x % E;
     const long long quad = (long long)blockIdx.x * E + e;

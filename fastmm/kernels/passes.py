@@ -66,7 +66,7 @@ class SliceSum(_Auxiliary):
     def grid(self, m: int, n: int, batch: int, k: int = 0) -> tuple[int, int, int]:
         # Quads of 4 elements: a row's own where the workspace's rows are padded, else of the flattened M x N (fewer).
         per_block = self.THREADS // self.slice_groups(k)
-        return (max(1, -(-m * -(-n // 4) // per_block)), 1, 1)
+        return (max(1, -(-m * -(-n // 4) // per_block)), 1, max(1, batch))  # z: a batch of split products
 
 
 @dataclasses.dataclass(frozen=True)
