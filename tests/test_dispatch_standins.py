@@ -660,11 +660,26 @@ def test_split_k_on_a_small_batch_runs_every_items_slices_in_one_launch(launched
     (_, _, args), (_, _, sums) = launched.args
     assert launched[1] == "slicesum" and args["batch"] == 4 * args["batch_inner"] and sums["batch"] == 4
     assert args["batch_strides"][0] == 0  # A's items: stride 0
+    # Slices that divide K (2 x 95 x 150 x 8029, A transposed: 31 slices 259 deep) whose items and slices merge into
+    # one batch axis (A's and B's items lie 31 slices apart along K): still one launch, no k_total (it ran item by
+    # item, 7x slower than whole on 16 x 18 x 207 x 1362 in 2 slices).
+    launched.clear(), launched.args.clear(), launched.ptrs.clear()
+    a_t = _fastmm(np.zeros((2, 8029, 95), np.float32)).swapaxes(-1, -2)
+    _dispatch.matmul(a_t, _fastmm(np.zeros((2, 8029, 150), np.float32)))
+    (_, _, args), (_, _, sums) = launched.args
+    assert launched == [tile, "slicesum"]
+    assert (args["batch"], args["k"], args.get("k_total", 0), sums["batch"]) == (62, 259, 0, 2)
     # Batch axes that do not collapse to one (A's two axes swapped): each item split on its own, in turn.
     launched.clear(), launched.args.clear(), launched.ptrs.clear()
     a = _fastmm(np.zeros((3, 2, 95, 10191), np.float32)).transpose(1, 0, 2, 3)
     _dispatch.matmul(a, _fastmm(np.zeros((2, 3, 10191, 150), np.float32)))
-    assert launched == [tile, "slicesum"] * 6 and {args["batch"] for _, _, args in launched.args} == {39, 1}
+    assert launched == [tile, "slicesum"] * 6 and {args["batch"] for _, _, args in launched.args} == {17, 1}
+    # ... on a K under 1024 an item (here 340), where three launches an item cost more than splitting saves: the
+    # batch unsplit, in one launch.
+    launched.clear(), launched.args.clear(), launched.ptrs.clear()
+    a = _fastmm(np.zeros((3, 2, 95, 2040), np.float32)).transpose(1, 0, 2, 3)
+    _dispatch.matmul(a, _fastmm(np.zeros((2, 3, 2040, 150), np.float32)))
+    assert launched == [tile] and launched.args[0][2]["batch"] == 6 and launched.args[0][2]["k"] == 2040
 
 
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):

@@ -45,7 +45,7 @@ def test_unknown_kernel_lists_valid_names():
     (65536, 4, 17, 1, "few-columns"), (10000, 1, 1000, 1, "few-columns"),
     (1, 4096, 4096, 1, "few-columns"), (1700, 170, 17, 1, "tiled"), (16, 17, 8192, 1, "few-columns"),
     (17, 4096, 4096, 1, "narrow-tiles"), (24, 48, 65536, 1, "split-k"), (20, 40, 4200, 1, "wide-few-columns"), (256, 256, 256, 1, "tiled"), (128, 128, 65536, 1, "split-k"),
-    (128, 128, 65536, 2, "split-k-idle"), (128, 128, 65536, 9, "tiled"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
+    (128, 128, 65536, 2, "split-k-idle"), (128, 128, 65536, 9, "split-k-idle"), (128, 128, 65536, 33, "tiled"), (96, 96, 511, 4, "tiled"), (96, 96, 512, 4, "split-k-idle"), (512, 512, 4096, 1, "split-k-mid"), (768, 768, 768, 1, "split-k-mid"), (64, 64, 16384, 1, "split-k"),
     (1, 1, 1 << 20, 1, "few-columns"), (32, 32, 1 << 20, 1, "split-k"),
     (4096, 4096, 4096, 1, "tiled"), (1024, 1024, 1024, 1, "tiled"), (256, 256, 256, 64, "tiled"),
 ])
@@ -798,21 +798,21 @@ def test_split_k_idle_fills_a_wave_of_64x64_slices(m, n, k, splits, depth):
 
 
 @pytest.mark.parametrize("m,n,k,batch,splits", [
-    (95, 150, 10191, 2, 39),   # 5 tiles of 128x32 an item: 39 slices of 261 (K // 256), each item in turn
+    (95, 150, 10191, 2, 39),   # 5 tiles of 128x32 an item: 39 slices of 261 (K // 256)
     (70, 27, 10604, 4, 41),
-    (98, 258, 3100, 3, 12),    # K just past 1024 x the batch (a single product's count would be 24)
+    (98, 258, 3100, 3, 12),    # 27 tiles: 19 slices would fill a wave, 12 keep them 256 deep
+    (98, 258, 2038, 3, 7),     # 0.52x cuBLAS unsplit, 1.59x in 4 slices, 1.73x in 9 (H200)
+    (20, 231, 2249, 4, 8),     # 0.65x unsplit, 1.95x in 4, 3.08x in 16
+    (22, 374, 527, 8, 4),      # K under 1024: slices 128 deep (1.31x unsplit, 1.69x in 4)
 ])
-def test_split_k_idle_splits_each_item_of_a_small_batch(m, n, k, batch, splits):
-    """A small batch whose tiles leave SMs without a block, on a K of at least 1024 x the batch: each item's K cut as a
-    single product's would be (the runtime splits the items one after another)."""
+def test_split_k_idle_splits_a_batch_whose_tiles_leave_sms_idle(m, n, k, batch, splits):
+    """A batch whose tiles, all items together, leave SMs without a block, from K = 512: as many slices as fill one
+    wave of block slots with every item's slices (one launch), each 256 deep at least (128 below K = 1024)."""
     c = choose(m, n, k, batch)
     assert (c.rule, c.splits) == ("split-k-idle", splits)
-    # (a single product's count balances the SMs' blocks; a batch's items keep the wave's count)
-    # Not a batch past 8, nor a K short of 1024 x the batch (4 x 20 x 231 x 2249 ran 0.71x cuBLAS unsplit, 0.42x split),
-    # nor a batch whose tiles give every SM a block.
-    assert choose(m, n, k, 9).splits == 1 and choose(m, n, 1024 * batch - 16, batch).splits == 1
-    assert choose(20, 231, 2249, 4).splits == 1
-    assert choose(1000, 1000, 8192, 2).splits == 1
+    # Not a K under 512, nor a batch whose tiles give every SM a block.
+    assert choose(m, n, 511, batch).splits == 1
+    assert choose(1000, 1000, 8192, 2).splits == 1 and choose(128, 128, 65536, 33).splits == 1
 
 
 @pytest.mark.parametrize("m,n,k,layout,rule,splits", [

@@ -13,7 +13,8 @@ from . import ozaki
 from .precision import (PRECISIONS, ozaki_fallback, _check_precision, current_precision, get_float32_matmul_precision,
                         matmul_precision, set_float32_matmul_precision)
 from .problem import Choice, Device, Problem, Rule, RuleName, few_rows
-from .table import (RULES, after_out_of_memory, aligned_copies, choose, interior, padded_k, split_cut, without_copies)
+from .table import (RULES, after_out_of_memory, aligned_copies, choose, interior, items_in_turn, padded_k, split_cut,
+                    without_copies)
 from .tiles import wave_efficiency
 from .tuned import on_reload, reload_tuned, tune_bucket, tune_cache_path, tuned_entries
 
@@ -21,7 +22,7 @@ __all__ = ["serial_run", "SERIAL_RUN_BOUND", "Problem", "Device", "Choice", "Rul
            "describe", "settings", "cublas_ahead_of_parts", "use_kernel", "forced_kernel", "kernel_names", "kernels_on",
            "invalid", "validated",
            "tune_bucket", "tune_cache_path", "tuned_entries", "reload_tuned", "on_reload", "wave_efficiency",
-           "few_rows", "aligned_copies", "interior", "padded_k", "split_cut",
+           "few_rows", "aligned_copies", "interior", "items_in_turn", "padded_k", "split_cut",
            "without_copies", "after_out_of_memory", "CUBLAS_AHEAD", "cublas_ahead", "CublasAhead", "yielding_to_cublas",
            "yield_to_cublas", "PRECISIONS", "current_precision", "set_float32_matmul_precision",
            "get_float32_matmul_precision", "matmul_precision", "_check_precision", "ozaki", "ozaki_fallback"]

@@ -30,7 +30,7 @@ from .tuned import tune_bucket, tuned_entries
 _log = logging.getLogger("fastmm")
 
 __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", "mid_splits", "idle_splits", "wave_splits",
-           "tiled_splits", "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies",
+           "tiled_splits", "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies", "items_in_turn",
            "after_out_of_memory", "interior", "narrow_splits"]
 
 # Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per
@@ -214,22 +214,30 @@ _IDLE_K_OVER_MN = 4
 # deep: 0.56-0.72x cuBLAS unsplit, 0.95-1.2x split; below 512 the second launch cost more than it saved, as it did for
 # a shorter side of 428 (docs/kernels/heuristic.md, split-k-idle). Under 48 the few-column kernels take them.
 _IDLE_SHORT_K, _IDLE_SHORT_SLICE, _IDLE_SHORT_SIDES = 512, 128, (48, 256)
-# A small batch whose tiles, all items together, leave SMs without a block on a K of at least this per item: each item
-# split on its own, in turn (three launches an item): 0.48-0.95x cuBLAS unsplit, 1.2-2.6x split from 1216 per item;
-# at 562 and 679 per item it lost (docs/kernels/split-k.md, section 'Small batches').
-_BATCH_SPLIT_K, _BATCH_SPLIT_MAX = 1024, 8
+# A batch whose tiles, all items together, leave SMs without a block, from this K: every item's slices as one launch
+# (one wave of block slots), their sums as one more: 70 such batches of 2 to 47 items on an H200, K 527 to 68651, split
+# gained 1.03-20x over unsplit (docs/kernels/split-k.md, section 'Small batches').
+_BATCH_SPLIT_K = 512
+# Where a batch's axes do not collapse to one launch of its slices (A's batch axes swapped, say), each item is split on
+# its own in turn, three launches an item, only from K = this x the batch and up to this many items (1.2-2.6x cuBLAS's
+# speed split from 1216 per item, slower at 562 and 679: split-k.md, 'Small batches'); else one launch unsplit.
+_IN_TURN_K, _IN_TURN_MAX = 1024, 8
+
+
+def items_in_turn(k: int, batch: int) -> bool:
+    """Whether a split batch that cannot run as one launch of its slices runs item by item, each split (else unsplit)."""
+    return batch <= _IN_TURN_MAX and k >= _IN_TURN_K * batch
 
 
 def _idle_slots(problem: Problem, device: Device) -> bool:
-    if problem.k < _IDLE_SHORT_K:
+    if problem.k < min(_IDLE_SHORT_K, _BATCH_SPLIT_K):
         return False
     tiles = problem.tiles(get_config(WT64))
+    if problem.batch != 1:
+        return problem.k >= _BATCH_SPLIT_K and tiles < device.sm_count
     if problem.k < _IDLE_MIN_K:
         low, high = _IDLE_SHORT_SIDES
-        return problem.batch == 1 and tiles < device.sm_count and low <= min(problem.m, problem.n) <= high
-    if problem.batch != 1:
-        return (problem.batch <= _BATCH_SPLIT_MAX and problem.k >= _BATCH_SPLIT_K * problem.batch
-                and tiles < device.sm_count)
+        return tiles < device.sm_count and low <= min(problem.m, problem.n) <= high
     # Some SMs without a block at all, or few blocks per SM on a K that dwarfs the output.
     return tiles < device.sm_count or (tiles < _IDLE_SLOTS * get_config(WT64).min_blocks * device.sm_count
                                        and problem.k >= _IDLE_K_OVER_MN * max(problem.m, problem.n))
@@ -237,13 +245,13 @@ def _idle_slots(problem: Problem, device: Device) -> bool:
 
 def idle_splits(problem: Problem, device: Device) -> int:
     """Slices of K on the four-warp tile (64x64, or a narrow one that pads far less: `small_tile`): in a batch, as many
-    as fill one wave of its block slots, each at least _IDLE_MIN_SLICE deep (_IDLE_SHORT_SLICE on a K under
-    _IDLE_MIN_K), the runtime splitting the items one after another; a single product, the count that evens out the
-    SMs' blocks (`balanced_splits`)."""
+    as fill one wave of its block slots with every item's slices, each at least _IDLE_MIN_SLICE deep
+    (_IDLE_SHORT_SLICE on a K under _IDLE_MIN_K); a single product, the count that evens out the SMs' blocks
+    (`balanced_splits`)."""
     config = get_config(small_tile(problem))
     slots = config.min_blocks * device.sm_count
     depth = _IDLE_MIN_SLICE if problem.k >= _IDLE_MIN_K else _IDLE_SHORT_SLICE
-    own = max(2, min(slots // (problem.tiles(config) // problem.batch), problem.k // depth))
+    own = max(2, min(slots // problem.tiles(config), problem.k // depth))
     return _balanced(problem, device, config, own)
 
 
@@ -448,8 +456,9 @@ RULES: tuple[Rule, ...] = (
          f"with K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block "
          f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), as many as even out the SMs' "
          "blocks, then summed in a fixed order (a lone block walks a long K latency-bound); "
-         f"in a batch of at most {_BATCH_SPLIT_MAX} whose tiles leave SMs without a block, K >= {_BATCH_SPLIT_K}x the "
-         f"batch: each item in as many slices as fill one wave, each >= {_IDLE_MIN_SLICE} deep, one after another",
+         f"in a batch whose tiles, all items together, leave SMs without a block, K >= {_BATCH_SPLIT_K}: every item's "
+         f"slices, as many as fill one wave of block slots, each >= {_IDLE_MIN_SLICE} deep ({_IDLE_SHORT_SLICE} on K < "
+         f"{_IDLE_MIN_K}), in one launch",
          _idle_slots, lambda p, d: small_tile(p), idle_splits),
     Rule(RuleName.NARROW_FEW_COLUMNS, f"a single product with an output side of {_FEW + 1} to {_NARROW_FEW - 1} and "
          f"{_NARROW_FEW_MIN_K} <= K < {_SPLIT_MIN_K}: the few-column kernel, its blocks covering the columns "

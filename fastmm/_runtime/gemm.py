@@ -214,12 +214,13 @@ def _slice_sum(ws, c, device_id: int):
                         batch_strides=(s0[0], s1[0], 0, 0, s0[1], s1[1]))
 
 
-def _one_launch(a_slices, b_slices, c_slices, ws, c) -> bool:
-    """Whether a batch's slices run as one launch whose inner batch axis is the slices alone (the kernel counts a slice's
-    K from it), and its items' sums as one more: batch axes that collapse to one besides the slices (NumPy's
-    broadcasting of A and B over C's batch; a C with strided batch axes may not)."""
+def _one_launch(a_slices, b_slices, c_slices, ws, c, short_last: bool) -> bool:
+    """Whether a batch's slices run as one launch, and its items' sums as one more: batch axes that collapse to at most
+    two (NumPy's broadcasting of A and B over C's batch; a C with strided batch axes may not). Where the last slice is
+    short (`short_last`: the kernel counts a slice's K from the inner batch axis), that axis must be the slices alone;
+    else items and slices may merge into one axis (K that the slices divide, A or B copied along K)."""
     dims = _batch_dims(c_slices.shape[:-2], a_slices, b_slices, c_slices)
-    return (len(dims) <= 2 and dims[-1][0] == c_slices.shape[-3]
+    return (len(dims) <= 2 and (not short_last or dims[-1][0] == c_slices.shape[-3])
             and len(_batch_dims(c.shape[:-2], ws[..., 0, :, :], c)) <= 2)
 
 
@@ -251,15 +252,17 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     a_slices = strided(a, (*a.shape[:-2], full, m, depth), (*a.strides[:-2], depth * a.strides[-1], *a.strides[-2:]))
     b_slices = strided(b, (*b.shape[:-2], full, depth, n), (*b.strides[:-2], depth * b.strides[-2], *b.strides[-2:]))
     slices = ws[..., :n]
-    if batch and not _one_launch(a_slices, b_slices, slices[..., :full, :, :], ws, c):
-        del ws, slices  # each item split on its own, in turn
-        for index in np.ndindex(*batch):
+    k_total = k if full * depth > k else 0
+    if batch and not _one_launch(a_slices, b_slices, slices[..., :full, :, :], ws, c, k_total > 0):
+        del ws, slices
+        if not _plan.items_in_turn(k, math.prod(batch)):  # one launch, unsplit
+            return gemm(a, b, c, choice.config.name, record, runs=runs)
+        for index in np.ndindex(*batch):  # each item split on its own, in turn
             _split_k(_batch_item(a, index), _batch_item(b, index), c[index], choice, device_id, record, runs)
         return
     # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
     sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
-    gemm(a_slices, b_slices, slices[..., :full, :, :], choice.config.name, sub, runs=runs,
-         k_total=k if full * depth > k else 0)
+    gemm(a_slices, b_slices, slices[..., :full, :, :], choice.config.name, sub, runs=runs, k_total=k_total)
     if tail:
         gemm(a[..., full * depth:], b[..., full * depth:, :], slices[..., full, :, :], choice.config.name, sub,
              runs=runs)
