@@ -97,7 +97,11 @@ __host__ __device__ constexpr int copies_per_step(int copies)
 
 // Epilogue: each row of a 4 x 4 block is one 16-byte store when it lies inside C (and C's rows allow it: vec4),
 // else up to four guarded scalar stores. The 8 (or LX) lanes sharing a row write consecutive 16-byte pieces of it.
-// (row0, col0) is the thread's first element of C.
+// (row0, col0) is the thread's first element of C. Where C's rows are not 16-byte aligned (an odd N), a row's pieces
+// go out in its widest aligned stores (fastmm_store4_at: 8-byte ones on even rows of an N = 2 mod 4, 4 + 8 + 4 bytes
+// on odd ones): a warp's lanes store rows 4 apart, which start equally far past a 16-byte boundary, so its lanes take
+// the same stores. Four scalar stores a piece touched 4.5x the sectors of 16-byte ones (ncu, 11185x351x148: the
+// epilogue's share of its time).
 __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, int col0, int M, int N,
                                            const float (&acc)[TM][TN], bool vec4)
 {
@@ -108,11 +112,12 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
             const int m = row0 + i * (WM / RM) + r;
             if (m < M) {
                 float* crow = c + (long long)m * c_sm;
+                const int s = vec4 ? 0 : fastmm_misalignment(crow);  // (col0 and the pieces' columns: multiples of 4)
 #pragma unroll
                 for (int j = 0; j < RN; ++j) {
                     const float4 v = make_float4(acc[i * 4 + r][j * 4 + 0], acc[i * 4 + r][j * 4 + 1],
                                                  acc[i * 4 + r][j * 4 + 2], acc[i * 4 + r][j * 4 + 3]);
-                    fastmm_store4(crow, col0 + j * (WN / RN), N, v, vec4);
+                    fastmm_store4_at(crow, col0 + j * (WN / RN), N, v, s);
                 }
             }
         }

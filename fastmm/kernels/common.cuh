@@ -72,3 +72,28 @@ __device__ __forceinline__ int fastmm_misalignment(const float* p)
 {
     return static_cast<int>((reinterpret_cast<unsigned long long>(p) >> 2) & 3);
 }
+
+// Store 4 consecutive elements of one row of C at column n, the first `s` floats past a 16-byte boundary (s = 0..3,
+// from fastmm_misalignment), in the widest aligned pieces when all four lie inside C: one 16-byte store (s = 0), two
+// 8-byte ones (s = 2), or 4 + 8 + 4 bytes (s odd); else up to four guarded scalar stores.
+__device__ __forceinline__ void fastmm_store4_at(float* crow, int n, int N, float4 v, int s)
+{
+    float* p = crow + n;
+    if (n + 3 < N) {
+        if (s == 0) {
+            *reinterpret_cast<float4*>(p) = v;
+        } else if (s == 2) {
+            *reinterpret_cast<float2*>(p) = make_float2(v.x, v.y);
+            *reinterpret_cast<float2*>(p + 2) = make_float2(v.z, v.w);
+        } else {
+            p[0] = v.x;
+            *reinterpret_cast<float2*>(p + 1) = make_float2(v.y, v.z);
+            p[3] = v.w;
+        }
+    } else {
+        if (n + 0 < N) p[0] = v.x;
+        if (n + 1 < N) p[1] = v.y;
+        if (n + 2 < N) p[2] = v.z;
+        if (n + 3 < N) p[3] = v.w;
+    }
+}
