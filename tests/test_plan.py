@@ -976,6 +976,23 @@ def test_small_few_column_products_split_over_one_cluster(m, n, k, a_t, name):
     assert big.splits > 8  # 2^28 multiply-adds: the slices and their sum
 
 
+@pytest.mark.parametrize("m,n,k,layout,name", [
+    (121, 16, 8751, {"b_t": True}, "fewcol_n16_c8"),       # 17 slices: 0.63x cuBLAS; a cluster of 8: 1.36x
+    (278, 6, 12921, {"b_t": True}, "fewcol_n8_c8"),        # 25 slices: 0.88x; 2.18x
+    (5, 103, 35551, {"b_t": True}, "fewcol_n8_c8"),        # 4,444 a block: 0.87x -> 1.01x
+    (235, 9, 13775, {"aligned": False}, "fewcol_n16_c8"),  # 26 slices: 0.73x; 1.36x
+])
+def test_few_rows_in_more_than_16_slices_take_one_cluster_where_its_blocks_walk_a_short_k(m, n, k, layout, name):
+    """Where filling the SMs would take more than 16 slices (two launches), a cluster of 8 in one launch instead, each
+    block at most 5,120 deep; deeper, the slices (73 x 8 x 99824 (A^T): 1.25x cuBLAS in 88 slices, 0.42x on a cluster)."""
+    p, c = _planned(m, n, k, **layout)
+    assert (c.rule, c.name, c.splits) == ("few-columns", name, 1)
+    assert _plan.serial_run(c, p) <= 384  # (a lane's runs stay within the few-column bound)
+    deep = _planned(m, n, 8 * 5120 + 16, **layout)[1]
+    assert deep.splits > 8 and not deep.name.endswith("_c8")
+    assert _planned(73, 8, 99824, a_t=True)[1].splits > 8 and _planned(5, 43, 70673)[1].splits > 8
+
+
 @pytest.mark.parametrize("m,n,k", [(33, 9598, 2655), (462, 40, 704), (200, 47, 1000)])
 def test_narrow_outputs_on_a_mid_k_run_on_the_few_column_kernel(m, n, k):
     """33 to 47 rows or columns: the 16-column kernel, its blocks covering them 16 at a time (17 to 32 take the

@@ -95,9 +95,13 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
     small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
     need = min(need, max(1, problem.k // _SPLIT_MIN_SLICE))  # (each slice at least _SPLIT_MIN_SLICE deep)
-    if not _clusters(device) or (max(count, need) > 2 * _CLUSTERS[-1] and not small):
-        return max(count, need)
     per_sm = config.min_blocks if config.nmax > 4 else 1
+    largest = _CLUSTERS[-1]
+    if (_clusters(device) and max(count, need) > 2 * largest and need <= largest
+            and problem.k <= largest * _FEW_CLUSTER_MAX_DEPTH and blocks * largest <= per_sm * device.sm_count):
+        return largest  # (one launch: see _FEW_CLUSTER_MAX_DEPTH)
+    if not _clusters(device) or (max(count, need) > 2 * largest and not small):
+        return max(count, need)
     fits = max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
                and problem.k // c >= _SPLIT_SLICE)
     # (past the clusters that fit one wave: the smallest that is enough, over more waves; else that many slices)
@@ -107,6 +111,12 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
 # Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
 # (7_few_columns.cu; docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns).
 _CLUSTERS = (2, 4, 8)
+# Few rows that would fill the SMs only in more than 16 slices (two launches: the slices, their sum) take a cluster
+# of 8 instead, one launch, where its blocks walk at most this much of K each: on an H200, 13 such products from 9,414
+# to 35,551 deep ran 1.2-2.5x faster than in 17-50 slices (121x16x8751 (B^T) 0.63x -> 1.36x cuBLAS, 278x6x12921 (B^T)
+# 0.88x -> 2.18x: the slices' second launch and host time), 5x103x35551 (B^T, 4,444 a block) 0.87x -> 1.01x; from
+# 6,357 a block they lost (73x8x99824 (A^T) 1.25x -> 0.42x; docs/kernels/few-columns.md, 'A cluster or slices').
+_FEW_CLUSTER_MAX_DEPTH = 5120
 
 
 def _clusters(device: Device) -> bool:

@@ -124,9 +124,9 @@ __device__ __forceinline__ void store_tile(float* c, long long c_sm, int row0, i
 }
 
 // STAGED_C (a configuration of its own, for K within one K-tile, where writing C is the product's time): where C's
-// stores cannot be 16 bytes (rows not 16-byte aligned: an odd N, a view at an offset; or the 4-byte variant), scalar
-// stores straight from the thread tiles write 4-byte pieces 16 bytes apart, so each warp store touches 4 rows'
-// 128-byte segments for a quarter of their bytes. Instead the block tile goes through shared memory (the stages are
+// rows take neither 16- nor 8-byte stores (an odd N, a view at an odd offset), the stores straight from the thread
+// tiles write pieces of 4 bytes (and 8) 16 bytes apart, so each warp store touches 4 rows' 128-byte segments for part
+// of their bytes. Instead the block tile goes through shared memory (the stages are
 // free by then: row stride BN + 4 floats, the 16-byte writes of a warp's 8 lanes along n conflict-free) and each warp
 // store writes 32 consecutive floats of one row. A longer K keeps the direct stores (the staged ones measured no
 // faster there); the other configurations do not compile the path, so their schedules stay as tuned.
@@ -494,7 +494,9 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
     // C's own rows decide, in the 4-byte-copy binaries too: split-K pads its workspace's rows for them, and a result
     // can be aligned where its operands are not (docs/kernels/split-k.md, section 'The workspace's rows').
     const bool vec4 = fastmm_c_vec4(c, c_sm);
-    if (STAGED_C && !vec4 && K <= BK) {
+    // (Staged only where C's rows take no 8-byte stores either: rows 8-byte aligned measured 1.07-1.22x faster on their
+    // own 8-byte stores, 5885x4766x15 and 6395x4502x6; odd rows 0.81-0.93x on theirs, 5330x3663x6 and 4251x4277x6.)
+    if (STAGED_C && !vec4 && K <= BK && (c_sm % 2 != 0 || reinterpret_cast<unsigned long long>(c) % 8 != 0)) {
         store_staged(c, c_sm, bm, bn, M, N, acc, smem_addr(smem), wm0 + ty * 4, wn0 + tx * 4);
         return;
     }
