@@ -438,7 +438,7 @@ WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RA
     dataclasses.replace(c, ragged=True) for c in (WT256_LOOP16, WT256_SLICES, WT128x64_LOOP, WT128x64_RUNS))
 # small and narrow products, split-K slices
 WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
-# (the same for K of at most 16: C through shared memory where its rows take no 16-byte stores)
+# (the same for K of at most 16: C through shared memory where its rows take neither 16- nor 8-byte stores)
 WT64_SHORT = dataclasses.replace(WT64, staged_c=True)
 # ... and for K of at most 8, in one 8-deep K-tile (no sums: at most 8 terms): half the 16-deep tile's multiply-adds
 # on zeros (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled)
