@@ -142,9 +142,9 @@ class WarpTile(_Pipelined, KernelConfig):
     # (copies zeroed past the edge) where registers allow (`loops_edges`). Configurations of their own, for such
     # products only: the extra code moved ptxas' schedule of the whole-K interior loop, whose binaries stay as tuned.
     ragged: bool = False
-    # Where C's rows take no 16-byte stores and K fits one K-tile, C through shared memory: each warp store 32
-    # consecutive floats of a row, not 4-byte pieces 16 bytes apart (a configuration of its own, for such short
-    # products: the other binaries keep their schedules).
+    # Where C's rows take neither 16- nor 8-byte stores and K fits one K-tile, C through shared memory: each warp store
+    # 32 consecutive floats of a row, not pieces 16 bytes apart (a configuration of its own, for such short products:
+    # the other binaries keep their schedules).
     staged_c: bool = False
     family: ClassVar[str] = "warptile"
     source: ClassVar[str] = "4_warptile.cu"
