@@ -230,7 +230,7 @@ class matmul_precision(contextlib.ContextDecorator):
 def _maps(problem: Problem) -> str:
     """The operands of a one-pass wgmma product that its tensor maps read, those with 16-byte aligned rows: "a" a
     K-major A, "r" an A along M (into registers), "b" a B given as B^T; A @ B with B along N runs as C^T = B^T A^T,
-    "rb". The runtime checks the operands themselves (fastmm/_runtime/gemm.py, _presplit) and splits any that a map
+    "rb". The runtime checks the operands themselves (fastmm/_runtime/presplit.py, _presplit) and splits any that a map
     cannot read."""
     if not (problem.a_aligned and problem.b_aligned) or problem.a_t or problem.b_t or problem.k < 2:
         a = "a" if not problem.a_t else "r"

@@ -232,3 +232,9 @@ def _meta(x, shape=None) -> _Meta:
 def cupy_base(cp):
     """CuPy's compiled base array class (cupy.ndarray derives from it), or None where this CuPy has none."""
     return getattr(getattr(getattr(cp, "_core", None), "core", None), "_ndarray_base", None)
+
+
+def _batch_item(x, index: tuple[int, ...]):
+    """x's 2-D matrix for batch index `index` of the result, NumPy's broadcasting of x's own batch axes."""
+    own = index[len(index) - (x.ndim - 2):] if x.ndim > 2 else ()
+    return x[tuple(i if size > 1 else 0 for i, size in zip(own, x.shape[:-2]))]
