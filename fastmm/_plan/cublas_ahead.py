@@ -47,8 +47,8 @@ CUBLAS_AHEAD: tuple[Ahead, ...] = (
           "small to split (768^3 ran 0.73x cuBLAS so before split-K took it)",
           lambda p, c, d: c.config.name == WT128x64_SUMS),
     Ahead("few tiles on a long K", "split-k-idle's 64x64 slices: 0.42x -> 0.91x (seed 0) and 0.39x -> 0.77x (seed 1) "
-          "geomean on the random sweep's products (H200), still behind cuBLAS, which also splits them (not a small "
-          "batch's, each item split in turn: 1.2-2.6x cuBLAS)",
+          "geomean on the random sweep's products (H200), still behind cuBLAS, which also splits them (not a batch's, "
+          "every item's slices in one launch: 1.03-20x cuBLAS over 70 batches)",
           lambda p, c, d: c.rule == RuleName.SPLIT_K_IDLE and p.batch == 1),
     Ahead("unaligned", "rows or operands not 16-byte aligned, over a full wave of tiles, where the operands are not "
           f"copied aligned (below 2^{_PAD_MIN_MACS.bit_length() - 1} multiply-adds): 4-byte copies (2501^3 0.81x "

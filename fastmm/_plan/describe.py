@@ -68,7 +68,8 @@ def _cut(choice: Choice, problem: Problem) -> str:
     last = problem.k - (full - 1) * depth
     cut = (f", split-K into {full} slices {depth} deep" + (f" (the last {last})" if last < depth else "")
            + (f", the last {rest} of K a launch of its own" if rest else ""))
-    return cut + (f" (the batch's {problem.batch} products' slices in one launch)" if problem.batch > 1 else "")
+    return cut + (f" (the batch's {problem.batch} products' slices in one launch where its axes collapse to one)"
+                  if problem.batch > 1 else "")
 
 
 def describe(choice: Choice, problem: Problem, device: Device) -> str:

@@ -66,8 +66,9 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up
     to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit one per SM
     for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
-    than 16 slices would fill the SMs take those, summed by the slice-sum kernel: of the counts that fill min_blocks
-    blocks per SM, the one whose blocks fill their waves best (time ~ waves / slices; the fewest on a tie).
+    than 16 slices would fill the SMs take a cluster of 8 where its blocks walk a short K (_FEW_CLUSTER_MAX_DEPTH), else
+    those slices, summed by the slice-sum kernel: of the counts that fill min_blocks blocks per SM, the one whose blocks
+    fill their waves best (time ~ waves / slices; the fewest on a tie).
 
     Rounded up to fill the SMs, a count can leave a mostly idle last wave: 4096x16x4096 has 128 blocks of rows,
     and 3 slices make 384 blocks, 1.45 waves of an H100's 264 block slots (the second half empty), where 2 slices
