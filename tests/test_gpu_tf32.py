@@ -201,9 +201,9 @@ def test_wgmma_products_longer_than_one_split_launch_run_in_pieces(rng, monkeypa
     384 columns for 3xTF32, 256 for one pass)."""
     if not _hopper():
         pytest.skip("the wgmma kernels run on Hopper (sm_90) only")
-    from fastmm._runtime import gemm as _gemm
+    from fastmm._runtime import presplit as _presplit
 
-    monkeypatch.setattr(_gemm, "MAX_GRID_Y", 12)
+    monkeypatch.setattr(_presplit, "MAX_GRID_Y", 12)
     a = rng.standard_normal((1000, 300)).astype(np.float32)
     b = rng.standard_normal((300, 700)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64)
