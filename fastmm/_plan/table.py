@@ -230,11 +230,11 @@ def items_in_turn(k: int, batch: int) -> bool:
 
 
 def _idle_slots(problem: Problem, device: Device) -> bool:
-    if problem.k < min(_IDLE_SHORT_K, _BATCH_SPLIT_K):
-        return False
     tiles = problem.tiles(get_config(WT64))
     if problem.batch != 1:
         return problem.k >= _BATCH_SPLIT_K and tiles < device.sm_count
+    if problem.k < _IDLE_SHORT_K:
+        return False
     if problem.k < _IDLE_MIN_K:
         low, high = _IDLE_SHORT_SIDES
         return tiles < device.sm_count and low <= min(problem.m, problem.n) <= high
@@ -289,12 +289,11 @@ def tiled_splits(problem: Problem, device: Device) -> int:
     the four-warp tiles are just past one block per SM, _PAST_ONE_BLOCK_SPLITS."""
     name = _fill(problem, device)
     config = get_config(name)
-    slots = config.min_blocks * device.sm_count
     if problem.k < _TILED_SPLIT_MIN_K:
         past_one_block = (problem.batch == 1 and name in SMALL_TILES and problem.k >= _PAST_ONE_BLOCK_MIN_K
                           and device.sm_count < problem.tiles(config) <= _PAST_ONE_BLOCK_SMS * device.sm_count)
         return _PAST_ONE_BLOCK_SPLITS if past_one_block else 1
-    if problem.tiles(config) > _TILED_SPLIT_MAX_WAVES * slots:
+    if problem.tiles(config) > _TILED_SPLIT_MAX_WAVES * config.min_blocks * device.sm_count:
         return 1
     return _balanced(problem, device, config, 1, least=1)
 
