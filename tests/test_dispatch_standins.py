@@ -624,7 +624,7 @@ def test_split_k_on_the_64x64_tiles_cuts_k_evenly_into_a_padded_workspace(launch
     b = _fastmm(np.zeros((11639, 137), np.float32))
     _dispatch.matmul(a, b)
     (name, _, args), (total, _, sums) = launched.args
-    assert name == "warptile_64x64x16_32x32_8x4_s4_tsum" and launched == [name, "slicesum"]
+    assert name == "warptile_64x64x16_32x32_8x4_s4_tsum4" and launched == [name, "slicesum"]
     assert (args["batch"], args["k"], args["k_total"]) == (12, 970, 11639)
     assert (args["batch_inner"], args["batch_strides"][:4]) == (12, (0, 970, 0, 970 * 137))  # slice z from z * 970
     assert args["c_sm"] == 140 and args["n"] == 137
@@ -644,7 +644,7 @@ def test_split_k_on_a_small_batch_runs_every_items_slices_in_one_launch(launched
     b = _fastmm(np.zeros((2, 10191, 150), np.float32))
     c = _dispatch.matmul(a, b)
     assert c.shape == (2, 95, 150)
-    tile = "warptile_128x32x16_32x32_8x4_s4_tsum"
+    tile = "warptile_128x32x16_32x32_8x4_s4_tsum4"
     assert launched == [tile, "slicesum"]
     (_, _, args), (_, _, sums) = launched.args
     assert (args["batch"], args["batch_inner"], args["k"], args["k_total"]) == (78, 39, 262, 10191)

@@ -413,6 +413,24 @@ def test_partial_sums_lower_the_error_of_a_long_k(rng):
     assert runs < 0.5 * one, (runs, one)
 
 
+def test_tile_sums_in_runs_of_four_k_tiles_lower_the_error_of_a_long_k(rng):
+    """The 64x64 tile's partial sums over runs of 4 K-tiles (64 terms) against runs of one (16 terms) and one running sum
+    over K, the same tile otherwise: error ~ sqrt(64 + K / 64) against sqrt(16 + K / 16) and sqrt(K) at K = 16384 (K not a
+    multiple of 64 either, so that the last run is short)."""
+    import fastmm
+    from fastmm import _plan
+
+    k = 16384 - 16
+    a = rng.uniform(-1, 1, (128, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, 192)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    fa, fb = fastmm.asarray(a), fastmm.asarray(b)
+    four = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT64), ref)
+    one = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT64_SHORT), ref)  # (C staged only where K <= 16)
+    chain = rel_error(fastmm.matmul(fa, fb, kernel=_plan.tiles.WT64_SHORT8), ref)
+    assert four < 0.85 * one and four < 0.3 * chain, (four, one, chain)
+
+
 @pytest.mark.parametrize("m,n", [(256, 256), (300, 330)])
 def test_the_ragged_loops_sum_a_ragged_k_and_their_edges_in_runs(m, n, rng):
     """A K that is not a multiple of 16, on blocks inside and across C's edges: the ragged loop in runs of 512 against

@@ -76,7 +76,7 @@ def test_tiled_rule_fills_the_gpu():
     # 72 tiles: over half the SMs, with per-tile sums below 3/4 of a wave (then split-K over K takes the product)
     assert _plan.tiles._fill(_plan.Problem(768, 768, 4096), H100) == "warptile_128x64x16_32x64_8x8_s4_tsum"
     assert choose(768, 768, 4096).rule == "split-k-mid"
-    assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum"     # 32 tiles of 128x64: too few
+    assert choose(512, 512, 512).name == "warptile_64x64x16_32x32_8x4_s4_tsum4"     # 32 tiles of 128x64: too few
     # Padding: 4097^3 on 128x256 tiles would compute 9% outside C; 128x64 tiles waste 4.5% (the ragged-edge rule
     # takes such products first, see below).
     assert _plan.tiles._fill(_plan.Problem(4097, 4097, 4097), H100) == "warptile_128x64x16_32x64_8x8_s3_sub8_f512_ragged"
@@ -86,7 +86,7 @@ def test_tiled_rule_fills_the_gpu():
     assert choose(3072, 3072, 3072).name == "warptile_128x64x16_32x64_8x8_s4"      # 2.9 waves: unrolled
     assert choose(3072, 3072, 6144).name == "warptile_128x64x16_32x64_8x8_s3_sub8_f512"  # ... K past 4096: in runs
     assert choose(2560, 2560, 3072).name == "warptile_128x64x16_32x64_8x8_s3_sub8_f512"  # 2.4 waves, K from 1536
-    assert choose(4096, 48, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum"    # narrow: the smallest tile
+    assert choose(4096, 48, 1024).name == "warptile_64x64x16_32x32_8x4_s4_tsum4"    # narrow: the smallest tile
     assert choose(768, 768, 256).name == "warptile_128x64x16_32x64_8x8_s4_tsum"    # under a wave: tile sums
     assert choose(1024, 1024, 1024).name == "warptile_128x64x16_32x64_8x8_s4_sub8"
     assert choose(1000, 1000, 1000).name == "warptile_128x64x16_32x64_8x8_s4"  # a short ragged K: unrolled
@@ -121,11 +121,11 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
     # Products with an output side of 17 to 31 and a long K split for accuracy too: on the narrow tiles (32 rows or
     # columns: less padding than 64x64's) against 64 or more of the other side, as many slices as balance the SMs.
     narrow = choose(8192, 24, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_128x32x16_32x32_8x4_s4_tsum", 4)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_128x32x16_32x32_8x4_s4_tsum4", 4)
     narrow = choose(24, 8192, 8192)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_32x128x16_32x32_8x4_s4_tsum", 4)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("narrow-tiles", "warptile_32x128x16_32x32_8x4_s4_tsum4", 4)
     narrow = choose(24, 48, 65536)
-    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum", 256)
+    assert (narrow.rule, narrow.name, narrow.splits) == ("split-k", "warptile_64x64x16_32x32_8x4_s4_tsum4", 256)
     assert "split-K into 128 slices" in fastmm.explain((128, 65536), (65536, 128))
 
 
@@ -138,7 +138,7 @@ def test_split_k_slices_are_about_512_deep_and_fill_a_wave():
 ])
 def test_short_k_splits_where_the_tiles_leave_sms_idle(m, n, k, splits):
     c = choose(m, n, k)
-    name = "warptile_64x64x16_32x32_8x4_s4_tsum" if splits < 0 else "warptile_128x64x16_32x64_8x8_s4"
+    name = "warptile_64x64x16_32x32_8x4_s4_tsum4" if splits < 0 else "warptile_128x64x16_32x64_8x8_s4"
     splits = abs(splits)
     assert (c.rule, c.name, c.splits) == ("split-k-mid", name, splits)
     assert k % (16 * splits) == 0  # whole 16-deep steps in every slice: no uneven last slice
@@ -171,7 +171,7 @@ def test_split_k_idle_takes_few_tiles_from_k_512_on_outputs_48_to_256_wide(m, n,
     assert (c.rule, c.splits) == (rule, splits), c
     if splits > 1:
         depth, slices, rest = _plan.split_cut(k, splits, c.config)
-        assert depth >= 128 and rest == 0 and _plan.serial_run(c, _plan.Problem(m, n, k), H100) <= 16
+        assert depth >= 128 and rest == 0 and _plan.serial_run(c, _plan.Problem(m, n, k), H100) <= 64
 
 
 @pytest.mark.parametrize("m,n,k,batch,layout,splits", [
@@ -314,6 +314,11 @@ def test_warptile_configurations_are_checked():
     assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4).name == "warptile_64x64x16_32x32_8x4_s4"   # copies in one burst
     assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=True).name == "warptile_64x64x16_32x32_8x4_s4_tsum"
     assert WarpTile(tile_sums=True).macros(Variant())["TILE_SUMS"] == 1 and WarpTile().macros(Variant())["SPREAD"] == 0
+    # Sums per run of 4 K-tiles: named by the run, which the kernel reads as TILE_SUMS.
+    assert WarpTile(64, 64, 16, 32, 32, 8, 4, 4, 4, tile_sums=4).name == "warptile_64x64x16_32x32_8x4_s4_tsum4"
+    assert WarpTile(tile_sums=4).macros(Variant())["TILE_SUMS"] == 4
+    with pytest.raises(ValueError, match=r"tile_sums counts K-tiles per partial sum \(0: none\), not -1"):
+        configs.validate(WarpTile(tile_sums=-1))
     assert w.binary_name(Variant(False, True, 1)) == "warptile_128x256x32_64x64_8x16_s4_spread_nt_v1"
     with pytest.raises(ValueError, match=r"has 16 threads, not a warp's 32"):
         configs.validate(WarpTile(128, 128, 16, 32, 32, 8, 8))
@@ -908,8 +913,8 @@ def test_large_tiles_sum_long_k_in_runs():
     (8192, 4, 8192, 32),           # up to 4 columns too (BLOCKED)
     (8192, 16, 8192, 128),         # 16 columns: 4 terms per lane and step, over 32 steps of a cluster's 2 blocks
     (64, 64, 262144, 528),         # 528 slices of 64x64 tile sums (the last short of the others): their sum
-    (804, 33, 7189, 28),           # split-k-idle: 28 slices, the last short of the others
-    (768, 768, 768, 16),           # split-k-mid: 6 slices of 128 on sums per 16-deep K-tile
+    (804, 33, 7189, 64),           # split-k-idle: 28 slices of 257 on sums per run of 64 (4 K-tiles)
+    (768, 768, 768, 64),           # split-k-mid: 6 slices of 128, the same runs
 ])
 def test_each_plan_states_its_longest_running_sum(m, n, k, run):
     """The plan's side of accuracy: the longest run of terms one FP32 accumulator adds (explain prints it)."""
@@ -930,7 +935,8 @@ def _exceeds_for_a_known_reason(p, c):
     edges = (isinstance(c.config, WarpTile) and c.config.sub_k and (p.m % c.config.bm or p.n % c.config.bn)
              and not c.config.loops_edges(c.variant))
     return (name.startswith("fewcol") or c.splits > 1 and name.startswith("warptile_128x64") or
-            getattr(c.config, "tile_sums", False) and p.k > 16 * _plan.SERIAL_RUN_BOUND or bool(edges))
+            getattr(c.config, "tile_sums", 0) and p.k > c.config.tile_sums * c.config.bk * _plan.SERIAL_RUN_BOUND
+            or bool(edges))
 
 
 def test_plans_past_the_running_sum_bound_are_the_known_classes():
@@ -1023,12 +1029,12 @@ def test_17_to_32_columns_run_on_the_32_column_kernel(m, n, k, name):
 
 
 @pytest.mark.parametrize("m,n,k,name,splits", [
-    (9787, 30, 1523, "warptile_128x32x16_32x32_8x4_s4_tsum", 5),   # 306 blocks of 32 rows: 1523 of K each
-    (7479, 17, 2706, "warptile_128x32x16_32x32_8x4_s4_tsum", 4),   # 0.95x cuBLAS (9 slices: 0.84x)
-    (1848, 19, 7157, "warptile_128x32x16_32x32_8x4_s4_tsum", 16),  # 15 tiles: 0.97x (27 slices: 0.79x)
-    (18, 3622, 9839, "warptile_32x128x16_32x32_8x4_s4_tsum", 8),   # 0.88x (19 slices: 0.78x)
-    (30, 9000, 900, "warptile_32x128x16_32x32_8x4_s4_tsum", 1),    # K under 1024: one launch
-    (100000, 20, 100000, "warptile_128x32x16_32x32_8x4_s4_tsum", 16),
+    (9787, 30, 1523, "warptile_128x32x16_32x32_8x4_s4_tsum4", 5),   # 306 blocks of 32 rows: 1523 of K each
+    (7479, 17, 2706, "warptile_128x32x16_32x32_8x4_s4_tsum4", 4),   # 0.95x cuBLAS (9 slices: 0.84x)
+    (1848, 19, 7157, "warptile_128x32x16_32x32_8x4_s4_tsum4", 16),  # 15 tiles: 0.97x (27 slices: 0.79x)
+    (18, 3622, 9839, "warptile_32x128x16_32x32_8x4_s4_tsum4", 8),   # 0.88x (19 slices: 0.78x)
+    (30, 9000, 900, "warptile_32x128x16_32x32_8x4_s4_tsum4", 1),    # K under 1024: one launch
+    (100000, 20, 100000, "warptile_128x32x16_32x32_8x4_s4_tsum4", 16),
 ])
 def test_17_to_32_rows_or_columns_past_the_32_column_kernel_run_on_narrow_tiles(m, n, k, name, splits):
     """Where a block of the 32-column kernel would walk more of K, the narrow tiles (32 rows or columns against 128),
@@ -1048,7 +1054,7 @@ def test_split_k_wave_cuts_k_for_four_warp_tiles_short_of_a_wave(m, n, k, splits
     against 0.67x, 8659x71x1820 0.98x against 0.83x at 2)."""
     p, c = _planned(m, n, k, aligned=False)
     assert (c.rule, c.config.tile, c.splits) == ("split-k-wave", tile, splits)
-    assert c.config.tile_sums  # one design: sums per K-tile on every four-warp tile
+    assert c.config.tile_sums  # one design: sums per run of K-tiles on every four-warp tile
     assert _planned(1024, 1024, 1024)[1].rule == "tiled"  # the tiled rule's 128x64 tiles: not split
 
 
@@ -1136,7 +1142,7 @@ def test_few_columns_on_a_short_k_take_the_narrow_tiles(m, n, k, batch, b_t, til
     128x32 (32x128) tile, unsplit, with sums per K-tile, in every precision."""
     p, c = _planned(m, n, k, batch, b_t=b_t)
     assert (c.rule, c.config.tile, c.splits) == ("few-columns-tiles", tile, 1)
-    assert c.config.tile_sums and _plan.serial_run(c, p) <= max(16, -(-k // 16))
+    assert c.config.tile_sums and _plan.serial_run(c, p) <= 64  # (sums per run of at most 4 K-tiles)
     assert _plan.choose(p, precision="high").rule == "few-columns-tiles"
 
 
@@ -1304,7 +1310,7 @@ def test_the_small_rule_is_not_tuned_away(monkeypatch):
     """An autotuned entry times speed alone; the small rule's float64 sums are its accuracy, kept."""
     from fastmm._plan import table
     monkeypatch.setattr(table, "tuned_entries", lambda device: {table.tune_bucket(_plan.Problem(30, 30, 30)): {
-        "kernel": "warptile_64x64x16_32x32_8x4_s4_tsum", "tflops": 9.0, "heuristic_tflops": 1.0,
+        "kernel": "warptile_64x64x16_32x32_8x4_s4_tsum4", "tflops": 9.0, "heuristic_tflops": 1.0,
         "heuristic": "naive_32x8_f64sum"}})
     _plan.tuned._memo.clear()
     try:

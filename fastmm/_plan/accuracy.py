@@ -2,7 +2,7 @@
 
 A float32 sum of n products has a rounding error that grows with n (about sqrt(n) ulps for random data, n in the
 worst case), so the longest run of terms added into one accumulator is what a plan decides about accuracy. The
-kernels shorten it in three ways: partial sums over runs of K (`flush`), sums per K-tile (`tile_sums`), and
+kernels shorten it in three ways: partial sums over runs of K (`flush`), sums per run of K-tiles (`tile_sums`), and
 split-K (slices summed in a fixed order); the few-column kernel spreads K over a warp's lanes and folds their sums.
 docs/kernels/heuristic.md, section 'Accuracy: the longest running sum', has the measurements behind the bound.
 """

@@ -35,7 +35,8 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
         tail = k % config.bk if config.ragged else 0  # (a ragged K's last terms join the last run)
         return max(config.flush + tail, -(-k // config.flush))  # runs of `flush`, then the runs' sums in order
     if isinstance(config, WarpTile) and config.tile_sums:
-        return max(config.bk, -(-k // config.bk))  # sums per K-tile, then those in order
+        run = config.tile_sums * config.bk
+        return max(min(run, k), -(-k // run))  # sums per run of K-tiles, then those in order
     return k
 
 

@@ -410,7 +410,7 @@ RULES: tuple[Rule, ...] = (
          "4x4 piece of C with 16-byte stores, no shared memory and no barrier (more stores in flight than tiles keep)",
          _outer_products, NAIVE_SHORT),
     Rule(RuleName.FEW_COLUMNS_TILES, f"5 to {_FEW} columns (or rows) on K <= {_FEW_TILES_MAX_K}: 128x32 (32x128) tiles "
-         "with sums per K-tile, where the few-column kernel's blocks would walk at most three of its 128-deep steps "
+         "with sums per run of 4 K-tiles, where the few-column kernel's blocks would walk at most three of its 128-deep steps "
          "(its pipeline never fills, and its lanes' closing reduction costs as much as their sums)", _few_on_tiles,
          lambda p, d: _narrow_tile(p)),
     Rule(RuleName.FEW_COLUMNS, f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
@@ -453,7 +453,7 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} (from {_IDLE_SHORT_K} where the output's shorter side is "
          f"{_IDLE_SHORT_SIDES[0]} to {_IDLE_SHORT_SIDES[1]}) where even 64x64 tiles would leave SMs without a block (or, "
          f"with K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block "
-         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), as many as even out the SMs' "
+         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per run of 4 K-tiles), as many as even out the SMs' "
          "blocks, then summed in a fixed order (a lone block walks a long K latency-bound); "
          f"in a batch whose tiles, all items together, leave SMs without a block, K >= {_BATCH_SPLIT_K}: every item's "
          f"slices, as many as fill one wave of block slots, each >= {_IDLE_MIN_SLICE} deep ({_IDLE_SHORT_SLICE} on K < "
@@ -464,12 +464,12 @@ RULES: tuple[Rule, ...] = (
          f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",
          _narrow_few, FEW_COLUMNS[-1]),
     Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
-         f"(4 per SM): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per K-tile), as many as even out the "
+         f"(4 per SM): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per run of 4 K-tiles), as many as even out the "
          "SMs' blocks, then summed in a fixed order",
          _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (below K = 256, 128x256 only past one wave of its blocks and not for "
-         f"A.B^T; 64x64 {_NARROW_NOTE} for small and narrow products, and with sums per K-tile under a wave on a long "
+         f"A.B^T; 64x64 {_NARROW_NOTE} for small and narrow products, and with sums per run of K-tiles under a wave on a long "
          f"K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
          "tiles, K split where that evens out the SMs' shares of blocks, then summed in a fixed order; from K = "
          f"{_PAST_ONE_BLOCK_MIN_K}, four-warp tiles just past one block per SM in {_PAST_ONE_BLOCK_SPLITS} slices",

@@ -274,7 +274,7 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
     // reverses direction from one pair to the next, so each B value and the A values of the pair are read
     // back to back (the operand reuse cache) and the walk's turns reuse the last column. Measured against row
     // by row: 4096^3 0.942 -> 0.958x cuBLAS, 8192^3 0.967 -> 0.981x, A^T.B 0.921 -> 0.946x, and 237 -> 221
-    // registers. `first`: the first step of a K-tile (with TILE_SUMS, it starts the partial sums afresh).
+    // registers. `first`: the first step of a run of K-tiles (with TILE_SUMS, it starts the partial sums afresh).
     auto fma_step = [&](int buf, bool first) {
 #if SUB_K
         // With the sub-tile loop: down each column of the thread tile, reversing direction from one column to
@@ -308,7 +308,7 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
     // first fragments of K-tile kt + 1 are read while they run. It publishes that K-tile's copies (landed once
     // at most STAGES - 2 younger groups are pending) and frees the stage read during kt, which the copies
     // issued from step 1 of K-tile kt + 1 refill.
-    auto last_step = [&](bool more) {
+    auto last_step = [&](bool more, bool fresh) {
         if (more) {
             const bool wrap = a_frag == a_frag0 + (STAGES - 1) * STAGE_BYTES;
             a_frag = wrap ? a_frag0 : a_frag + STAGE_BYTES;
@@ -318,7 +318,7 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
             load_fragments(BK % 2, 0);
         }
         copy_step(BK - 1);
-        fma_step((BK - 1) % 2, BK == 1);
+        fma_step((BK - 1) % 2, fresh && BK == 1);
     };
     // Partial sums (FLUSH > 0): after every FLUSH steps of k the accumulators are added to this thread's slots in
     // shared memory past the stages (stored the first time) and start again from zero; the epilogue adds the slots
@@ -474,19 +474,33 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
 #endif
     } else
 #endif
-    for (int kt = 0; kt < num_k_tiles; ++kt) {
+    {
+        // K-tile kt, unrolled; `fresh`: its first step starts the partial sums afresh (TILE_SUMS).
+        auto k_tile = [&](int kt, bool fresh) {
 #pragma unroll
-        for (int k = 0; k < BK - 1; ++k) {
-            load_fragments((k + 1) % 2, k + 1);
-            copy_step(k);
-            fma_step(k % 2, k == 0);
-        }
-        last_step(kt + 1 < num_k_tiles);
+            for (int k = 0; k < BK - 1; ++k) {
+                load_fragments((k + 1) % 2, k + 1);
+                copy_step(k);
+                fma_step(k % 2, fresh && k == 0);
+            }
+            last_step(kt + 1 < num_k_tiles, fresh);
+        };
 #if TILE_SUMS
+        // Partial sums over runs of TILE_SUMS K-tiles, each run's first K-tile a copy of its own (it starts them with
+        // products instead of adding: one FADD per accumulator a run, not per K-tile, and no zeroing). Runs of 64 steps
+        // instead of 16 added 4x fewer FADDs (6% of the 64x64 tile's instructions) and keep the error's sqrt(run +
+        // K / run) no larger from K = 1024 (docs/kernels/warptile.md, 'Sums per run of K-tiles').
+        for (int kt = 0; kt < num_k_tiles;) {
+            k_tile(kt++, true);
+#pragma unroll 1
+            for (int r = 1; r < TILE_SUMS && kt < num_k_tiles; ++r) k_tile(kt++, false);
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+            for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] += part[i][j];
+                for (int j = 0; j < TN; ++j) acc[i][j] += part[i][j];
+        }
+#else
+        for (int kt = 0; kt < num_k_tiles; ++kt) k_tile(kt, false);
 #endif
     }
     cp_async_wait<0>();  // nothing may still be writing shared memory when the block exits

@@ -127,9 +127,10 @@ class WarpTile(_Pipelined, KernelConfig):
     # Spread the next tile's copies over the K steps (large tiles: 0.95x against 0.91x cuBLAS at 4096^3) or
     # issue them in one burst after the first step (128x64 tiles: 1.00x against 0.95x at 1024^3).
     spread: bool = False
-    # Sum each K-tile's products apart before adding them to the accumulators (twice the accumulator
-    # registers, one FADD per BK FMAs): relative error on 4096x16x4096 0.7x cuBLAS's instead of 2.8x.
-    tile_sums: bool = False
+    # Sum the products of each run of this many K-tiles apart before adding them to the accumulators (twice the
+    # accumulator registers, one FADD per tile_sums * BK FMAs; 0: off): relative error on 4096x16x4096 0.7x cuBLAS's
+    # instead of 2.8x.
+    tile_sums: int = 0
     # Interior blocks (tile inside A, B and C, K a multiple of bk; any block and any K with `ragged`) run a loop of
     # sub_k-step bodies instead of the fully unrolled K-tile, which the instruction cache could not hold (0 = always
     # unrolled).
@@ -152,7 +153,7 @@ class WarpTile(_Pipelined, KernelConfig):
     @property
     def name(self) -> str:
         return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
-                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}"
+                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}{self.tile_sums if self.tile_sums > 1 else ''}"
                 f"{f'_sub{self.sub_k}' if self.sub_k else ''}{f'_f{self.flush}' if self.flush else ''}"
                 + "_ragged" * self.ragged + "_cstage" * self.staged_c)
 
@@ -198,6 +199,8 @@ class WarpTile(_Pipelined, KernelConfig):
                               f"{max(passes)} (the rows one pass of copies covers)")
             if self.tile_sums:
                 errors.append("sub_k and tile_sums cannot be combined")
+        if self.tile_sums < 0:
+            errors.append(f"tile_sums counts K-tiles per partial sum (0: none), not {self.tile_sums}")
         if self.ragged and not self.sub_k:
             errors.append("ragged extends the sub-tile loop to any K and to blocks across C's edges: it needs "
                           "sub_k > 0")
@@ -436,17 +439,17 @@ WT128x64_SUMS = WarpTile(bm=128, bn=64, bk=16, wm=32, wn=64, tm=8, tn=8, stages=
 # across C's edges
 WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED = (
     dataclasses.replace(c, ragged=True) for c in (WT256_LOOP16, WT256_SLICES, WT128x64_LOOP, WT128x64_RUNS))
-# small and narrow products, split-K slices
-WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
-# (the same for K of at most 16: C through shared memory where its rows take neither 16- nor 8-byte stores)
-WT64_SHORT = dataclasses.replace(WT64, staged_c=True)
+# small and narrow products, split-K slices; sums per 4 K-tiles (docs/kernels/warptile.md, 'Sums per run of K-tiles')
+WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=4)
+# (the same for K of at most 16, one K-tile: C through shared memory where its rows take neither 16- nor 8-byte stores)
+WT64_SHORT = dataclasses.replace(WT64, tile_sums=1, staged_c=True)
 # ... and for K of at most 8, in one 8-deep K-tile (no sums: at most 8 terms): half the 16-deep tile's multiply-adds
 # on zeros (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled)
 WT64_SHORT8 = dataclasses.replace(WT64, bk=8, tile_sums=False, staged_c=True)
 # ... of 17-32 rows or columns: a third of the 64x64 tile's padding rows or less (docs/kernels/heuristic.md, '17 to
 # 32 rows or columns')
-WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
-WT128x32 = WarpTile(bm=128, bn=32, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=True)
+WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=4)
+WT128x32 = WarpTile(bm=128, bn=32, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=4)
 # Tensor cores (precision "high" and "medium"): (block tile, BK, warp tile, stages, passes).
 # 3xTF32 stops at 64 x 32 warp tiles: with 64 x 64 ones (128 x 256 blocks) the per-k-step partial sums pushed
 # the kernel past 255 registers and it spilled.
