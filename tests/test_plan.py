@@ -902,6 +902,17 @@ def test_large_tiles_sum_long_k_in_runs():
     assert _plan.serial_run(_plan.choose(p, kernel=_plan.tiles.WT256_SLICES), p) == 4097
 
 
+@pytest.mark.parametrize("k,run", [(1, 16), (31, 16), (73, 16), (127, 32), (128, 32), (200, 48), (256, 64), (16368, 64)])
+def test_tile_sums_take_runs_of_at_most_a_quarter_of_the_k_tiles(k, run):
+    """The four-warp tiles sum K in runs of up to 4 K-tiles, but at most a quarter of them: a short K keeps the sums per
+    K-tile that held its error at cuBLAS's (K = 31-73 had 1.5x cuBLAS's error in one run)."""
+    from fastmm._plan.runs import run_of, tile_sums_run
+
+    config = configs.BY_NAME[_plan.tiles.WT64]
+    assert tile_sums_run(config, k) == run
+    assert run_of(config, k) == max(min(run, k), -(-k // run))
+
+
 @pytest.mark.parametrize("m,n,k,run", [
     (1024, 1024, 1024, 1024),      # one running sum over K
     (4096, 4096, 4096, 512),       # the 128x256 tile: runs of 512
@@ -914,7 +925,7 @@ def test_large_tiles_sum_long_k_in_runs():
     (8192, 16, 8192, 128),         # 16 columns: 4 terms per lane and step, over 32 steps of a cluster's 2 blocks
     (64, 64, 262144, 528),         # 528 slices of 64x64 tile sums (the last short of the others): their sum
     (804, 33, 7189, 64),           # split-k-idle: 28 slices of 257 on sums per run of 64 (4 K-tiles)
-    (768, 768, 768, 64),           # split-k-mid: 6 slices of 128, the same runs
+    (768, 768, 768, 32),           # split-k-mid: 6 slices of 128 on runs of 2 K-tiles (a quarter of a slice's 8)
 ])
 def test_each_plan_states_its_longest_running_sum(m, n, k, run):
     """The plan's side of accuracy: the longest run of terms one FP32 accumulator adds (explain prints it)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..kernels.configs import FewColumns, Naive, WarpTile
 
-__all__ = ["run_of", "lane_terms", "blocked", "SERIAL_RUN_BOUND"]
+__all__ = ["run_of", "lane_terms", "blocked", "tile_sums_run", "SERIAL_RUN_BOUND"]
 
 # A running sum of this many terms or fewer kept fastmm's error at or below cuBLAS's on the shapes measured.
 SERIAL_RUN_BOUND = 4096
@@ -35,9 +35,15 @@ def run_of(config, k: int, a_t: bool = False, edges: bool = False) -> int:
         tail = k % config.bk if config.ragged else 0  # (a ragged K's last terms join the last run)
         return max(config.flush + tail, -(-k // config.flush))  # runs of `flush`, then the runs' sums in order
     if isinstance(config, WarpTile) and config.tile_sums:
-        run = config.tile_sums * config.bk
+        run = tile_sums_run(config, k)
         return max(min(run, k), -(-k // run))  # sums per run of K-tiles, then those in order
     return k
+
+
+def tile_sums_run(config: WarpTile, k: int) -> int:
+    """The terms of one partial sum of a tile-sums configuration over a K of `k` (4_warptile.cu's run_tiles): runs of
+    `tile_sums` K-tiles, at most a quarter of the K-tiles (one at least)."""
+    return max(1, min(config.tile_sums, -(-k // config.bk) // 4)) * config.bk
 
 
 def lane_owns_row(config: FewColumns, a_t: bool) -> bool:

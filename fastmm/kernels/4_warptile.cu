@@ -486,14 +486,17 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
             last_step(kt + 1 < num_k_tiles, fresh);
         };
 #if TILE_SUMS
-        // Partial sums over runs of TILE_SUMS K-tiles, each run's first K-tile a copy of its own (it starts them with
-        // products instead of adding: one FADD per accumulator a run, not per K-tile, and no zeroing). Runs of 64 steps
-        // instead of 16 added 4x fewer FADDs (6% of the 64x64 tile's instructions) and keep the error's sqrt(run +
-        // K / run) no larger from K = 1024 (docs/kernels/warptile.md, 'Sums per run of K-tiles').
+        // Partial sums over runs of up to TILE_SUMS K-tiles, each run's first K-tile a copy of its own (it starts them
+        // with products instead of adding: one FADD per accumulator a run, not per K-tile, and no zeroing). A run is
+        // at most a quarter of the K-tiles, so that a short K keeps as many sums as sums per K-tile gave it (the error
+        // goes as sqrt(run + K / run)): runs of 4 ran 2% faster than runs of 1 on the 64x64 tile (its FADDs: 6% of its
+        // instructions), and had 1.5x cuBLAS's error on K = 31-73 (docs/kernels/warptile.md, 'Sums per run of K-tiles').
+        // (runs.py's run_of reads the same length.)
+        const int run_tiles = max(1, min(TILE_SUMS, num_k_tiles / 4));
         for (int kt = 0; kt < num_k_tiles;) {
             k_tile(kt++, true);
 #pragma unroll 1
-            for (int r = 1; r < TILE_SUMS && kt < num_k_tiles; ++r) k_tile(kt++, false);
+            for (int r = 1; r < run_tiles && kt < num_k_tiles; ++r) k_tile(kt++, false);
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
