@@ -680,6 +680,17 @@ def test_split_k_on_a_small_batch_runs_every_items_slices_in_one_launch(launched
     a = _fastmm(np.zeros((3, 2, 95, 2040), np.float32)).transpose(1, 0, 2, 3)
     _dispatch.matmul(a, _fastmm(np.zeros((2, 3, 2040, 150), np.float32)))
     assert launched == [tile] and launched.args[0][2]["batch"] == 6 and launched.args[0][2]["k"] == 2040
+    # ... without allocating the slices' workspace, which it does not use (out of memory there failed a product that
+    # needs none); a batch that splits allocates it, once.
+    from fastmm._runtime import gemm as _gemm
+
+    allocated, real_empty = [], _gemm.empty
+    monkeypatch.setattr(_gemm, "empty", lambda shape: allocated.append(shape) or real_empty(shape))
+    a = _fastmm(np.zeros((3, 2, 95, 2056), np.float32)).transpose(1, 0, 2, 3)
+    _dispatch.matmul(a, _fastmm(np.zeros((2, 3, 2056, 150), np.float32)))
+    assert allocated == []
+    _dispatch.matmul(_fastmm(np.zeros((2, 95, 10191), np.float32)), _fastmm(np.zeros((2, 10191, 150), np.float32)))
+    assert allocated == [(2, 39, 95, 152)]
 
 
 def test_einsum_with_dtype_none_is_still_one_product(fake_cupy, monkeypatch, rng):

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _errors, _plan
 from ..kernels.configs import REPITCH, SLICE_SUM, FewColumns, Int8Tile, Variant, WgTile
 from .arrays import cupy as _cupy
-from .arrays import _batch_dims, _batch_item, empty, may_overlap, problem_for
+from .arrays import _batch_dims, _batch_item, _Meta, empty, may_overlap, problem_for
 from .presplit import _presplit
 from .recording import Recorder, _replay, _runner, replay
 
@@ -150,14 +150,19 @@ def _slice_sum(ws, c, device_id: int):
                         batch_strides=(s0[0], s1[0], 0, 0, s0[1], s1[1]))
 
 
-def _one_launch(a_slices, b_slices, c_slices, ws, c, short_last: bool) -> bool:
+def _one_launch(a_slices, b_slices, ws_shape: tuple, full: int, n: int, c, short_last: bool) -> bool:
     """Whether a batch's slices run as one launch, and its items' sums as one more: batch axes that collapse to at most
     two (NumPy's broadcasting of A and B over C's batch; a C with strided batch axes may not). Where the last slice is
     short (`short_last`: the kernel counts a slice's K from the inner batch axis), that axis must be the slices alone;
-    else items and slices may merge into one axis (K that the slices divide, A or B copied along K)."""
-    dims = _batch_dims(c_slices.shape[:-2], a_slices, b_slices, c_slices)
-    return (len(dims) <= 2 and (not short_last or dims[-1][0] == c_slices.shape[-3])
-            and len(_batch_dims(c.shape[:-2], ws[..., 0, :, :], c)) <= 2)
+    else items and slices may merge into one axis (K that the slices divide, A or B copied along K). The workspace
+    (C-ordered, `ws_shape`) is judged by its layout before it is allocated, so that a product that will not use it does
+    not run out of memory for it."""
+    strides = tuple(int(x) * 4 for x in np.cumprod((1, *ws_shape[:0:-1])))[::-1]
+    slices = _Meta((*ws_shape[:-3], full, *ws_shape[-2:-1], n), strides)
+    dims = _batch_dims(slices.shape[:-2], a_slices, b_slices, slices)
+    first = _Meta((*ws_shape[:-3], *ws_shape[-2:]), (*strides[:-3], *strides[-2:]))  # ws[..., 0, :, :]
+    return (len(dims) <= 2 and (not short_last or dims[-1][0] == full)
+            and len(_batch_dims(c.shape[:-2], first, c)) <= 2)
 
 
 def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, runs: bool = False) -> None:
@@ -183,19 +188,19 @@ def _split_k(a, b, c, choice, device_id: int, record: Recorder | None = None, ru
     # (docs/kernels/split-k.md, section 'The workspace's rows'). The few-column kernels write rows of 1 to 16 floats,
     # which padding would spread out.
     pitch = n if isinstance(choice.config, FewColumns) else -(-n // 4) * 4
-    ws = empty((*batch, full + (tail > 0), m, pitch))
+    ws_shape = (*batch, full + (tail > 0), m, pitch)
     strided = cp.lib.stride_tricks.as_strided
     a_slices = strided(a, (*a.shape[:-2], full, m, depth), (*a.strides[:-2], depth * a.strides[-1], *a.strides[-2:]))
     b_slices = strided(b, (*b.shape[:-2], full, depth, n), (*b.strides[:-2], depth * b.strides[-2], *b.strides[-2:]))
-    slices = ws[..., :n]
     k_total = k if full * depth > k else 0
-    if batch and not _one_launch(a_slices, b_slices, slices[..., :full, :, :], ws, c, k_total > 0):
-        del ws, slices
+    if batch and not _one_launch(a_slices, b_slices, ws_shape, full, n, c, k_total > 0):
         if not _plan.items_in_turn(k, math.prod(batch)):  # one launch, unsplit
             return gemm(a, b, c, choice.config.name, record, runs=runs)
         for index in np.ndindex(*batch):  # each item split on its own, in turn
             _split_k(_batch_item(a, index), _batch_item(b, index), c[index], choice, device_id, record, runs)
         return
+    ws = empty(ws_shape)
+    slices = ws[..., :n]
     # Recorded relative to a, b and the workspace, so that a replay can run them on a fresh workspace.
     sub = Recorder(a.data.ptr, b.data.ptr, ws.data.ptr) if record is not None else None
     gemm(a_slices, b_slices, slices[..., :full, :, :], choice.config.name, sub, runs=runs, k_total=k_total)
