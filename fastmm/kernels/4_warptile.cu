@@ -206,9 +206,10 @@ __device__ __forceinline__ void warptile(FASTMM_GEMM_PARAMS)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 #if TILE_SUMS
-    // Two-level accumulation: each K-tile's products are summed on their own, then added to acc. A long
-    // running sum grows, and each rounding error with it (error ~ K, against ~ BK + K / BK here): this keeps
-    // the small tiles, which serve narrow and matrix-vector products with long K, as accurate as cuBLAS.
+    // Two-level accumulation: the products of each run of up to TILE_SUMS K-tiles are summed on their own, then
+    // added to acc (see the K loop below). A long running sum grows, and each rounding error with it (error ~ K,
+    // against ~ run + K / run here): this keeps the small tiles, which serve narrow and split-K products with long
+    // K, as accurate as cuBLAS.
     float part[TM][TN];
 #endif
 

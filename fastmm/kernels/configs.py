@@ -445,7 +445,7 @@ WT64 = WarpTile(bm=64, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blo
 WT64_SHORT = dataclasses.replace(WT64, tile_sums=1, staged_c=True)
 # ... and for K of at most 8, in one 8-deep K-tile (no sums: at most 8 terms): half the 16-deep tile's multiply-adds
 # on zeros (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled)
-WT64_SHORT8 = dataclasses.replace(WT64, bk=8, tile_sums=False, staged_c=True)
+WT64_SHORT8 = dataclasses.replace(WT64, bk=8, tile_sums=0, staged_c=True)
 # ... of 17-32 rows or columns: a third of the 64x64 tile's padding rows or less (docs/kernels/heuristic.md, '17 to
 # 32 rows or columns')
 WT32x128 = WarpTile(bm=32, bn=128, bk=16, wm=32, wn=32, tm=8, tn=4, stages=4, min_blocks=4, tile_sums=4)
