@@ -224,9 +224,15 @@ def _meta(x, shape=None) -> _Meta:
     if hasattr(x, "strides") and hasattr(x, "data") and hasattr(x.data, "ptr") and x.dtype == _F32:
         return _Meta(x.shape, x.strides, x.data.ptr)
     fortran = isinstance(x, np.ndarray) and x.flags.f_contiguous and not x.flags.c_contiguous
-    order = shape if fortran else shape[::-1]
-    strides = tuple(int(s) * 4 for s in np.cumprod((1,) + order[:-1])) if shape else ()
-    return _Meta(shape, strides if fortran else strides[::-1])
+    return _Meta(shape, contiguous_strides(shape, fortran))
+
+
+def contiguous_strides(shape, fortran: bool = False) -> tuple[int, ...]:
+    """The byte strides of a contiguous float32 array of `shape`, C-ordered (or Fortran-ordered), as CuPy lays out
+    a new one."""
+    order = tuple(shape) if fortran else tuple(shape)[::-1]
+    strides = tuple(int(s) * 4 for s in np.cumprod((1,) + order[:-1])) if order else ()
+    return strides if fortran else strides[::-1]
 
 
 def cupy_base(cp):

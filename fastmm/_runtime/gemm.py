@@ -14,7 +14,7 @@ import numpy as np
 from .. import _errors, _plan
 from ..kernels.configs import REPITCH, SLICE_SUM, FewColumns, Int8Tile, Variant, WgTile
 from .arrays import cupy as _cupy
-from .arrays import _batch_dims, _batch_item, _Meta, empty, may_overlap, problem_for
+from .arrays import _batch_dims, _batch_item, _Meta, contiguous_strides, empty, may_overlap, problem_for
 from .presplit import _presplit
 from .recording import Recorder, _replay, _runner, replay
 
@@ -157,7 +157,7 @@ def _one_launch(a_slices, b_slices, ws_shape: tuple, full: int, n: int, c, short
     else items and slices may merge into one axis (K that the slices divide, A or B copied along K). The workspace
     (C-ordered, `ws_shape`) is judged by its layout before it is allocated, so that a product that will not use it does
     not run out of memory for it."""
-    strides = tuple(int(x) * 4 for x in np.cumprod((1, *ws_shape[:0:-1])))[::-1]
+    strides = contiguous_strides(ws_shape)  # (as `empty` allocates it)
     slices = _Meta((*ws_shape[:-3], full, *ws_shape[-2:-1], n), strides)
     dims = _batch_dims(slices.shape[:-2], a_slices, b_slices, slices)
     first = _Meta((*ws_shape[:-3], *ws_shape[-2:]), (*strides[:-3], *strides[-2:]))  # ws[..., 0, :, :]
