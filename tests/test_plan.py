@@ -1082,11 +1082,14 @@ def test_small_tile_takes_a_narrow_four_warp_tile_where_it_pads_far_less(m, n, k
     assert configs.get_config(_plan.tiles.small_tile(problem)).tile == tile
 
 
-@pytest.mark.parametrize("m,n,k", [(751, 3551, 271), (1755, 9240, 209)])
-def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k):
+@pytest.mark.parametrize("m,n,k,aligned_tile", [
+    (751, 3551, 271, (128, 64)),  # 84 tiles of 128x256: under three quarters of a wave, aligned or not
+    (1755, 9240, 209, (128, 256)),
+])
+def test_unaligned_products_on_a_short_k_take_128x64_tiles(m, n, k, aligned_tile):
     p, c = _planned(m, n, k, aligned=False)
     assert c.rule == "tiled" and c.config.tile == (128, 64), c.name
-    assert _planned(m, n, k)[1].config.tile == (128, 256)  # aligned rows: the large tile
+    assert _planned(m, n, k)[1].config.tile == aligned_tile  # aligned rows: the large tile where it fills the SMs
 
 
 @pytest.mark.parametrize("m,n,k,batch,a_t,b_t", [
@@ -1105,6 +1108,22 @@ def test_short_k_takes_the_large_tile_only_past_one_wave(m, n, k, batch, a_t, b_
     assert (c.rule, c.config.tile) == ("tiled", (128, 64)), c.name
     assert choose(1371, 3008, 256).config.tile == (128, 256)
     assert choose(2 * 1371, 3008, 62).config.tile == (128, 256)  # two waves
+
+
+@pytest.mark.parametrize("m,n,k,a_t,b_t", [
+    (1536, 1776, 560, False, False),  # 84 tiles of 128x256 (0.77 -> 0.95x cuBLAS on 128x64)
+    (1120, 2032, 656, True, True),    # Fortran order, 72 tiles (0.64 -> 0.87x)
+    (1520, 1792, 784, True, False),   # A^T, 84 tiles (0.77 -> 1.00x)
+    (2016, 1504, 304, True, True),    # 96 tiles (0.87 -> 1.19x)
+    (1495, 1503, 316, False, False),  # a ragged K: the unrolled 128x64 tile
+])
+def test_under_three_quarters_of_a_wave_the_large_tile_gives_way_below_k_1024(m, n, k, a_t, b_t):
+    """Aligned products of K 256-1023 whose 128x256 blocks would leave a quarter of the SMs idle take 128x64 tiles;
+    from three quarters of a wave, or from K = 1024 (the loops' runs), the large tile as before."""
+    c = choose(m, n, k, a_t=a_t, b_t=b_t)
+    assert (c.rule, c.config.tile) == ("tiled", (128, 64)), c.name
+    assert choose(1408, 2288, 304, a_t=True, b_t=True).config.tile == (128, 256)  # 99 tiles: three quarters of 132
+    assert choose(1536, 1776, 1031).config.tile == (128, 256)  # the loop in runs of 512
 
 
 @pytest.mark.parametrize("m,n,k,batch", [

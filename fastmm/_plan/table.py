@@ -22,8 +22,8 @@ from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _W
                   _narrow_few, _short_k_few, _wide_few, _wide_few_kernel, few_columns_splits)
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _even_splits, balanced_splits,
                      slices_of, split_cut)
-from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER, _SHORT_K,
-                    FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES, WT256_SLICES_RAGGED,
+from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _MIN_WAVE, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER,
+                    _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES, WT256_SLICES_RAGGED,
                     WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile, _useful)
 from .tuned import tune_bucket, tuned_entries
 
@@ -172,7 +172,8 @@ def _idle_sms(problem: Problem, device: Device) -> bool:
         return False
     if _useful(problem, get_config(WT128x64)) < _MIN_USEFUL and _mid_sums_splits(problem, device) == 1:
         return False  # 128x64 tiles mostly padding (64 rows): split-k-idle's 64x64 slices
-    tiled = get_config(_fill(problem, device))
+    # (Judged on the 128x256 tile from half a wave, as split-k-mid was measured, not on the unsplit product's tile.)
+    tiled = get_config(_fill(problem, device, big_tile_min_wave=_MIN_WAVE))
     return problem.tiles(tiled) < _IDLE_SMS * device.sm_count and mid_splits(problem, device) > 1
 
 

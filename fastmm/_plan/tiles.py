@@ -145,13 +145,18 @@ _SHORTEST_K = 8
 # A . B^T: up to one wave short products ran 1.1-2.0x faster on 128x64 or 64x64 tiles, A . B^T 1.3-1.8x past one wave
 # (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _SHORT_K_BIG_TILE = 256
+# ... and below the sub-tile loops' K, from this fraction of a wave of its blocks only (else from `_MIN_WAVE`): under
+# it the 128x64 tiles ran 15 aligned products of K 304-912 at 0.86-1.19x cuBLAS, against 0.64-0.87x (docs/kernels/
+# heuristic.md, section 'The heuristic's break-even points', tiled).
+_BIG_TILE_MIN_WAVE = 0.75
 
 
-def _fill(problem: Problem, device: Device) -> str:
+def _fill(problem: Problem, device: Device, big_tile_min_wave: float = _BIG_TILE_MIN_WAVE) -> str:
     """Warp tiles, largest first: big tiles reuse more of each load, idle SMs and padding cost more.
 
-    128x256 tiles where they fill the SMs (below K = 256: past one wave, and not for A.B^T): on their 16-deep loop in
-    runs of 512 from K = 1024, else 32 deep from two waves on aligned rows, else on the loop; 128x64 tiles where 128x256
+    128x256 tiles where they fill the SMs (below K = 1024: from three quarters of a wave; below K = 256: past one wave,
+    and not for A.B^T): on their 16-deep loop in runs of 512 from K = 1024, else 32 deep from two waves on aligned
+    rows, else on the loop; 128x64 tiles where 128x256
     ones would leave SMs idle, pad much or leave a ragged last wave (in runs past K = 4096); 64x64 tiles for everything
     smaller or skinnier, and for a long ragged K under a wave. The loops take any K (`_looped`). The measurements:
     docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled.
@@ -169,7 +174,9 @@ def _fill(problem: Problem, device: Device) -> str:
     # A short K: one wave of large tiles or less, or A . B^T (both operands copied 4 bytes at a time, transposing)
     short_k_small_tiles = problem.k < _SHORT_K_BIG_TILE and (problem.tiles(big) <= device.sm_count
                                                             or problem.b_t and not problem.a_t)
-    if _fits(problem, device, WT256) and not ragged and not short_k_small_tiles and not _small_tiles_first(problem):
+    thin_wave = not long_k and problem.tiles(big) < big_tile_min_wave * device.sm_count
+    if (_fits(problem, device, WT256) and not ragged and not short_k_small_tiles and not thin_wave
+            and not _small_tiles_first(problem)):
         if long_k:
             return _looped(problem, WT256_SLICES)  # K in runs of 512: cuBLAS's accuracy, within 2% of one run
         if problem.tiles(big) >= _DEEP_WAVES * device.sm_count and not problem.a_t and problem.aligned:

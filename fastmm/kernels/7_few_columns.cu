@@ -137,7 +137,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
 #pragma unroll
         for (int q = 0; q < ROWS_PER_BLOCK / ROWS_PER_PASS; ++q, src += pass) {
             const bool in = k_in && ROWS_PER_PASS * q < rows_left;
-            cp_async4(smem_addr(as + kk * APITCH + r0 + ROWS_PER_PASS * q), in ? src : a, in ? 4 : 0);
+            cp_async4_if(smem_addr(as + kk * APITCH + r0 + ROWS_PER_PASS * q), in ? src : a, in);
         }
     }
 #elif A_T == 0
@@ -162,7 +162,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const bool in = inside && e >= mis && k_first + e < K;
-                    cp_async4(smem_addr(dst + e), in ? piece + e : a, in ? 4 : 0);
+                    cp_async4_if(smem_addr(dst + e), in ? piece + e : a, in);
                 }
             }
         } else if (VEC == 4) {
@@ -172,7 +172,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const bool in = inside && e < left;
-                cp_async4(smem_addr(dst + e), in ? src + e : a, in ? 4 : 0);
+                cp_async4_if(smem_addr(dst + e), in ? src + e : a, in);
             }
         }
     }
@@ -213,7 +213,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
         const int kk = kk0 + q * K_PER_PASS;
         const int bytes = k0 + kk < K && piece_rows > 0 ? 4 * piece_rows : 0;
         if (PIECE == 4) cp_async16(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes);
-        else cp_async4(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes);
+        else cp_async4_if(smem_addr(as + kk * ROWS_PER_BLOCK + r), bytes ? src : a, bytes != 0);
     }
 #endif
 #if PRIVATE_B
@@ -228,7 +228,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
             cp_async16(smem_addr(dst), bytes ? src : b, bytes);
         } else {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) cp_async4(smem_addr(dst + e), e < left ? src + e * b_sk : b, e < left ? 4 : 0);
+            for (int e = 0; e < 4; ++e) cp_async4_if(smem_addr(dst + e), e < left ? src + e * b_sk : b, e < left);
         }
         return;
     }
@@ -249,7 +249,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
                 const int j = j0 + 4 * q;
                 const bool in = k_in && n0 + j < N;
                 const float* src = bsrc + (long long)(8 * WARPS * h) * b_sk + (long long)(4 * q) * b_sn;
-                cp_async4(smem_addr(bs + kk * JPITCH + j), in ? src : b, in ? 4 : 0);
+                cp_async4_if(smem_addr(bs + kk * JPITCH + j), in ? src : b, in);
             }
         }
         return;
@@ -271,7 +271,7 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
         if (STEP * NMAX % THREADS != 0 && slow * FAST + f0 >= STEP * NMAX) break;
         const int kk = B_T ? f0 : slow, j = B_T ? slow : f0;
         const bool in = k0 + kk < K && n0 + j < N;
-        cp_async4(smem_addr(bs + (!LANE_ROWS ? j * KPITCH + kk : kk * JPITCH + j)), in ? bsrc : b, in ? 4 : 0);
+        cp_async4_if(smem_addr(bs + (!LANE_ROWS ? j * KPITCH + kk : kk * JPITCH + j)), in ? bsrc : b, in);
     }
 }
 

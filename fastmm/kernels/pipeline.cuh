@@ -51,11 +51,11 @@ struct SliceCopy {
             cp_async4(d, src + ix * P_X * ld + ik * P_K, x < x_left && k < k_left ? 4 : 0);
         } else {
             const float* s = src + ik * P_K * ld + ix * P_X;
-            const int valid = k < k_left ? min(max(x_left - x, 0), V) : 0;
             if (V == 4) {
+                const int valid = k < k_left ? min(max(x_left - x, 0), V) : 0;
                 cp_async16(d, s, 4 * valid);
             } else {
-                cp_async4(d, s, 4 * valid);
+                cp_async4_if(d, s, k < k_left && x < x_left);
             }
         }
     }
@@ -88,8 +88,11 @@ struct SliceCopy {
         const int ix = i % N_X, ik = i / N_X;
         const unsigned d = dst + d_off + 4 * (ik * P_K * LDS + ix * P_X);
         const float* s = src + (TRANS ? ix * P_X * ld + ik * P_K : ik * P_K * ld + ix * P_X);
+        // (cp_async4_if in the 4-byte layouts only: the 16-byte ones keep the schedules they were timed with.)
         if (V == 4) {
             cp_async16(d, s, has ? 16 : 0);
+        } else if (VEC == 1) {
+            cp_async4_if(d, s, has);
         } else {
             cp_async4(d, s, has ? 4 : 0);
         }
@@ -115,6 +118,8 @@ struct SliceCopy {
         const unsigned bytes = has ? (TRANS ? ((unsigned)ix < ok ? 4u : 0u) : ok) : 0u;
         if (V == 4) {
             cp_async16(d, s, bytes);
+        } else if (VEC == 1) {
+            cp_async4_if(d, s, bytes != 0);
         } else {
             cp_async4(d, s, bytes);
         }
