@@ -23,8 +23,9 @@ from .few import (_NARROW_FEW, _NARROW_FEW_MIN_K, _WIDE_FEW, _WIDE_FEW_DEPTH, _W
 from .splits import (_SPLIT_K_OVER_MN, _SPLIT_MIN_K, _SPLIT_MIN_SLICE, _even_splits, balanced_splits,
                      slices_of, split_cut)
 from .tiles import (SMALL_TILES, small_tile, _MIN_USEFUL, _MIN_WAVE, _NARROW_AREA, _NARROW_MIN_K, _NARROW_TILE_OTHER,
-                    _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES, WT256_SLICES_RAGGED,
-                    WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile, _useful)
+                    _SHORT_K, FEW_COLUMNS, NAIVE, NAIVE_F64, NAIVE_F64_DOT, NAIVE_SHORT, WT64, WT256_SLICES,
+                    WT256_SLICES_RAGGED, WT128x64, WT128x64_LOOP, _few_tiles, _fill, _lighter, _looped, _narrow_tile,
+                    _useful)
 from .tuned import tune_bucket, tuned_entries
 
 _log = logging.getLogger("fastmm")
@@ -226,7 +227,8 @@ _IN_TURN_K, _IN_TURN_MAX = 1024, 8
 
 
 def items_in_turn(k: int, batch: int) -> bool:
-    """Whether a split batch that cannot run as one launch of its slices runs item by item, each split (else unsplit)."""
+    """Whether a split batch that cannot run as one launch of its slices runs item by item, each split (else
+    unsplit)."""
     return batch <= _IN_TURN_MAX and k >= _IN_TURN_K * batch
 
 
@@ -411,9 +413,9 @@ RULES: tuple[Rule, ...] = (
          "4x4 piece of C with 16-byte stores, no shared memory and no barrier (more stores in flight than tiles keep)",
          _outer_products, NAIVE_SHORT),
     Rule(RuleName.FEW_COLUMNS_TILES, f"5 to {_FEW} columns (or rows) on K <= {_FEW_TILES_MAX_K}: 128x32 (32x128) tiles "
-         "with sums per run of 4 K-tiles, where the few-column kernel's blocks would walk at most three of its 128-deep steps "
-         "(its pipeline never fills, and its lanes' closing reduction costs as much as their sums)", _few_on_tiles,
-         lambda p, d: _narrow_tile(p)),
+         "with sums per run of 4 K-tiles, where the few-column kernel's blocks would walk at most three of its "
+         "128-deep steps (its pipeline never fills, and its lanes' closing reduction costs as much as their sums)",
+         _few_on_tiles, lambda p, d: _narrow_tile(p)),
     Rule(RuleName.FEW_COLUMNS, f"at most {_FEW} columns (or rows, computed transposed) against more of the other side: "
          "bound by memory, each element of the large operand read once in wide loads, K split into slices where "
          "the rows alone would leave SMs idle (over a cluster of 2, 4 or 8 blocks that sums them, or in more slices "
@@ -454,8 +456,8 @@ RULES: tuple[Rule, ...] = (
     Rule(RuleName.SPLIT_K_IDLE, f"K >= {_IDLE_MIN_K} (from {_IDLE_SHORT_K} where the output's shorter side is "
          f"{_IDLE_SHORT_SIDES[0]} to {_IDLE_SHORT_SIDES[1]}) where even 64x64 tiles would leave SMs without a block (or, "
          f"with K >= {_IDLE_K_OVER_MN}x the output's sides, fill fewer than {_IDLE_SLOTS:.0%} of the GPU's block "
-         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per run of 4 K-tiles), as many as even out the SMs' "
-         "blocks, then summed in a fixed order (a lone block walks a long K latency-bound); "
+         f"slots): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per run of 4 K-tiles), as many as even out "
+         "the SMs' blocks, then summed in a fixed order (a lone block walks a long K latency-bound); "
          f"in a batch whose tiles, all items together, leave SMs without a block, K >= {_BATCH_SPLIT_K}: every item's "
          f"slices, as many as fill one wave of block slots, each >= {_IDLE_MIN_SLICE} deep ({_IDLE_SHORT_SLICE} on K < "
          f"{_IDLE_MIN_K}), in one launch",
@@ -465,13 +467,13 @@ RULES: tuple[Rule, ...] = (
          f"{_FEW} at a time, K spread over a warp's lanes (a handful of 64x64 tiles would walk K latency-bound)",
          _narrow_few, FEW_COLUMNS[-1]),
     Rule(RuleName.SPLIT_K_WAVE, f"K >= {_IDLE_MIN_K} where the tiled rule's 64x64 tiles fill less than one wave of the GPU's block slots "
-         f"(4 per SM): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per run of 4 K-tiles), as many as even out the "
-         "SMs' blocks, then summed in a fixed order",
+         f"(4 per SM): K cut into slices of 64x64 tiles {_NARROW_NOTE} (sums per run of 4 K-tiles), as many as even "
+         "out the SMs' blocks, then summed in a fixed order",
          _wave_slots, lambda p, d: small_tile(p), wave_splits),
     Rule(RuleName.TILED, "warp tiling; the largest block tile that gives half the SMs a block with little padding and, "
          "past one wave, no mostly idle last wave (below K = 256, 128x256 only past one wave of its blocks and not for "
-         f"A.B^T; 64x64 {_NARROW_NOTE} for small and narrow products, and with sums per run of K-tiles under a wave on a long "
-         f"K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
+         f"A.B^T; 64x64 {_NARROW_NOTE} for small and narrow products, and with sums per run of K-tiles under a wave "
+         f"on a long K not a multiple of 16); from K = {_TILED_SPLIT_MIN_K}, on the unrolled "
          "tiles, K split where that evens out the SMs' shares of blocks, then summed in a fixed order; from K = "
          f"{_PAST_ONE_BLOCK_MIN_K}, four-warp tiles just past one block per SM in {_PAST_ONE_BLOCK_SPLITS} slices",
          lambda p, d: True, _fill, tiled_splits),

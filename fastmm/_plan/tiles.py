@@ -43,11 +43,11 @@ def _narrow_tile(problem: Problem) -> str:
     return WT32x128 if problem.m < problem.n else WT128x32
 
 
-# The 64x64, 32x128 and 128x32 tiles are one design (four warps, 8x4 sums a thread, sums per run of 4 K-tiles, four blocks an
-# SM): a narrow one runs where its tiles cover at most this share of the 64x64 tiles' area (an output side far past a
-# multiple of 64 and near one of 32), in a batch or from the second constant's K. Replays on the sweeps' problems:
-# 1.05-1.17x the 64x64 tile's speed below this share, 0.93-0.98x above it; single products with a shorter K lost
-# 5-20% on the 128x32 tile (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
+# The 64x64, 32x128 and 128x32 tiles are one design (four warps, 8x4 sums a thread, sums per run of 4 K-tiles, four
+# blocks an SM): a narrow one runs where its tiles cover at most this share of the 64x64 tiles' area (an output side far
+# past a multiple of 64 and near one of 32), in a batch or from the second constant's K. Replays on the sweeps'
+# problems: 1.05-1.17x the 64x64 tile's speed below this share, 0.93-0.98x above it; single products with a shorter K
+# lost 5-20% on the 128x32 tile (docs/kernels/heuristic.md, section 'The heuristic's break-even points', tiled).
 _NARROW_AREA, _NARROW_MIN_K = 0.9, 1024
 SMALL_TILES = (WT64, WT32x128, WT128x32)
 
@@ -83,9 +83,9 @@ _DEEP_WAVES = 2
 _LOOP_MIN_K = 1024
 # The 128x64 tile's one chain over K matched cuBLAS's error up to K = 1024 and had 1.7-2.6x it at K = 1559-3074. Under
 # a wave of its blocks, a single product (both output sides >= 128) with K from this and not a multiple of 16 takes
-# 64x64 tiles with sums per run of K-tiles, which the split-k-wave rule may then cut along K: 1.00-1.29x the unrolled 128x64
-# tile's speed on the three measured, at 0.3-0.7x cuBLAS's error (docs/kernels/heuristic.md, section 'The heuristic's
-# break-even points', tiled).
+# 64x64 tiles with sums per run of K-tiles, which the split-k-wave rule may then cut along K: 1.00-1.29x the unrolled
+# 128x64 tile's speed on the three measured, at 0.3-0.7x cuBLAS's error (docs/kernels/heuristic.md, section 'The
+# heuristic's break-even points', tiled).
 _ONE_CHAIN_MAX_K = 1536
 # ... up to this K: past it, sums per K-tile added more than the running-sum bound of K-tile sums, where runs of 512 add
 # about 512 (`accuracy.SERIAL_RUN_BOUND` x 16; the 64x64 tile's runs of 4 K-tiles since 2026-11-29 would allow 4x that,

@@ -151,9 +151,14 @@ class WarpTile(_Pipelined, KernelConfig):
     source: ClassVar[str] = "4_warptile.cu"
 
     @property
+    def _tsum(self) -> str:
+        """The name's tile-sums part: `_tsum` for sums per K-tile, `_tsum4` for runs of 4, nothing without."""
+        return f"_tsum{self.tile_sums if self.tile_sums > 1 else ''}" if self.tile_sums else ""
+
+    @property
     def name(self) -> str:
         return (f"warptile_{self.bm}x{self.bn}x{self.bk}_{self.wm}x{self.wn}_{self.tm}x{self.tn}"
-                f"_s{self.stages}{'_spread' if self.spread else ''}{'_tsum' if self.tile_sums else ''}{self.tile_sums if self.tile_sums > 1 else ''}"
+                f"_s{self.stages}{'_spread' if self.spread else ''}{self._tsum}"
                 f"{f'_sub{self.sub_k}' if self.sub_k else ''}{f'_f{self.flush}' if self.flush else ''}"
                 + "_ragged" * self.ragged + "_cstage" * self.staged_c)
 
