@@ -275,12 +275,11 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
     }
 }
 
-// The sum of v[0 .. COUNT) (a power of 2) in a fixed tree: pairs, then pairs of pairs (a chain of 8 rounds sums of up
-// to 8 partials again and again; a tree adds each partial in 3 additions).
+// The sum of v[0 .. COUNT) in a fixed tree: pairs, then pairs of pairs, an odd one out carried up a level (a chain of
+// 8 rounds sums of up to 8 partials again and again; a tree adds each partial in at most 3 additions).
 template <int COUNT>
 __device__ __forceinline__ float tree_sum(float* v)
 {
-    static_assert((COUNT & (COUNT - 1)) == 0, "a power of 2");
 #pragma unroll
     for (int w = 1; w < COUNT; w *= 2)
 #pragma unroll
