@@ -717,6 +717,22 @@ def test_few_columns_and_rows_read_the_large_operand_once(m, n, k, name, splits)
     assert c.config.precision == "highest" and _plan.choose(_plan.Problem(m, n, k), precision="high").name == name
 
 
+@pytest.mark.parametrize("m,n,k,layout,name", [
+    (2898, 2, 1232, {"a_t": True}, "fewcol_n4_c2"),              # 91 blocks of rows, A m-contiguous: 2.11x -> 3.13x
+    (1, 2358, 3046, {}, "fewcol_n1_c3"),                         # few rows: A is B^T, m-contiguous; 74 blocks
+    (1491, 4, 2846, {"a_t": True, "b_t": True}, "fewcol_n4_c5"),  # 47 blocks: 235 of 264 slots
+    (2550, 1, 4808, {"a_t": True}, "fewcol_n1_c3"),              # 80 blocks: 240
+    (2856, 2, 1323, {"b_t": True}, "fewcol_n4"),                 # A row-major: one block an SM (2.16x, 2.02x in pairs)
+    (791, 1, 13821, {"aligned": False}, "fewcol_n1_c4"),         # ... and clusters of 2, 4 or 8 (6.4x in 4, 4.5x in 5)
+])
+def test_few_columns_with_a_m_contiguous_fill_two_blocks_an_sm_in_a_cluster_of_any_size(m, n, k, layout, name):
+    """A few-column kernel reading an m-contiguous A gains from a second block on its SM, so its cluster is the most
+    blocks (2 to 8) that fill two an SM; reading a row-major A it keeps one an SM, in clusters of 2, 4 or 8."""
+    p, c = _planned(m, n, k, **layout)
+    assert (c.rule, c.name, c.splits) == ("few-columns", name, 1)
+    assert p.blocks(c.config) <= c.config.min_blocks * H100.sm_count
+
+
 @pytest.mark.parametrize("m,n,k,batch,a_t,b_t,name", [
     (14, 10, 12973, 48, True, True, "fewcol_n16_c8"),  # Fortran order: one lane's run of K / 8 over 8 blocks
     (14, 10, 12973, 48, False, False, "fewcol_n16_c4"),  # one sum a lane: at most 160 terms

@@ -65,7 +65,8 @@ _FEW_SUM_MIN_MACS = 1 << 24
 def _few_columns_count(problem: Problem, device: Device) -> int:
     """Slices of K for the few-column kernel (slices at least _SPLIT_SLICE deep; a batch only over a cluster). Up
     to 8 (where the GPU has clusters) a cluster's blocks split K: 2, 4 or 8, the most whose blocks fit one per SM
-    for up to 4 columns, min_blocks per SM for 16 (more FMAs per byte read; see _CLUSTERS). Rows so few that more
+    for up to 4 columns of a row-major A; any of 2 to 8, the most that fit min_blocks per SM, past 4 columns (more
+    FMAs per byte read) or where A is m-contiguous (see _CLUSTERS, _ANY_CLUSTER). Rows so few that more
     than 16 slices would fill the SMs take a cluster of 8 where its blocks walk a short K (_FEW_CLUSTER_MAX_DEPTH), else
     those slices, summed by the slice-sum kernel: of the counts that fill min_blocks blocks per SM, the one whose blocks
     fill their waves best (time ~ waves / slices; the fewest on a tie).
@@ -96,14 +97,15 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
     count = min(range(1, most + 1), key=lambda s: -(-blocks * s // slots) / s)
     small = problem.m * problem.n * problem.k < _FEW_SUM_MIN_MACS
     need = min(need, max(1, problem.k // _SPLIT_MIN_SLICE))  # (each slice at least _SPLIT_MIN_SLICE deep)
-    per_sm = config.min_blocks if config.nmax > 4 else 1
+    per_sm = config.min_blocks if config.nmax > 4 or a_t else 1
     largest = _CLUSTERS[-1]
     if (_clusters(device) and max(count, need) > 2 * largest and need <= largest
             and problem.k <= largest * _FEW_CLUSTER_MAX_DEPTH and blocks * largest <= per_sm * device.sm_count):
         return largest  # (one launch: see _FEW_CLUSTER_MAX_DEPTH)
     if not _clusters(device) or (max(count, need) > 2 * largest and not small):
         return max(count, need)
-    fits = max(c for c in (1, *_CLUSTERS) if c == 1 or blocks * c <= per_sm * device.sm_count
+    sizes = _ANY_CLUSTER if per_sm > 1 else _CLUSTERS
+    fits = max(c for c in (1, *sizes) if c == 1 or blocks * c <= per_sm * device.sm_count
                and problem.k // c >= _SPLIT_SLICE)
     # (past the clusters that fit one wave: the smallest that is enough, over more waves; else that many slices)
     return fits if fits >= need else next((c for c in _CLUSTERS if c >= need), max(count, need))
@@ -112,6 +114,12 @@ def _few_columns_count(problem: Problem, device: Device) -> int:
 # Few-column products split K over a cluster of this many blocks, in one launch that sums the slices itself
 # (7_few_columns.cu; docs/kernels/heuristic.md, section 'The heuristic's break-even points', few-columns).
 _CLUSTERS = (2, 4, 8)
+# ... and where two blocks share an SM (A m-contiguous, or past 4 columns), a cluster of any size up to 8: the most
+# blocks that fill those slots. On an H200, A m-contiguous: 2898x2x1232 (A^T, 91 blocks of rows) 2.11x -> 3.13x
+# cuBLAS in clusters of 2, 1x2358x3046 (74) 1.33x -> 2.07x in 3, 1491x4x2846 (Fortran, 47) 1.92x -> 2.24x in 5; with
+# A row-major one block an SM stays the bound (2856x2x1323 (B^T, 90): 2.16x alone, 2.02x in pairs; 791x1x13821
+# (strided, 25): 6.4x in 4, 4.5x in 5; docs/kernels/few-columns.md, 'Clusters of any size').
+_ANY_CLUSTER = tuple(range(2, _CLUSTERS[-1] + 1))
 # Few rows that would fill the SMs only in more than 16 slices (two launches: the slices, their sum) take a cluster
 # of 8 instead, one launch, where its blocks walk at most this much of K each: on an H200, 13 such products from 9,414
 # to 35,551 deep ran 1.2-2.5x faster than in 17-50 slices (121x16x8751 (B^T) 0.63x -> 1.36x cuBLAS, 278x6x12921 (B^T)
@@ -127,13 +135,13 @@ def _clusters(device: Device) -> bool:
 def _few_columns_kernel(problem: Problem, device: Device) -> str:
     """The few-column configuration, split over a cluster where its count of slices is one."""
     name, count = _few_columns_for(problem, device), _few_columns_count(problem, device)
-    return f"{name}_c{count}" if count in _CLUSTERS and _clusters(device) else name
+    return f"{name}_c{count}" if 1 < count <= _CLUSTERS[-1] and _clusters(device) else name
 
 
 def few_columns_splits(problem: Problem, device: Device) -> int:
     """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
     count = _few_columns_count(problem, device)
-    return 1 if count in _CLUSTERS and _clusters(device) else count
+    return 1 if 1 < count <= _CLUSTERS[-1] and _clusters(device) else count
 
 
 # 17 to 32 columns (rows, computed transposed) against more rows (columns), on a K from _NARROW_FEW_MIN_K: the 32-column

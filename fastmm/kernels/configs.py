@@ -485,7 +485,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
     # K split in one launch over a cluster of 2, 4 or 8 blocks (Hopper): matrix-vector and few-column products whose
     # rows alone leave SMs idle.
-    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 8, 16) for c in (2, 4, 8)),
+    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 8, 16) for c in range(2, 9)),
     *FEW_COLUMNS_WIDE, *(dataclasses.replace(f, cluster=c) for f in FEW_COLUMNS_WIDE for c in (2, 4, 8)),
 )
 
