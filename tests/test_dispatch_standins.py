@@ -477,7 +477,7 @@ def test_yielding_to_cublas_raises_before_any_launch_and_never_replays_across(la
             _dispatch.matmul(a, b)
         small = _fastmm(np.zeros((64, 64), np.float32))
         _dispatch.matmul(small, small)  # not a class where cuBLAS is ahead: fastmm's kernel
-    assert launched == [_plan.tiles.WT128x64_SUMS] * 2 + [_plan.tiles.NAIVE_F64]
+    assert launched == [_plan.tiles.WT128x64_SUMS] * 2 + [_plan.tiles.NAIVE_F64_DOT]
     assert not _plan.yielding_to_cublas()
 
 

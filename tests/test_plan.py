@@ -1303,13 +1303,14 @@ def test_a_swapped_medium_product_counts_the_blocks_it_launches_and_k_of_one_is_
 
 @pytest.mark.parametrize("m,n,k,batch,name", [
     (1, 1, 1, 1, "naive_32x8_f64sum"), (1, 8299, 10, 1, "naive_32x8_f64sum"), (442, 258, 17, 1, "naive_32x8_f64sum"),
-    (64, 8, 3, 64, "naive_32x8_f64sum"), (30, 51, 96, 1, "naive_32x8_f64sum"),
-    (7, 16, 97, 1, "naive_32x8_f64dot"), (2, 25, 766, 1, "naive_32x8_f64dot"), (1, 1, 2048, 1, "naive_32x8_f64dot"),
+    (64, 8, 3, 64, "naive_32x8_f64sum"), (30, 51, 16, 1, "naive_32x8_f64sum"), (30, 51, 17, 1, "naive_32x8_f64dot"),
+    (30, 51, 96, 1, "naive_32x8_f64dot"), (7, 16, 97, 1, "naive_32x8_f64dot"), (2, 25, 766, 1, "naive_32x8_f64dot"), (1, 1, 2048, 1, "naive_32x8_f64dot"),
     (8, 59, 1612, 1, "naive_32x8_f64dot"),
 ])
 def test_small_products_sum_in_float64(m, n, k, batch, name):
     """At most 2^21 multiply-adds and K <= 2048: bound by the launch, so float64 sums cost nothing and C is the exact
-    product rounded once; a thread per element of C up to K = 96, a warp (its lanes sharing K) past it."""
+    product rounded once; a warp per element (its lanes sharing K) from K = 17 where the warps fit, else a thread per
+    element up to K = 96 (442x258x17: 117 Ki warps)."""
     c = choose(m, n, k, batch)
     assert (c.rule, c.name, c.splits) == ("small", name, 1)
     assert _plan.serial_run(c, _plan.Problem(m, n, k, batch)) == 1  # one float32 rounding, C's
@@ -1357,10 +1358,10 @@ def test_the_small_rule_is_not_tuned_away(monkeypatch):
     from fastmm._plan import table
     monkeypatch.setattr(table, "tuned_entries", lambda device: {table.tune_bucket(_plan.Problem(30, 30, 30)): {
         "kernel": "warptile_64x64x16_32x32_8x4_s4_tsum4", "tflops": 9.0, "heuristic_tflops": 1.0,
-        "heuristic": "naive_32x8_f64sum"}})
+        "heuristic": "naive_32x8_f64dot"}})
     _plan.tuned._memo.clear()
     try:
-        assert choose(30, 30, 30).name == "naive_32x8_f64sum"
+        assert choose(30, 30, 30).name == "naive_32x8_f64dot"
     finally:
         _plan.tuned._memo.clear()
 

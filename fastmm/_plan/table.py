@@ -34,12 +34,19 @@ __all__ = ["RULES", "choose", "split_cut", "split_count", "few_columns_splits", 
            "tiled_splits", "peel_edges", "pads", "padded_k", "aligned_copies", "without_copies", "items_in_turn",
            "after_out_of_memory", "interior", "narrow_splits"]
 
-# Products this small are bound by their launch: float64 sums cost them nothing and round C once, a thread per
-# element of C up to the second constant's K (and third's elements), a warp's lanes sharing K past it, at most the
-# threads and warps the probe found free (docs/kernels/heuristic.md, section 'The heuristic's break-even points',
-# small). GPUs whose float64 runs at 1/32 or 1/64 of float32 (most GeForce, L4, T4) take 1/8 of the multiply-adds.
+# Products this small are bound by their launch: float64 sums cost them nothing and round C once, a warp's lanes
+# sharing K from the fourth constant's K where the warps fit, else a thread per element of C up to the second
+# constant's K (and third's elements), at most the threads and warps the probe found free (a thread walking K alone
+# waits on each load in turn: past K = 16 that, not the host, set the call's time) (docs/kernels/heuristic.md,
+# section 'The heuristic's break-even points', small). GPUs whose float64 runs at 1/32 or 1/64 of float32 (most
+# GeForce, L4, T4) take 1/8 of the multiply-adds.
 _SMALL_MACS, _SMALL_THREAD_K, _SMALL_OUTPUTS, _SMALL_K = 1 << 21, 96, 1 << 17, 4096
-_SMALL_THREADS, _SMALL_WARPS, _SMALL_SLOW_F64_MACS = 576 << 10, 24 << 10, 1 << 18
+_SMALL_THREADS, _SMALL_WARPS, _SMALL_SLOW_F64_MACS, _SMALL_LANES_K = 576 << 10, 24 << 10, 1 << 18, 16
+
+
+def _small_lanes(problem: Problem) -> bool:
+    """A warp per element of C (8 columns a block): from K = 17, where the warps fit."""
+    return problem.k > _SMALL_LANES_K and problem.batch * problem.m * -(-problem.n // 8) * 8 <= _SMALL_WARPS
 
 
 def _small(problem: Problem, device: Device) -> bool:
@@ -47,8 +54,10 @@ def _small(problem: Problem, device: Device) -> bool:
     most = _SMALL_MACS if device.full_rate_fp64 else _SMALL_SLOW_F64_MACS
     if outputs * problem.k > most or problem.k > _SMALL_K:
         return False
-    if problem.k > _SMALL_THREAD_K:  # a warp per element of C, 8 columns a block
-        return problem.batch * problem.m * -(-problem.n // 8) * 8 <= _SMALL_WARPS
+    if _small_lanes(problem):
+        return True
+    if problem.k > _SMALL_THREAD_K:
+        return False
     # a thread per element, blocks of 8 rows x 32 columns
     return (outputs <= _SMALL_OUTPUTS
             and problem.batch * -(-problem.m // 8) * 8 * -(-problem.n // 32) * 32 <= _SMALL_THREADS)
@@ -401,10 +410,10 @@ RULES: tuple[Rule, ...] = (
          lambda p, d: p.m * p.n * p.batch == 0 or p.k == 0, NAIVE),
     Rule(RuleName.SMALL, f"at most 2^{_SMALL_MACS.bit_length() - 1} multiply-adds (the batch's; "
          f"2^{_SMALL_SLOW_F64_MACS.bit_length() - 1} where float64 runs at 1/32-1/64 of float32), K <= {_SMALL_K}: "
-         "bound by the launch; sums in float64 (C is the exact product rounded once): a thread per element of C for "
-         f"K <= {_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements, {_SMALL_THREADS >> 10} Ki "
-         f"threads launched), a warp per element past it (at most {_SMALL_WARPS >> 10} Ki warps)", _small,
-         lambda p, d: NAIVE_F64 if p.k <= _SMALL_THREAD_K else NAIVE_F64_DOT),
+         "bound by the launch; sums in float64 (C is the exact product rounded once): a warp per element of C from "
+         f"K = {_SMALL_LANES_K + 1} (at most {_SMALL_WARPS >> 10} Ki warps), else a thread per element for K <= "
+         f"{_SMALL_THREAD_K} (at most 2^{_SMALL_OUTPUTS.bit_length() - 1} elements, {_SMALL_THREADS >> 10} Ki threads "
+         "launched)", _small, lambda p, d: NAIVE_F64_DOT if _small_lanes(p) else NAIVE_F64),
     Rule(RuleName.SHORT_K, f"at most {_FEW} columns (or rows) on a K of at most {_SHORT_K}: bound by writing C, on "
          "64x64 tiles, which store C in whole rows sooner than the few-column kernel, whose lanes share out K",
          _short_k_few, WT64),
