@@ -132,16 +132,22 @@ def _clusters(device: Device) -> bool:
     return device.compute_capability >= (9, 0)
 
 
+def _in_cluster(count: int, device: Device) -> bool:
+    """Whether _few_columns_count's `count` is a cluster's blocks rather than slices for the slice-sum kernel: on a GPU
+    with clusters every count from 2 to 8 is (its slices number more than 8 there)."""
+    return 1 < count <= _CLUSTERS[-1] and _clusters(device)
+
+
 def _few_columns_kernel(problem: Problem, device: Device) -> str:
     """The few-column configuration, split over a cluster where its count of slices is one."""
     name, count = _few_columns_for(problem, device), _few_columns_count(problem, device)
-    return f"{name}_c{count}" if 1 < count <= _CLUSTERS[-1] and _clusters(device) else name
+    return f"{name}_c{count}" if _in_cluster(count, device) else name
 
 
 def few_columns_splits(problem: Problem, device: Device) -> int:
     """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
     count = _few_columns_count(problem, device)
-    return 1 if 1 < count <= _CLUSTERS[-1] and _clusters(device) else count
+    return 1 if _in_cluster(count, device) else count
 
 
 # 17 to 32 columns (rows, computed transposed) against more rows (columns), on a K from _NARROW_FEW_MIN_K: the 32-column
