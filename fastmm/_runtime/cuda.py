@@ -255,6 +255,10 @@ def _fatal(error: Exception, device_id: int, doing: str) -> Exception | None:
 # Kernels
 # --------------------------------------------------------------------------------------------------------
 
+_PORTABLE_CLUSTER = 8
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute (cuda.h); CuPy's driver module does not name it
+
+
 class _NotLoaded(Exception):
     """The driver refused a cubin (not for lack of memory, not a broken context): `args[0]` is its error."""
 
@@ -274,6 +278,9 @@ def _load(config: KernelConfig, dev: Device, device_id: int, compiled: build.Com
                 # Beyond the default per-block limit a kernel must opt in to its dynamic shared memory, once per
                 # loaded function.
                 driver.funcSetAttribute(fn, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, config.smem_bytes)
+            if getattr(config, "cluster", 1) > _PORTABLE_CLUSTER:
+                # Clusters past 8 blocks (Hopper: up to 16) launch only where the function allows non-portable sizes.
+                driver.funcSetAttribute(fn, _NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
         except errors as e:
             raise (_fatal(e, device_id, f"loading fastmm's kernel {name}") or _NotLoaded(e)) from None
     # The registers the loaded kernel really uses, checked against the device before the first launch.

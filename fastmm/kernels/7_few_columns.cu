@@ -103,7 +103,7 @@
 #define SUMS_AT (PARTIAL_FLOATS > SLOT_FLOATS ? PARTIAL_FLOATS : SLOT_FLOATS)
 
 static_assert(THREADS == 256 && ROWS_PER_WARP == 4, "8 warps of 4 rows (A_T = 0) or 32 rows x 8 k-groups (A_T = 1)");
-static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster: at most 8 blocks");
+static_assert(CLUSTER >= 1 && CLUSTER <= 16, "at most 16 blocks a cluster (past 8: Hopper's non-portable sizes)");
 #if CLUSTER > 1
 #include <cooperative_groups.h>
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900

@@ -392,8 +392,8 @@ class FewColumns(KernelConfig):
         return (9, 0) if self.cluster > 1 else None  # thread-block clusters: Hopper and later
 
     def _check(self) -> list[str]:
-        if self.stages < 2 or self.nmax < 1 or not 1 <= self.cluster <= 8:
-            return [f"stages must be at least 2, nmax at least 1, cluster 1 to 8 (got {self.stages}, {self.nmax}, "
+        if self.stages < 2 or self.nmax < 1 or not 1 <= self.cluster <= 16:
+            return [f"stages must be at least 2, nmax at least 1, cluster 1 to 16 (got {self.stages}, {self.nmax}, "
                     f"{self.cluster})"]
         if self.nmax > 16:
             # 7_few_columns.cu's end: the 8 warps' partial sums (rows of nmax + 1), then a cluster's block sums, in the
