@@ -174,12 +174,14 @@ def test_lanes_that_own_a_row_keep_cublas_accuracy(m, n, k, layout, rng, launche
     assert ours <= theirs, (ours ** 0.5, theirs ** 0.5)
 
 
-@pytest.mark.parametrize("kernel", ["fewcol_n1_c3", "fewcol_n4_c5", "fewcol_n8_c7", "fewcol_n16_c6", "fewcol_n4_c7"])
+@pytest.mark.parametrize("kernel", ["fewcol_n1_c3", "fewcol_n4_c5", "fewcol_n8_c7", "fewcol_n16_c6", "fewcol_n4_c7",
+                                    "fewcol_n1_c16", "fewcol_n16_c16", "fewcol_n32_s3_c16"])
 @pytest.mark.parametrize("m,k,layout", [(2550, 4808, "tn"), (97, 257, "nn"), (1001, 3001, "tt"), (33, 129, "nt"),
                                         (300, 1, "tn")], ids=str)
 def test_clusters_of_any_size_sum_k_in_a_fixed_tree(kernel, m, k, layout, rng):
-    """Clusters of 3, 5, 6 or 7 blocks: K's steps shared out unevenly (a block may get none: K = 129 over 7), the
-    partial sums added in a tree with one left over at a level; within 1e-5 of float64, the same bits every run."""
+    """Clusters of 3, 5, 6 or 7 blocks, and of 16 (a non-portable size): K's steps shared out unevenly (a block may get
+    none: K = 129 over 7), the partial sums added in a tree with one left over at a level; within 1e-5 of float64, the
+    same bits every run."""
     n = get_config(kernel).nmax
     a, b = _operand(rng, m, k, layout[0] == "t"), _operand(rng, k, n, layout[1] == "t")
     _right_and_repeatable(a, b, kernel)

@@ -707,7 +707,7 @@ def test_explain_names_the_mode():
     (6400, 1, 640, "fewcol_n1", 1),         # never slices thinner than 512
     (1, 8192, 8192, "fewcol_n1", 1),        # few rows: the same kernel on the transposed product
     (16, 16, 1 << 20, "fewcol_n16", 264),   # one block of rows: K cut for two blocks per SM
-    (100, 4, 8192, "fewcol_n4_c8", 1),      # 4 blocks of rows, each over a cluster of 8
+    (100, 4, 8192, "fewcol_n4_c16", 1),     # 4 blocks of rows, each over a cluster of 16 (8 would leave 100 SMs idle)
     (2048, 1, 16384, "fewcol_n1_c2", 1),    # 64 blocks: clusters of two, one block per SM
     (9600, 4, 4096, "fewcol_n4", 1),        # 300 blocks: more than the SMs hold at once, so no slices
 ])
@@ -731,6 +731,25 @@ def test_few_columns_with_a_m_contiguous_fill_two_blocks_an_sm_in_a_cluster_of_a
     p, c = _planned(m, n, k, **layout)
     assert (c.rule, c.name, c.splits) == ("few-columns", name, 1)
     assert p.blocks(c.config) <= c.config.min_blocks * H100.sm_count
+
+
+@pytest.mark.parametrize("m,n,k,layout,name", [
+    (142, 28, 15596, {"aligned": False}, "fewcol_n32_s3_c16"),  # 5 blocks of rows: 0.73x -> 1.20x cuBLAS
+    (28, 47, 9339, {"a_t": True}, "fewcol_n32_s3_c16"),         # 2: 1.14x -> 1.77x
+    (135, 1, 35769, {"a_t": True, "b_t": True}, "fewcol_n1_c16"),  # 5: 0.69x -> 1.20x
+    (9, 200, 11826, {"aligned": False}, "fewcol_n16_c16"),       # 7: 2.16x -> 3.50x
+    (278, 6, 12921, {"b_t": True}, "fewcol_n8_c8"),              # 9: 144 blocks past 132 SMs (1.77x against 1.98x)
+    (324, 26, 14637, {"a_t": True, "b_t": True}, "fewcol_n32_s3_c8"),  # 11 (0.66x against 0.69x)
+    (5, 43, 70673, {}, "fewcol_n8"),                             # too deep for one cluster: slices, as before
+])
+def test_few_blocks_of_rows_split_k_over_a_cluster_of_16(m, n, k, layout, name):
+    """Where a cluster of 8 would run and 16 blocks a block of rows still fit one an SM, a cluster of 16 (Hopper's
+    non-portable size); each block walks at least 512 of K, and a lane's runs stay within the few-column bound."""
+    p, c = _planned(m, n, k, **layout)
+    assert c.name == name and (c.splits == 1) == ("_c" in name)
+    assert _plan.serial_run(c, p) <= 384
+    hopper = not c.config.min_compute_capability or c.config.min_compute_capability <= (9, 0)
+    assert hopper and p.blocks(c.config) <= (H100.sm_count if name.endswith("_c16") else 2 * H100.sm_count)
 
 
 @pytest.mark.parametrize("m,n,k,batch,a_t,b_t,name", [
@@ -1002,18 +1021,19 @@ def test_short_k_few_columns_run_on_64x64_tiles(m, n, k, batch, b_t):
 @pytest.mark.parametrize("m,n,k,a_t,name", [(164, 4, 11662, True, "fewcol_n4_c8"), (254, 5, 10286, False, "fewcol_n16_c8"),
                                             (1, 120, 12437, False, "fewcol_n4_c8")])
 def test_small_few_column_products_split_over_one_cluster(m, n, k, a_t, name):
-    """Below 2^24 multiply-adds, a cluster of 8 blocks in one launch rather than more slices and a slice sum."""
+    """Below 2^24 multiply-adds, a cluster in one launch rather than more slices and a slice sum (of 16 blocks: these
+    have at most 8 blocks of rows)."""
     p, c = _planned(m, n, k, a_t=a_t)
-    assert c.rule == "few-columns" and c.splits == 1 and c.name.endswith("_c8"), (c.name, c.splits)
+    assert c.rule == "few-columns" and c.splits == 1 and c.name.endswith("_c16"), (c.name, c.splits)
     big = _planned(16, 16, 1 << 20)[1]
     assert big.splits > 8  # 2^28 multiply-adds: the slices and their sum
 
 
 @pytest.mark.parametrize("m,n,k,layout,name", [
-    (121, 16, 8751, {"b_t": True}, "fewcol_n16_c8"),       # 17 slices: 0.63x cuBLAS; a cluster of 8: 1.36x
-    (278, 6, 12921, {"b_t": True}, "fewcol_n8_c8"),        # 25 slices: 0.88x; 2.18x
-    (5, 103, 35551, {"b_t": True}, "fewcol_n8_c8"),        # 4,444 a block: 0.87x -> 1.01x
-    (235, 9, 13775, {"aligned": False}, "fewcol_n16_c8"),  # 26 slices: 0.73x; 1.36x
+    (121, 16, 8751, {"b_t": True}, "fewcol_n16_c16"),      # 17 slices: 0.63x cuBLAS; a cluster of 8: 1.36x; of 16
+    (278, 6, 12921, {"b_t": True}, "fewcol_n8_c8"),        # 25 slices: 0.88x; 2.18x (9 blocks of rows: 16 passes the SMs)
+    (5, 103, 35551, {"b_t": True}, "fewcol_n8_c16"),       # 4,444 a block: 0.87x -> 1.01x; 2,222 in 16: 1.58x
+    (235, 9, 13775, {"aligned": False}, "fewcol_n16_c16"),  # 26 slices: 0.73x; 1.36x
 ])
 def test_few_rows_in_more_than_16_slices_take_one_cluster_where_its_blocks_walk_a_short_k(m, n, k, layout, name):
     """Where filling the SMs would take more than 16 slices (two launches), a cluster of 8 in one launch instead, each

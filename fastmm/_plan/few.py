@@ -132,22 +132,50 @@ def _clusters(device: Device) -> bool:
     return device.compute_capability >= (9, 0)
 
 
+# A cluster of 8 over at most this many blocks of rows a cluster of 16 instead (Hopper's largest, a non-portable size),
+# where its blocks still fit one an SM and walk at least _SPLIT_SLICE of K: on an H200, 142x28x15596 (offset, 5 blocks
+# of rows) 0.73x -> 1.20x cuBLAS, 135x1x35769 (Fortran, 5) 0.69x -> 1.20x, 5x103x35551 (B^T, 4) 0.94x -> 1.58x; from 9
+# blocks (144 past 132 SMs) 8 stayed faster, and 10 to 14 lost to 8 wherever tried (docs/kernels/few-columns.md,
+# 'Clusters of 16').
+_LARGE_CLUSTER = 16
+
+
+def _large_cluster(count: int, blocks: int, problem: Problem, device: Device) -> int:
+    """`count`, or _LARGE_CLUSTER where a single product's cluster of 8 blocks would leave most SMs idle."""
+    if (count == _CLUSTERS[-1] and problem.batch == 1 and _clusters(device)
+            and blocks * _LARGE_CLUSTER <= device.sm_count and problem.k // _LARGE_CLUSTER >= _SPLIT_SLICE):
+        return _LARGE_CLUSTER
+    return count
+
+
+def _row_blocks(problem: Problem, config) -> int:
+    """The few-column kernel's blocks of rows (of C, or of C^T for few rows)."""
+    return -(-(problem.n if few_rows(problem, config) else problem.m) // config.tile[0])
+
+
 def _in_cluster(count: int, device: Device) -> bool:
     """Whether _few_columns_count's `count` is a cluster's blocks rather than slices for the slice-sum kernel: on a GPU
     with clusters every count from 2 to 8 is (its slices number more than 8 there)."""
     return 1 < count <= _CLUSTERS[-1] and _clusters(device)
 
 
+def _few_columns_cluster(problem: Problem, device: Device) -> int:
+    """The cluster the few-column kernel splits K over (1: none, its slices then summed by the slice-sum kernel)."""
+    count = _few_columns_count(problem, device)
+    if not _in_cluster(count, device):
+        return 1
+    return _large_cluster(count, _row_blocks(problem, get_config(_few_columns_for(problem, device))), problem, device)
+
+
 def _few_columns_kernel(problem: Problem, device: Device) -> str:
     """The few-column configuration, split over a cluster where its count of slices is one."""
-    name, count = _few_columns_for(problem, device), _few_columns_count(problem, device)
-    return f"{name}_c{count}" if _in_cluster(count, device) else name
+    name, cluster = _few_columns_for(problem, device), _few_columns_cluster(problem, device)
+    return f"{name}_c{cluster}" if cluster > 1 else name
 
 
 def few_columns_splits(problem: Problem, device: Device) -> int:
     """Slices of K summed by the slice-sum kernel (a cluster sums its own: 1)."""
-    count = _few_columns_count(problem, device)
-    return 1 if _in_cluster(count, device) else count
+    return 1 if _few_columns_cluster(problem, device) > 1 else _few_columns_count(problem, device)
 
 
 # 17 to 32 columns (rows, computed transposed) against more rows (columns), on a K from _NARROW_FEW_MIN_K: the 32-column
@@ -181,7 +209,9 @@ def _wide_few_count(problem: Problem, device: Device) -> int:
 
 
 def _wide_few_kernel(problem: Problem, device: Device) -> str:
-    name, count = _few_columns_for(problem, device), _wide_few_count(problem, device)
+    """(The rule's test judges the depth of a cluster of up to 8: a cluster of 16 only halves it.)"""
+    name = _few_columns_for(problem, device)
+    count = _large_cluster(_wide_few_count(problem, device), _row_blocks(problem, get_config(name)), problem, device)
     return f"{name}_c{count}" if count > 1 else name
 
 

@@ -483,10 +483,11 @@ CONFIGS: tuple[KernelConfig, ...] = (
     WT128x64_LOOP, WT128x64, WT128x64_RUNS, WT128x64_SUMS, WT64, WT64_SHORT, WT64_SHORT8, WT32x128, WT128x32,
     WT256_LOOP16_RAGGED, WT256_SLICES_RAGGED, WT128x64_LOOP_RAGGED, WT128x64_RUNS_RAGGED,
     *TF32X3_TILES, *TF32_TILES, TF32X3_WG, TF32_WG, *TF32_WG_MAPS, *FEW_COLUMNS,
-    # K split in one launch over a cluster of 2 to 8 blocks (Hopper): matrix-vector and few-column products whose
-    # rows alone leave SMs idle.
-    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 8, 16) for c in range(2, 9)),
+    # K split in one launch over a cluster of 2 to 8 blocks or 16 (Hopper; past 8 a non-portable size): matrix-vector
+    # and few-column products whose rows alone leave SMs idle.
+    *(FewColumns(nmax=nmax, cluster=c) for nmax in (1, 4, 8, 16) for c in (*range(2, 9), 16)),
     *FEW_COLUMNS_WIDE, *(dataclasses.replace(f, cluster=c) for f in FEW_COLUMNS_WIDE for c in (2, 4, 8)),
+    dataclasses.replace(FEW_COLUMNS_WIDE[0], cluster=16),
 )
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CONFIGS))
