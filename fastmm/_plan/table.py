@@ -432,7 +432,7 @@ RULES: tuple[Rule, ...] = (
          _few, _few_columns_kernel, few_columns_splits),
     Rule(RuleName.WIDE_FEW_COLUMNS, f"a single product of {_FEW + 1} to {_WIDE_FEW} columns (or rows, computed "
          f"transposed) against more of the other side, K >= {_NARROW_FEW_MIN_K}: the {_WIDE_FEW}-column few-column "
-         "kernel, a lane per row of C, the large operand read once; K split over a cluster of 2, 4, 8 or 16 blocks where "
+         "kernel, a lane per row of C, the large operand read once; K over a cluster of 2, 4, 8 or 16 blocks where "
          f"those fit one wave, each slice >= {_SPLIT_MIN_SLICE} deep, a block walking at most {_WIDE_FEW_DEPTH} of K "
          f"({_WIDE_FEW_SHORT_DEPTH} against at most {_WIDE_FEW_SHORT_OTHER} of the other side)", _wide_few,
          _wide_few_kernel),
