@@ -92,6 +92,22 @@ def test_unaligned_rows_of_a_matrix_vector_product(kernel, m, k, offset, rng):
         _right_and_repeatable(a, v[:, None], kernel)
 
 
+@pytest.mark.parametrize("kernel,n", [("fewcol_n4", 3), ("fewcol_n4_c3", 4), ("fewcol_n8", 5), ("fewcol_n8_c16", 8),
+                                      ("fewcol_n16", 16), ("fewcol_n16_c2", 11)], ids=str)
+@pytest.mark.parametrize("m,k,offset", [(97, 1, 1), (97, 2, 3), (97, 3, 2), (300, 5, 1), (300, 131, 1), (129, 4097, 0),
+                                        (2048, 4093, 2), (64, 384, 3), (33, 125, 3)], ids=str)
+def test_unaligned_rows_of_a_few_column_product(kernel, n, m, k, offset, rng):
+    """2-16 columns whose row-major A has rows starting 1-3 floats past a 16-byte boundary (8-16: 33 aligned pieces a
+    row and step, each lane's 4 values of k picked at the row's shift; 4: 4-byte copies): every misalignment in every
+    warp, K shorter than a piece, K ending in the 33rd piece (125 + 3), clusters; B aligned or not; NaN-poisoned,
+    against float64, the same bits on every run."""
+    width = k + 4 if k % 2 == 0 else k + 5  # odd: consecutive rows start at every misalignment in turn
+    a = cp.asarray(rng.uniform(-1, 1, (m, width)).astype(np.float32))[:, offset:offset + k]
+    for b in (cp.asarray(rng.uniform(-1, 1, (k, n)).astype(np.float32)),
+              cp.asarray(rng.uniform(-1, 1, (n, k + 1)).astype(np.float32))[:, 1:].T):
+        _right_and_repeatable(a, b, kernel)
+
+
 @pytest.mark.parametrize("kernel", ["fewcol_n1", "fewcol_n1_c2", "fewcol_n1_c8"])
 @pytest.mark.parametrize("k,n,offset", [(1, 97, 1), (5, 300, 1), (131, 300, 2), (4097, 129, 0), (1001, 1000, 0),
                                         (3000, 2048, 3), (64, 33, 3)], ids=str)

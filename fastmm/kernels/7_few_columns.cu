@@ -63,7 +63,7 @@
 // these issue 9: with 16-32 columns, 9787x30x1523 (Fortran) ran at 0.48x (docs/kernels/few-columns.md).
 #define WINDOW_T (A_T == 1 && VEC == 1)
 #define APITCH (ROWS_PER_BLOCK + (WINDOW_T ? 4 : A_T == 0 && LANE_ROWS ? 1 : 0))
-#define A_FLOATS (APITCH * STEP)
+#define A_FLOATS (A_T == 0 && !LANE_ROWS ? ROWS_PER_BLOCK * AROW : APITCH * STEP)
 // A matrix-vector product with A_T = 0 gives each thread its own copy of the 4 values of the vector it multiplies
 // (16 bytes a step): then every thread reads back only what it copied, and the K loop needs no barrier at all.
 #define PRIVATE_B (A_T == 0 && NMAX == 1)
@@ -76,6 +76,14 @@
 // rows ran at 0.66-0.85x cuBLAS: four times the copy instructions. A private copy of all 8 values of the vector per
 // thread read the vector twice, in 16-byte pieces 32 bytes apart: 2.2x the L2 sectors, and 0.33x.)
 #define WINDOW (PRIVATE_B && VEC == 1)
+// With 8 or 16 columns (B shared by the block, not private), unaligned rows of A are copied in the same aligned pieces,
+// one more a row (33: k - shift .. up to k + 131 - shift), into rows of AROW = STEP + 4 floats; each lane then reads
+// its own 4 values of k from its piece and the next, picked by the row's shift, so B is read as for aligned rows.
+// Against 4-byte copies (four times the copy instructions) 1.05x on 24 sweep products of 8-16 columns; with 4 columns
+// 0.95x (the pick costs what the copies saved: 4 x 4 FMAs a row and step), so they keep 4-byte copies
+// (docs/kernels/few-columns.md).
+#define AWIN (A_T == 0 && !LANE_ROWS && NMAX >= 8 && VEC == 1)
+#define AROW (AWIN ? STEP + 4 : STEP)
 #define KSTEPS(K) (((K) + (WINDOW ? 3 : 0) + STEP - 1) / STEP)
 // Matrix-vector products keep their running sums short, for accuracy: several partial sums per element (PARTS), and
 // every FOLD steps those are added into a second set and restarted (a blocked sum: each addition then rounds a sum
@@ -147,10 +155,17 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
     const int left = K - k0 - 4 * lane;  // values of k left in the row from the lane's first
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; ++r) {
-        float* dst = as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane;
+        float* dst = as + (warp * ROWS_PER_WARP + r) * AROW + 4 * lane;
         const float* src = a + r * a_sm + k0;
         const bool inside = r < rows;
-        if (WINDOW) {
+        if (AWIN) {
+            // The row's aligned piece 32 s + lane, k from 4 (32 s + lane) - mis; values before k = 0 are read from the
+            // row's first 16-byte piece and never used, those from K on are zero-filled.
+            const float* row = a + r * a_sm;
+            const float* piece = reinterpret_cast<const float*>(reinterpret_cast<unsigned long long>(row) & ~15ull);
+            const int bytes = inside ? 4 * max(0, min(4, K - k0 - 4 * lane + static_cast<int>(row - piece))) : 0;
+            cp_async16(smem_addr(dst), bytes ? piece + k0 + 4 * lane : a, bytes);
+        } else if (WINDOW) {
             // The row's aligned piece 32 s + lane, k from k_first = 4 (32 s + lane) - mis.
             const int mis = fastmm_misalignment(a + r * a_sm);
             const float* piece = a + r * a_sm - mis + k0 + 4 * lane;
@@ -175,6 +190,13 @@ __device__ __forceinline__ void issue_step(float* slot, int s, const float* a, l
                 cp_async4_if(smem_addr(dst + e), in ? src + e : a, in);
             }
         }
+    }
+    if (AWIN && lane < ROWS_PER_WARP) {
+        // Lane r copies row r's piece 32 s + 32 (k from 4 (32 s + 32) - mis), which lane 31 reads too.
+        const float* row = a + lane * a_sm;
+        const int mis = fastmm_misalignment(row);
+        const int bytes = lane < rows ? 4 * max(0, min(4, K - (k0 + STEP - mis))) : 0;
+        cp_async16(smem_addr(as + (warp * ROWS_PER_WARP + lane) * AROW + STEP), bytes ? row - mis + k0 + STEP : a, bytes);
     }
 #elif WINDOW_T
     // As[k][APITCH]: the column of k starts MIS_k floats past a 16-byte boundary; its aligned pieces p = 0..8 (rows
@@ -326,8 +348,15 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
     float* c = C + fastmm_batch_offset(z, batch_inner, c_sb0, c_sb1);
     // A_T = 0: each thread copies (and reads back) 4 rows of its warp from the lane's 4 values of k.
     const int rows = !LANE_ROWS ? M - m0 - warp * ROWS_PER_WARP : 0;
-    const float* a_copy = !LANE_ROWS ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm + (WINDOW ? 0 : 4 * lane)
+    const float* a_copy = !LANE_ROWS ? a + (long long)(m0 + warp * ROWS_PER_WARP) * a_sm
+                                       + (WINDOW || AWIN ? 0 : 4 * lane)
                         : A_T == 0 ? a + (long long)m0 * a_sm : a;
+#if AWIN
+    // The 4 rows' shifts, 2 bits each (one register: the clusters' kernels of 8 and 16 columns had none to spare).
+    int shifts = 0;
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) shifts |= fastmm_misalignment(a_copy + r * a_sm) << (2 * r);
+#endif
 #if WINDOW_T
     const int mis0 = fastmm_misalignment(a + m0), a_sk4 = static_cast<int>(a_sk & 3);
 #endif
@@ -391,8 +420,20 @@ fastmm_fewcol(FASTMM_GEMM_PARAMS)
 #if !LANE_ROWS
         float4 x[ROWS_PER_WARP];
 #pragma unroll
-        for (int r = 0; r < ROWS_PER_WARP; ++r)
-            x[r] = *reinterpret_cast<const float4*>(as + (warp * ROWS_PER_WARP + r) * STEP + 4 * lane);
+        for (int r = 0; r < ROWS_PER_WARP; ++r) {
+            const float* row = as + (warp * ROWS_PER_WARP + r) * AROW + 4 * lane;
+#if AWIN
+            // k = 4 lane .. + 3 of the step: the row's shift into the lane's piece and the next.
+            const float4 p = *reinterpret_cast<const float4*>(row), q = *reinterpret_cast<const float4*>(row + 4);
+            const int mis = (shifts >> (2 * r)) & 3;
+            x[r] = mis == 0 ? p
+                 : mis == 1 ? make_float4(p.y, p.z, p.w, q.x)
+                 : mis == 2 ? make_float4(p.z, p.w, q.x, q.y)
+                            : make_float4(p.w, q.x, q.y, q.z);
+#else
+            x[r] = *reinterpret_cast<const float4*>(row);
+#endif
+        }
 #if WINDOW
         const float4 hi = *reinterpret_cast<const float4*>(bs + 4 * tid);  // the lane's own 4 values
         float4 lo = make_float4(__shfl_up_sync(0xffffffffu, hi.x, 1), __shfl_up_sync(0xffffffffu, hi.y, 1),
